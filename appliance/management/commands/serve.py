@@ -1,0 +1,85 @@
+import signal
+import time
+import urllib.request
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from appliance.embedded import embedded_services
+from appliance.env import env_int, env_str
+from appliance.supervisor import Supervisor, appliance_processes, python_executable
+from inference.engine.client import EngineClient, EngineUnavailable
+
+
+class Command(BaseCommand):
+    help = "Run the whole appliance on this box (what `make run` does). Ctrl-C stops everything it started."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=env_int("APPLIANCE_PORT", 8000, minimum=1, maximum=65535))
+
+    def handle(self, *args, port, **options):
+        started_services = []
+        postgres, valkey = embedded_services(settings.VAR_DIR, settings.EMBEDDED_PG_PORT, settings.EMBEDDED_REDIS_PORT)
+        if env_str("DATABASE_URL") is None:
+            self.stdout.write(f"embedded Postgres on 127.0.0.1:{postgres.port} (data in {postgres.data_dir})")
+            if postgres.start():
+                started_services.append(postgres)
+        if env_str("REDIS_URL") is None:
+            self.stdout.write(f"embedded Valkey on 127.0.0.1:{valkey.port} (data in {valkey.data_dir})")
+            if valkey.start():
+                started_services.append(valkey)
+
+        supervisor = None
+        try:
+            call_command("prepare_model")
+            call_command("migrate", interactive=False, verbosity=0)
+            call_command("collectstatic", interactive=False, verbosity=0)
+            call_command("ensure_admin")
+            specs = appliance_processes(python=python_executable(), port=port, settings=settings)
+            supervisor = Supervisor(specs, cwd=settings.BASE_DIR)
+            stop = {"requested": False}
+
+            def request_stop(signum, frame):
+                stop["requested"] = True
+
+            signal.signal(signal.SIGINT, request_stop)
+            signal.signal(signal.SIGTERM, request_stop)
+            supervisor.start_all()
+            url = f"http://127.0.0.1:{port}/"
+            announced_web = announced_engine = False
+            while not stop["requested"]:
+                supervisor.poll_once()
+                if not announced_web and _answers(url + "healthz"):
+                    self.stdout.write(self.style.SUCCESS(f"The appliance is serving at {url}  (Ctrl-C stops it)"))
+                    self.stdout.write("The engine is loading the model; jobs wait in their queues until it is ready.")
+                    announced_web = True
+                if announced_web and not announced_engine and _engine_ready():
+                    self.stdout.write(self.style.SUCCESS(f"The engine is ready. Open {url}"))
+                    announced_engine = True
+                time.sleep(0.5)
+            self.stdout.write("stopping the appliance...")
+        finally:
+            if supervisor is not None:
+                supervisor.stop_all()
+            for service in reversed(started_services):
+                service.stop()
+            self.stdout.write("stopped.")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback only
+            return response.status in (200, 503)
+    except urllib.error.HTTPError as exc:
+        return exc.code in (200, 503)
+    except OSError:
+        return False
+
+
+def _engine_ready() -> bool:
+    try:
+        EngineClient.from_settings().stats(timeout_s=1.0)
+    except (EngineUnavailable, OSError):
+        return False
+    return True

@@ -1,0 +1,212 @@
+"""Settings for the appliance: one module, driven by the environment.
+
+Every variable is listed in README.md. Defaults are the embedded mode: Postgres and Valkey run
+under ``var/`` on loopback ports, the model is the small one converted under ``var/models/``.
+Production sets ``DATABASE_URL``, ``REDIS_URL``, ``APPLIANCE_SECRET_KEY`` and ``APPLIANCE_MODEL``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from appliance.env import EnvError, env_bool, env_choice, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("APPLIANCE_VAR_DIR") or BASE_DIR / "var").resolve()
+
+DEBUG = env_bool("APPLIANCE_DEBUG", False)
+
+
+def _secret_key() -> str:
+    """The configured key, or (embedded mode only) one generated once and kept under var/."""
+    configured = env_str("APPLIANCE_SECRET_KEY")
+    if configured:
+        return configured
+    path = VAR_DIR / "secret_key"
+    if path.exists():
+        return path.read_text(encoding="utf-8").strip()
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    path.touch(mode=0o600)
+    path.write_text(key, encoding="utf-8")
+    return key
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("APPLIANCE_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("APPLIANCE_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "appliance",
+    "documents",
+    "inference",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "appliance.urls"
+ASGI_APPLICATION = "appliance.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+
+EMBEDDED_PG_PORT = env_int("APPLIANCE_PG_PORT", 54329, minimum=1, maximum=65535)
+EMBEDDED_DATABASE_URL = f"postgresql://appliance@127.0.0.1:{EMBEDDED_PG_PORT}/appliance"
+
+
+def _database_from_url(url: str) -> dict:
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        raise EnvError(f"DATABASE_URL must be a postgresql:// URL, not {parts.scheme}://")
+    name = unquote(parts.path.lstrip("/"))
+    if not name:
+        raise EnvError("DATABASE_URL names no database")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        "CONN_MAX_AGE": 0,
+        "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": {"connect_timeout": 5},
+        "TEST": {"NAME": env_str("APPLIANCE_TEST_DATABASE_NAME")},
+    }
+
+
+DATABASE_URL = env_str("DATABASE_URL") or EMBEDDED_DATABASE_URL
+DATABASES = {"default": _database_from_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Broker ---------------------------------------------------------------------------------
+
+EMBEDDED_REDIS_PORT = env_int("APPLIANCE_REDIS_PORT", 63799, minimum=1, maximum=65535)
+REDIS_URL = env_str("REDIS_URL") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+
+# The longest job the appliance runs, in seconds. The broker's visibility timeout must be above
+# it, or a job still running would be handed to a second worker.
+APPLIANCE_JOB_TIME_LIMIT_S = env_int("APPLIANCE_JOB_TIME_LIMIT_S", 1800, minimum=10)
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": APPLIANCE_JOB_TIME_LIMIT_S + 600,
+    "socket_connect_timeout": 5,
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "ingest"
+CELERY_TASK_ROUTES = {
+    "documents.tasks.*": {"queue": "ingest"},
+}
+CELERY_WORKER_SEND_TASK_EVENTS = False
+CELERY_TASK_ALWAYS_EAGER = False
+
+# Worker pools: one per queue, each with its own concurrency cap.
+APPLIANCE_INGEST_CONCURRENCY = env_int("APPLIANCE_INGEST_CONCURRENCY", 1, minimum=1)
+APPLIANCE_PREFILL_CONCURRENCY = env_int("APPLIANCE_PREFILL_CONCURRENCY", 2, minimum=1)
+APPLIANCE_DECODE_CONCURRENCY = env_int("APPLIANCE_DECODE_CONCURRENCY", 8, minimum=1)
+
+# How long token deltas of a job stay replayable for a reconnecting browser.
+APPLIANCE_STREAM_RETENTION_S = env_int("APPLIANCE_STREAM_RETENTION_S", 3600, minimum=60)
+
+# --- Engine ---------------------------------------------------------------------------------
+
+# Converted models live outside VAR_DIR's per-instance data so that the test suite (which has its
+# own VAR_DIR) reuses the conversion that `make run` made, and vice versa.
+MODELS_DIR = Path(env_str("APPLIANCE_MODELS_DIR") or BASE_DIR / "var" / "models").resolve()
+DEFAULT_MODEL_DIR = MODELS_DIR / "SmolLM2-135M-Instruct"
+APPLIANCE_MODEL = Path(env_str("APPLIANCE_MODEL") or DEFAULT_MODEL_DIR)
+APPLIANCE_MODEL_LICENCE = env_str("APPLIANCE_MODEL_LICENCE") or (
+    "Apache-2.0" if APPLIANCE_MODEL == DEFAULT_MODEL_DIR else "unknown (set APPLIANCE_MODEL_LICENCE)"
+)
+APPLIANCE_ENGINE_SOCKET = Path(env_str("APPLIANCE_ENGINE_SOCKET") or VAR_DIR / "run" / "engine.sock")
+APPLIANCE_DTYPE = env_choice("APPLIANCE_DTYPE", "auto", ("auto", "bfloat16", "float16", "float32"))
+APPLIANCE_KV_CACHE_DTYPE = env_choice("APPLIANCE_KV_CACHE_DTYPE", "auto", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"))
+APPLIANCE_MAX_MODEL_LEN = env_int("APPLIANCE_MAX_MODEL_LEN", 8192, minimum=256)
+APPLIANCE_MAX_NUM_SEQS = env_int("APPLIANCE_MAX_NUM_SEQS", 32, minimum=1)
+APPLIANCE_MAX_NUM_BATCHED_TOKENS = env_int("APPLIANCE_MAX_NUM_BATCHED_TOKENS", 2048, minimum=64)
+APPLIANCE_GPU_MEMORY_UTILIZATION = env_float("APPLIANCE_GPU_MEMORY_UTILIZATION", 0.85, minimum=0.1, maximum=0.99)
+# CPU build only: the KV cache size in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE).
+APPLIANCE_CPU_KV_CACHE_GIB = env_int("APPLIANCE_CPU_KV_CACHE_GIB", 2, minimum=1)
+APPLIANCE_ENGINE_CONNECT_TIMEOUT_S = env_float("APPLIANCE_ENGINE_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
+
+# Summaries: how many tokens the model may write, and how much of the context a document may
+# fill (the rest is the instruction and the answer).
+APPLIANCE_SUMMARY_MAX_TOKENS = env_int("APPLIANCE_SUMMARY_MAX_TOKENS", 256, minimum=16)
+
+# --- Documents ------------------------------------------------------------------------------
+
+MEDIA_ROOT = VAR_DIR / "media"
+APPLIANCE_MAX_UPLOAD_MB = env_int("APPLIANCE_MAX_UPLOAD_MB", 100, minimum=1)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+
+# --- Web ------------------------------------------------------------------------------------
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "documents:library"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-gb"
+TIME_ZONE = env_str("APPLIANCE_TIME_ZONE") or "UTC"
+USE_I18N = True
+USE_TZ = True
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = env_bool("APPLIANCE_SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("APPLIANCE_LOG_LEVEL") or "INFO"},
+}

@@ -1,0 +1,19 @@
+"""Test settings: the same module, pointed at the test suite's own embedded services.
+
+The suite runs its own Postgres, Valkey and engine host under ``var/test`` on other ports, so
+that `make test` works beside a running `make run` without touching its data.
+"""
+
+import os
+from pathlib import Path
+
+_BASE_DIR = Path(__file__).resolve().parent.parent
+os.environ.setdefault("APPLIANCE_VAR_DIR", str(_BASE_DIR / "var" / "test"))
+os.environ.setdefault("APPLIANCE_PG_PORT", "54339")
+os.environ.setdefault("APPLIANCE_REDIS_PORT", "63809")
+os.environ.setdefault("APPLIANCE_CPU_KV_CACHE_GIB", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from appliance.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from documents import views
+
+app_name = "documents"
+
+urlpatterns = [
+    path("", views.library, name="library"),
+    path("<int:document_id>/", views.detail, name="detail"),
+    path("<int:document_id>/status", views.status, name="status"),
+    path("<int:document_id>/delete", views.delete, name="delete"),
+    path("<int:document_id>/download", views.download, name="download"),
+]

@@ -1,0 +1,112 @@
+"""The client the inference workers and the web process use to reach the engine host.
+
+Blocking sockets, one connection per call, so that it works the same in a Celery thread, a
+management command or a Django view. It imports nothing from vLLM.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference.engine.protocol import MAX_LINE_BYTES, GenerateRequest, decode, encode
+
+
+class EngineUnavailable(ConnectionError):
+    """The engine host is not running or not answering."""
+
+
+class EngineRequestError(RuntimeError):
+    """The engine host refused or failed a request; ``code`` says why."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    type: str  # "admitted", "delta", "done"
+    data: dict[str, Any]
+    received_at: float  # time.time() when the event reached this process
+
+
+class EngineClient:
+    def __init__(self, socket_path: Path | str, *, connect_timeout_s: float = 5.0) -> None:
+        self.socket_path = str(socket_path)
+        self.connect_timeout_s = connect_timeout_s
+
+    @classmethod
+    def from_settings(cls) -> EngineClient:
+        from django.conf import settings
+
+        return cls(settings.APPLIANCE_ENGINE_SOCKET, connect_timeout_s=settings.APPLIANCE_ENGINE_CONNECT_TIMEOUT_S)
+
+    def _connect(self, read_timeout_s: float | None) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.connect_timeout_s)
+        try:
+            sock.connect(self.socket_path)
+        except (FileNotFoundError, ConnectionRefusedError, socket.timeout) as exc:
+            sock.close()
+            raise EngineUnavailable(f"the engine host is not answering at {self.socket_path} ({exc})") from exc
+        sock.settimeout(read_timeout_s)
+        return sock
+
+    def _lines(self, sock: socket.socket) -> Iterator[dict[str, Any]]:
+        reader = sock.makefile("rb")
+        try:
+            while True:
+                try:
+                    line = reader.readline(MAX_LINE_BYTES)
+                except socket.timeout as exc:
+                    raise EngineUnavailable("the engine host stopped answering") from exc
+                except OSError as exc:
+                    raise EngineUnavailable(f"the connection to the engine host broke ({exc})") from exc
+                if not line:
+                    return
+                message = decode(line)
+                if message.get("type") == "error":
+                    raise EngineRequestError(str(message.get("code")), str(message.get("detail")))
+                yield message
+        finally:
+            reader.close()
+
+    def _call(self, message: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        with self._connect(timeout_s) as sock:
+            sock.sendall(encode(message))
+            for reply in self._lines(sock):
+                return reply
+        raise EngineUnavailable("the engine host closed the connection without answering")
+
+    def stats(self, *, timeout_s: float = 5.0) -> dict[str, Any]:
+        return self._call({"op": "stats"}, timeout_s=timeout_s)
+
+    def count_tokens(self, prompts: list[list[dict[str, str]]], *, timeout_s: float = 60.0) -> list[int]:
+        return list(self._call({"op": "count_tokens", "prompts": prompts}, timeout_s=timeout_s)["counts"])
+
+    def abort(self, request_id: str, *, timeout_s: float = 5.0) -> None:
+        self._call({"op": "abort", "request_id": request_id}, timeout_s=timeout_s)
+
+    def generate(self, request: GenerateRequest, *, idle_timeout_s: float | None = None) -> Iterator[StreamEvent]:
+        """Stream the events of one request. Closing the iterator (or leaving a ``for`` loop
+        early) closes the connection, and the engine host then aborts the request."""
+        sock = self._connect(idle_timeout_s)
+        try:
+            sock.sendall(encode(request.to_message()))
+            finished = False
+            for message in self._lines(sock):
+                event = StreamEvent(type=str(message["type"]), data=message, received_at=time.time())
+                yield event
+                if event.type == "done":
+                    finished = True
+                    return
+            if not finished:
+                raise EngineUnavailable("the engine host closed the stream before the request finished")
+        finally:
+            sock.close()

@@ -1,0 +1,80 @@
+"""The wire format between the engine host and its clients: one JSON object per line.
+
+A client opens one connection per call over the engine host's Unix socket and sends one request
+line; the host answers with one or more event lines and closes. For ``generate``, the connection
+*is* the request: if the client goes away, the engine request is aborted and its KV reservation
+freed. Pure: no sockets here, only encoding, decoding and the shapes of messages.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MAX_LINE_BYTES = 64 * 1024 * 1024  # a request may carry a long document
+
+
+class ProtocolError(ValueError):
+    """A line that is not a well-formed message."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"not a JSON line: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("a message must be a JSON object")
+    return message
+
+
+class Priority:
+    """Engine priorities: a lower number is scheduled first (vLLM's ``priority`` scheduling)."""
+
+    DECODE = 0  # drafting and chat: a person is watching text appear
+    PREFILL = 10  # document jobs: long prompts, short answers
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: str
+    messages: list[dict[str, str]]
+    max_tokens: int
+    priority: int = Priority.PREFILL
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    queue: str = "prefill"
+    stop: list[str] = field(default_factory=list)
+
+    def to_message(self) -> dict[str, Any]:
+        return {"op": "generate", **asdict(self)}
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> GenerateRequest:
+        try:
+            request = cls(
+                request_id=str(message["request_id"]),
+                messages=[{"role": str(m["role"]), "content": str(m["content"])} for m in message["messages"]],
+                max_tokens=int(message["max_tokens"]),
+                priority=int(message.get("priority", Priority.PREFILL)),
+                temperature=float(message.get("temperature", 0.0)),
+                top_p=float(message.get("top_p", 1.0)),
+                seed=None if message.get("seed") is None else int(message["seed"]),
+                queue=str(message.get("queue", "prefill")),
+                stop=[str(s) for s in message.get("stop", [])],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"bad generate request: {exc!r}") from None
+        if not request.request_id:
+            raise ProtocolError("bad generate request: empty request_id")
+        if request.max_tokens < 1:
+            raise ProtocolError("bad generate request: max_tokens must be at least 1")
+        if not request.messages:
+            raise ProtocolError("bad generate request: no messages")
+        return request

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class JobKind(models.TextChoices):
+    SUMMARISE = "summarise", "Summary"
+    EXTRACT_CLAUSES = "extract_clauses", "Clause extraction"
+    DRAFT = "draft", "Drafted reply"
+
+
+class Queue(models.TextChoices):
+    PREFILL = "prefill", "prefill"  # document jobs: long prompts, short answers
+    DECODE = "decode", "decode"  # drafting and chat: short prompts, long answers
+
+
+QUEUE_FOR_KIND = {
+    JobKind.SUMMARISE: Queue.PREFILL,
+    JobKind.EXTRACT_CLAUSES: Queue.PREFILL,
+    JobKind.DRAFT: Queue.DECODE,
+}
+
+
+class Job(models.Model):
+    class State(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Done"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    FINISHED_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    document = models.ForeignKey(
+        "documents.Document", on_delete=models.CASCADE, related_name="jobs", null=True, blank=True
+    )
+    kind = models.CharField(max_length=32, choices=JobKind.choices)
+    queue = models.CharField(max_length=16, choices=Queue.choices)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    options = models.JSONField(default=dict, blank=True)
+    result_text = models.TextField(blank=True)
+    result_note = models.TextField(blank=True)  # e.g. what part of a document the result covers
+    error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"]),
+            models.Index(fields=["queue", "state"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.id}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in self.FINISHED_STATES
+
+
+class RequestMetrics(models.Model):
+    """What the user felt for one engine request, measured by the worker that ran it."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="metrics")
+    queue = models.CharField(max_length=16, choices=Queue.choices)
+    engine = models.CharField(max_length=255, blank=True)  # the engine host's node name
+    model = models.CharField(max_length=255, blank=True)
+    queue_wait_ms = models.FloatField(help_text="job created -> a worker started it")
+    admission_wait_ms = models.FloatField(help_text="waiting for KV budget in the engine host")
+    ttft_ms = models.FloatField(help_text="job created -> first token reached the worker")
+    itl_mean_ms = models.FloatField(null=True, blank=True)
+    itl_p95_ms = models.FloatField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField()
+    cached_prompt_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField()
+    decode_tokens_per_s = models.FloatField(null=True, blank=True)
+    kv_reservation_tokens = models.PositiveIntegerField()
+    preemptions = models.PositiveIntegerField(default=0)
+    engine_requests = models.PositiveSmallIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["queue", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"metrics for {self.job_id}"

@@ -1,0 +1,12 @@
+from django.urls import path
+
+from inference import views
+
+app_name = "inference"
+
+urlpatterns = [
+    path("documents/<int:document_id>/summarise", views.summarise, name="summarise"),
+    path("jobs/<uuid:job_id>/", views.job_detail, name="job"),
+    path("jobs/<uuid:job_id>/events", views.job_events, name="job_events"),
+    path("jobs/<uuid:job_id>/cancel", views.job_cancel, name="job_cancel"),
+]

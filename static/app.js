@@ -1,0 +1,81 @@
+// Progressive enhancement only: every page works without this file (it refreshes instead).
+"use strict";
+
+// Documents still being processed: poll their state, update it, reload the page when done.
+function pollDocumentStates() {
+  document.querySelectorAll("[data-poll]").forEach((el) => {
+    const tick = async () => {
+      try {
+        const response = await fetch(el.dataset.poll, { headers: { Accept: "application/json" } });
+        if (response.ok) {
+          const state = await response.json();
+          el.textContent = state.pages_total && !state.finished
+            ? `${state.state_label} (${state.pages_done}/${state.pages_total} pages)`
+            : state.state_label;
+          el.className = `state state-${state.state}`;
+          if (state.finished) {
+            window.location.reload();
+            return;
+          }
+        }
+      } catch (err) { /* the server is restarting: try again */ }
+      setTimeout(tick, 1500);
+    };
+    setTimeout(tick, 1000);
+  });
+}
+
+// A running job: stream its text with server-sent events. EventSource reconnects by itself and
+// sends Last-Event-ID, so the server resumes after the last delta this page already shows.
+function streamJob() {
+  const output = document.getElementById("job-output");
+  if (!output || !output.dataset.events) return;
+  const stateEl = document.getElementById("job-state");
+  const errorEl = document.getElementById("job-error");
+  const noteEl = document.getElementById("job-note");
+  const metricsEl = document.getElementById("job-metrics");
+  const cancelForm = document.getElementById("cancel-form");
+  const source = new EventSource(output.dataset.events);
+  let started = false;
+
+  const setState = (name, label) => {
+    stateEl.textContent = label;
+    stateEl.className = `state state-${name}`;
+  };
+  const finish = () => {
+    source.close();
+    if (cancelForm) cancelForm.hidden = true;
+  };
+
+  source.addEventListener("delta", (e) => {
+    if (!started) { output.textContent = ""; started = true; setState("running", "Running"); }
+    output.textContent += JSON.parse(e.data).text;
+  });
+  source.addEventListener("restart", () => { output.textContent = ""; });
+  source.addEventListener("snapshot", (e) => { output.textContent = JSON.parse(e.data).text; });
+  source.addEventListener("done", (e) => {
+    const data = JSON.parse(e.data);
+    setState("succeeded", "Done");
+    if (data.note) { noteEl.textContent = data.note; noteEl.hidden = false; }
+    if (data.ttft_ms !== undefined) {
+      metricsEl.querySelector('[data-metric="ttft_ms"]').textContent = `${Math.round(data.ttft_ms)} ms`;
+      metricsEl.querySelector('[data-metric="decode_tokens_per_s"]').textContent = data.decode_tokens_per_s ?? "";
+      metricsEl.querySelector('[data-metric="queue_wait_ms"]').textContent = `${Math.round(data.queue_wait_ms)} ms`;
+      metricsEl.querySelector('[data-metric="tokens"]').textContent = `${data.prompt_tokens} / ${data.output_tokens}`;
+      metricsEl.hidden = false;
+    }
+    finish();
+  });
+  source.addEventListener("failed", (e) => {
+    setState("failed", "Failed");
+    errorEl.textContent = JSON.parse(e.data).detail;
+    errorEl.hidden = false;
+    finish();
+  });
+  source.addEventListener("cancelled", () => { setState("cancelled", "Cancelled"); finish(); });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  pollDocumentStates();
+  streamJob();
+});

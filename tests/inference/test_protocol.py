@@ -1,0 +1,160 @@
+"""inference/engine/protocol.py: one JSON object per line between the engine host and clients."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inference.engine.protocol import GenerateRequest, Priority, ProtocolError, decode, encode
+
+
+def _request(**overrides) -> GenerateRequest:
+    fields = {
+        "request_id": "req-1",
+        "messages": [
+            {"role": "system", "content": "You are careful."},
+            {"role": "user", "content": "Résumé of «the» contract, 4,800 £ — page 2\nsecond line"},
+        ],
+        "max_tokens": 256,
+        "priority": Priority.DECODE,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 1234,
+        "queue": "decode",
+        "stop": ["</answer>", "\n\n"],
+    }
+    fields.update(overrides)
+    return GenerateRequest(**fields)
+
+
+def test_encode_is_one_line_of_json():
+    line = encode({"op": "stats", "text": "a\nb"})
+    assert line.endswith(b"\n")
+    assert line.count(b"\n") == 1  # a newline inside a string is escaped
+    assert json.loads(line) == {"op": "stats", "text": "a\nb"}
+
+
+def test_encode_keeps_unicode_as_utf8():
+    line = encode({"text": "£ é"})
+    assert "£ é".encode() in line
+
+
+def test_round_trip_of_a_generate_request():
+    request = _request()
+    line = encode(request.to_message())
+    message = decode(line)
+    assert message["op"] == "generate"
+    assert GenerateRequest.from_message(message) == request
+
+
+def test_round_trip_with_defaults():
+    request = GenerateRequest(request_id="r", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    back = GenerateRequest.from_message(decode(encode(request.to_message())))
+    assert back == request
+    assert back.priority == Priority.PREFILL
+    assert back.seed is None
+    assert back.stop == []
+    assert back.queue == "prefill"
+
+
+def test_from_message_applies_defaults_for_optional_fields():
+    request = GenerateRequest.from_message(
+        {"request_id": "r", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    )
+    assert request.priority == Priority.PREFILL
+    assert request.temperature == 0.0
+    assert request.top_p == 1.0
+    assert request.seed is None
+    assert request.stop == []
+
+
+def test_from_message_coerces_types():
+    request = GenerateRequest.from_message(
+        {"request_id": 42, "messages": [{"role": "user", "content": 7}], "max_tokens": "3", "seed": "9"}
+    )
+    assert request.request_id == "42"
+    assert request.messages == [{"role": "user", "content": "7"}]
+    assert request.max_tokens == 3
+    assert request.seed == 9
+
+
+def test_from_message_drops_extra_message_keys():
+    request = GenerateRequest.from_message(
+        {"request_id": "r", "messages": [{"role": "user", "content": "hi", "name": "x"}], "max_tokens": 5}
+    )
+    assert request.messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("line", [b"not json\n", b"{\"op\": \n", b"\xff\xfe\n", b""])
+def test_decode_rejects_non_json(line):
+    with pytest.raises(ProtocolError, match="not a JSON line"):
+        decode(line)
+
+
+@pytest.mark.parametrize("line", [b"[1, 2]\n", b"\"text\"\n", b"42\n", b"null\n"])
+def test_decode_rejects_non_objects(line):
+    with pytest.raises(ProtocolError, match="JSON object"):
+        decode(line)
+
+
+def test_protocol_error_is_a_value_error():
+    assert issubclass(ProtocolError, ValueError)
+
+
+@pytest.mark.parametrize("missing", ["request_id", "messages", "max_tokens"])
+def test_from_message_rejects_missing_fields(missing):
+    message = _request().to_message()
+    del message[missing]
+    with pytest.raises(ProtocolError, match="bad generate request"):
+        GenerateRequest.from_message(message)
+
+
+@pytest.mark.parametrize("max_tokens", [0, -1])
+def test_from_message_rejects_max_tokens_below_one(max_tokens):
+    message = _request(max_tokens=max_tokens).to_message()
+    with pytest.raises(ProtocolError, match="max_tokens"):
+        GenerateRequest.from_message(message)
+
+
+def test_from_message_rejects_empty_messages():
+    message = _request().to_message()
+    message["messages"] = []
+    with pytest.raises(ProtocolError, match="no messages"):
+        GenerateRequest.from_message(message)
+
+
+def test_from_message_rejects_empty_request_id():
+    message = _request().to_message()
+    message["request_id"] = ""
+    with pytest.raises(ProtocolError, match="request_id"):
+        GenerateRequest.from_message(message)
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user"}],  # no content
+        [{"content": "hi"}],  # no role
+        ["just a string"],
+        None,
+        42,
+    ],
+)
+def test_from_message_rejects_malformed_messages(messages):
+    message = _request().to_message()
+    message["messages"] = messages
+    with pytest.raises(ProtocolError, match="bad generate request"):
+        GenerateRequest.from_message(message)
+
+
+@pytest.mark.parametrize("field,value", [("max_tokens", "many"), ("priority", "high"), ("temperature", "hot"), ("seed", "x")])
+def test_from_message_rejects_non_numeric_numbers(field, value):
+    message = _request().to_message()
+    message[field] = value
+    with pytest.raises(ProtocolError, match="bad generate request"):
+        GenerateRequest.from_message(message)
+
+
+def test_priorities_order_decode_before_prefill():
+    assert Priority.DECODE < Priority.PREFILL
