@@ -44,12 +44,18 @@ def check_broker() -> dict:
 def check_workers(broker_ok: bool) -> dict:
     if not broker_ok:
         return {"ok": False, "detail": "cannot reach workers: the broker is down"}
-    from appliance.celery import app
+    from celery import Celery
 
+    # A throw-away app bound to the broker the settings name now: the project's app caches its
+    # producer pool, and kombu retries a publish to a vanished broker forever.
+    probe = Celery("appliance-health", broker=settings.CELERY_BROKER_URL, set_as_current=False)
+    probe.conf.broker_transport_options = {"socket_connect_timeout": 2, "socket_timeout": 2}
     try:
-        replies = app.control.inspect(timeout=1.0).active_queues() or {}
+        replies = probe.control.inspect(timeout=1.0).active_queues() or {}
     except Exception as exc:
         return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+    finally:
+        probe.close()
     served = {queue: sorted(name for name, queues in replies.items() if any(q["name"] == queue for q in queues)) for queue in REQUIRED_QUEUES}
     missing = [queue for queue, workers in served.items() if not workers]
     result = {"ok": not missing, "queues": {queue: len(workers) for queue, workers in served.items()}}

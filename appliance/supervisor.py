@@ -24,7 +24,7 @@ logger = logging.getLogger("appliance.supervisor")
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Ask Linux to send SIGTERM to the child if the supervisor itself is killed."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -89,7 +89,7 @@ class Supervisor:
             cwd=self.cwd,
             env={**os.environ, **spec.env},
             start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops children in order
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
 
     def start_all(self) -> None:

@@ -41,7 +41,7 @@ def extract_pages(data: bytes, *, filename: str = "", max_pages: int = 5000) -> 
 
 def _extract_pdf(data: bytes, *, max_pages: int) -> ExtractedDocument:
     from pypdf import PdfReader
-    from pypdf.errors import FileNotDecryptedError, PdfReadError
+    from pypdf.errors import FileNotDecryptedError, PdfReadError, PyPdfError
 
     try:
         reader = PdfReader(io.BytesIO(data), strict=False)
@@ -70,7 +70,7 @@ def _extract_pdf(data: bytes, *, max_pages: int) -> ExtractedDocument:
         raise
     except FileNotDecryptedError as exc:
         raise ExtractionError("This PDF is protected by a password. Remove the password and upload it again.") from exc
-    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, OSError) as exc:
+    except (PyPdfError, PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError, OSError) as exc:
         logger.info("unreadable PDF: %r", exc)
         raise ExtractionError("This PDF is damaged or incomplete and cannot be read.") from exc
     document = ExtractedDocument(pages=pages, title=title)

@@ -21,7 +21,7 @@ import pytest
 from django.conf import settings
 
 from appliance.embedded import embedded_services
-from appliance.supervisor import appliance_processes
+from appliance.supervisor import die_with_parent, appliance_processes
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 ENGINE_START_TIMEOUT_S = 900  # a fresh machine compiles the model's graphs once (~2-3 min here)
@@ -83,6 +83,7 @@ def engine_host():
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # no stray processes if the test run is killed
         )
     deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
     try:
@@ -123,6 +124,7 @@ def workers(django_db_setup, django_db_blocker):
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=die_with_parent,
                 )
             )
     from appliance.celery import app

@@ -69,7 +69,11 @@ class KvAdmission:
             raise AdmissionRefused(
                 f"needs {tokens} KV tokens but at most {self.limit_for(priority)} can ever be reserved"
             )
-        if not self._waiting and self._fits(tokens, priority):
+        # Start at once when it fits and nobody of the same or a more urgent priority waits: a
+        # drafter that fits does not queue behind a document that does not.
+        if self._fits(tokens, priority) and not any(
+            w.priority <= priority and not w.future.done() for w in self._waiting
+        ):
             return self._grant(request_id, tokens, priority)
         waiter = _Waiter(priority, next(self._seq), tokens, request_id, asyncio.get_running_loop().create_future())
         heapq.heappush(self._waiting, waiter)
@@ -79,8 +83,9 @@ class KvAdmission:
             if waiter.future.done() and not waiter.future.cancelled():
                 self.release(waiter.future.result())  # granted just as it was cancelled
             else:
-                self._waiting.remove(waiter)
-                heapq.heapify(self._waiting)
+                if waiter in self._waiting:  # _wake may have dropped it already
+                    self._waiting.remove(waiter)
+                    heapq.heapify(self._waiting)
                 self._wake()
             raise
 

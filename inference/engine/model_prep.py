@@ -63,9 +63,10 @@ def find_shipped_gguf() -> Path:
 
 def read_manifest(model_dir: Path) -> dict | None:
     try:
-        return json.loads((model_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
+        manifest = json.loads((model_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return manifest if isinstance(manifest, dict) else None
 
 
 def verify(model_dir: Path) -> list[str]:
@@ -76,14 +77,15 @@ def verify(model_dir: Path) -> list[str]:
     if manifest.get("conversion_version") != CONVERSION_VERSION:
         return ["made by another version of the conversion"]
     problems = []
-    for name, expected in manifest.get("files", {}).items():
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return ["the manifest lists no files"]
+    for name, expected in files.items():
         path = model_dir / name
         if not path.is_file():
             problems.append(f"{name} is missing")
         elif sha256_file(path) != expected:
             problems.append(f"{name} does not match its checksum")
-    if not manifest.get("files"):
-        problems.append("the manifest lists no files")
     return problems
 
 

@@ -131,7 +131,8 @@ def test_verify_reports_manifest_that_is_not_an_object(model_dir):
     reported as a problem, so that prepare_default_model converts again, rather than crash."""
     (model_dir / MANIFEST_NAME).write_text("[]", encoding="utf-8")
     problems = verify(model_dir)
-    assert problems != []
+    assert len(problems) == 1
+    assert "manifest" in problems[0]
 
 
 def test_verify_ignores_files_not_in_the_manifest(model_dir):

@@ -86,13 +86,13 @@ def test_from_message_drops_extra_message_keys():
     assert request.messages == [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("line", [b"not json\n", b"{\"op\": \n", b"\xff\xfe\n", b""])
+@pytest.mark.parametrize("line", [b"not json\n", b'{"op": \n', b"\xff\xfe\n", b""])
 def test_decode_rejects_non_json(line):
     with pytest.raises(ProtocolError, match="not a JSON line"):
         decode(line)
 
 
-@pytest.mark.parametrize("line", [b"[1, 2]\n", b"\"text\"\n", b"42\n", b"null\n"])
+@pytest.mark.parametrize("line", [b"[1, 2]\n", b'"text"\n', b"42\n", b"null\n"])
 def test_decode_rejects_non_objects(line):
     with pytest.raises(ProtocolError, match="JSON object"):
         decode(line)
@@ -148,7 +148,9 @@ def test_from_message_rejects_malformed_messages(messages):
         GenerateRequest.from_message(message)
 
 
-@pytest.mark.parametrize("field,value", [("max_tokens", "many"), ("priority", "high"), ("temperature", "hot"), ("seed", "x")])
+@pytest.mark.parametrize(
+    "field,value", [("max_tokens", "many"), ("priority", "high"), ("temperature", "hot"), ("seed", "x")]
+)
 def test_from_message_rejects_non_numeric_numbers(field, value):
     message = _request().to_message()
     message[field] = value
