@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from documents.models import Document
 from inference import streaming
-from inference.engine.client import EngineClient, EngineRequestError, StreamEvent
+from inference.engine.client import EngineClient, EngineRequestError
 from inference.engine.protocol import GenerateRequest, Priority
 from inference.models import QUEUE_FOR_KIND, Job, JobKind, Queue, RequestMetrics
 from inference.prompts import DEFAULT_SUMMARY_LENGTH, SUMMARY_LENGTHS, PageText

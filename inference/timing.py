@@ -42,7 +42,7 @@ def inter_token_latencies_ms(deltas: list[Delta]) -> list[float]:
     """One latency per token after the first: a delta that carries n tokens after a gap g counts
     as n tokens g/n apart (the engine batched them into one message)."""
     latencies: list[float] = []
-    for previous, current in zip(deltas, deltas[1:]):
+    for previous, current in zip(deltas, deltas[1:], strict=False):
         if current.tokens <= 0:
             continue
         gap_ms = max(0.0, (current.at - previous.at) * 1000)

@@ -21,7 +21,7 @@ import pytest
 from django.conf import settings
 
 from appliance.embedded import embedded_services
-from appliance.supervisor import die_with_parent, appliance_processes
+from appliance.supervisor import appliance_processes, die_with_parent
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 ENGINE_START_TIMEOUT_S = 900  # a fresh machine compiles the model's graphs once (~2-3 min here)
@@ -103,14 +103,37 @@ def engine_host():
         _stop(process)
 
 
-@pytest.fixture(scope="session")
-def workers(django_db_setup, django_db_blocker):
-    """The ingest, prefill and decode worker pools, as `make run` starts them, on the test DB."""
+def _test_database_url() -> str:
     from django.db import connection
 
     db = connection.settings_dict
-    database_url = f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    specs = [s for s in appliance_processes(python=sys.executable, port=0, settings=settings) if s.name.endswith("-worker")]
+    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def _wait_for_other_sessions_to_close(timeout_s: float = 15) -> None:
+    """A killed process's Postgres backend exits a moment later; the test database can only be
+    dropped at the end of the run once it has."""
+    import psycopg
+    from django.db import connection
+
+    db = connection.settings_dict
+    own = [connection.connection.info.backend_pid] if connection.connection is not None else []
+    admin_url = f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/postgres"
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            (others,) = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> ALL(%s)",
+                (db["NAME"], own),
+            ).fetchone()
+            if others == 0:
+                return
+            time.sleep(0.2)
+
+
+def _start_appliance_processes(names: set[str], *, port: int = 0) -> list[subprocess.Popen]:
+    """Processes of `make run` (same command lines), pointed at the test database."""
+    specs = [s for s in appliance_processes(python=sys.executable, port=port, settings=settings) if s.name in names]
     log_dir = Path(settings.VAR_DIR) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     processes = []
@@ -120,13 +143,21 @@ def workers(django_db_setup, django_db_blocker):
                 subprocess.Popen(
                     spec.argv,
                     cwd=BASE_DIR,
-                    env=_child_env(DATABASE_URL=database_url),
+                    env=_child_env(DATABASE_URL=_test_database_url()),
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     preexec_fn=die_with_parent,
                 )
             )
+    return processes
+
+
+@pytest.fixture(scope="session")
+def workers(django_db_setup, django_db_blocker):
+    """The ingest, prefill and decode worker pools, as `make run` starts them, on the test DB."""
+    processes = _start_appliance_processes({"ingest-worker", "prefill-worker", "decode-worker"})
+    log_dir = Path(settings.VAR_DIR) / "logs"
     from appliance.celery import app
 
     deadline = time.monotonic() + 60
@@ -144,6 +175,34 @@ def workers(django_db_setup, django_db_blocker):
     yield processes
     for process in processes:
         _stop(process)
+    _wait_for_other_sessions_to_close()
+
+
+@pytest.fixture(scope="session")
+def live_appliance(django_db_setup):
+    """The real ASGI web server (uvicorn, as `make run` starts it) on a free port. Yields its URL."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (process,) = _start_appliance_processes({"web"}, port=port)
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(url + "/accounts/login/", timeout=2)
+            return True
+        except OSError:
+            return False
+
+    try:
+        wait_until(answers, timeout_s=60, message="the web server")
+        yield url
+    finally:
+        _stop(process)
+        _wait_for_other_sessions_to_close()
 
 
 def wait_until(predicate, *, timeout_s: float, interval_s: float = 0.25, message: str = "condition"):

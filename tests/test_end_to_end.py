@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -16,7 +17,7 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from documents.models import Document, Page
-from inference.models import Job, Queue
+from inference.models import Job, Queue, RequestMetrics
 from tests.conftest import wait_until
 from tests.pdfs import CONTRACT_PAGES, make_pdf
 
@@ -173,3 +174,34 @@ def test_another_user_cannot_see_or_summarise_my_document(browser, staff_user, w
     assert intruder.post(reverse("inference:summarise", args=[document.pk])).status_code == 404
     assert b"mine.pdf" not in intruder.get(reverse("documents:library")).content
     assert not Job.objects.exists()
+
+
+def test_cancelling_a_running_summary_aborts_it_in_the_engine(browser, staff_user, workers, engine_host):
+    from inference import streaming
+
+    long_text = ["Clause %d. The parties agree to meet every week and to write minutes of each meeting." % i for i in range(40)]
+    _upload(browser, "long.pdf", make_pdf(["\n".join(long_text[:20]), "\n".join(long_text[20:])]))
+    document = Document.objects.get(owner=staff_user)
+    wait_until(lambda: _document_finished(document.pk), timeout_s=120, message="ingestion")
+    browser.post(reverse("inference:summarise", args=[document.pk]), {"length": "detailed"})
+    job = Job.objects.get(owner=staff_user)
+
+    def first_delta_seen():
+        entries = streaming.sync_client().xrange(streaming.stream_key(job.pk))
+        return any(fields[b"event"] == b"delta" for _, fields in entries)
+
+    wait_until(first_delta_seen, timeout_s=600, message="the first token")
+    response = browser.post(reverse("inference:job_cancel", args=[job.pk]))
+    assert response.status_code == 302
+
+    def engine_idle():
+        stats = engine_host.stats()
+        return stats["kv_reserved_tokens"] == 0 and stats["running"] == 0
+
+    wait_until(engine_idle, timeout_s=30, message="the engine to drop the cancelled request")
+    time.sleep(1)  # the worker finishes its loop; nothing it does may revive the job
+    job.refresh_from_db()
+    assert job.state == Job.State.CANCELLED
+    assert not RequestMetrics.objects.filter(job=job).exists()
+    events = [fields[b"event"] for _, fields in streaming.sync_client().xrange(streaming.stream_key(job.pk))]
+    assert b"cancelled" in events and b"done" not in events

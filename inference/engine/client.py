@@ -52,7 +52,7 @@ class EngineClient:
         sock.settimeout(self.connect_timeout_s)
         try:
             sock.connect(self.socket_path)
-        except (FileNotFoundError, ConnectionRefusedError, socket.timeout) as exc:
+        except (TimeoutError, FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             raise EngineUnavailable(f"the engine host is not answering at {self.socket_path} ({exc})") from exc
         sock.settimeout(read_timeout_s)
@@ -64,7 +64,7 @@ class EngineClient:
             while True:
                 try:
                     line = reader.readline(MAX_LINE_BYTES)
-                except socket.timeout as exc:
+                except TimeoutError as exc:
                     raise EngineUnavailable("the engine host stopped answering") from exc
                 except OSError as exc:
                     raise EngineUnavailable(f"the connection to the engine host broke ({exc})") from exc
