@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",
     "appliance",
     "documents",
     "inference",
@@ -120,8 +121,11 @@ REDIS_URL = env_str("REDIS_URL") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
 APPLIANCE_JOB_TIME_LIMIT_S = env_int("APPLIANCE_JOB_TIME_LIMIT_S", 1800, minimum=10)
 
 CELERY_BROKER_URL = REDIS_URL
+# documents.tasks.INGEST_TIME_LIMIT_S: an hour, plus a minute for the hard limit.
+_INGEST_TIME_LIMIT_S = 3660
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": APPLIANCE_JOB_TIME_LIMIT_S + 600,
+    # Above the longest task, or a task still running would be handed to a second worker.
+    "visibility_timeout": max(APPLIANCE_JOB_TIME_LIMIT_S + 30, _INGEST_TIME_LIMIT_S) + 600,
     "socket_connect_timeout": 5,
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -173,6 +177,22 @@ APPLIANCE_SUMMARY_MAX_TOKENS = env_int("APPLIANCE_SUMMARY_MAX_TOKENS", 256, mini
 
 MEDIA_ROOT = VAR_DIR / "media"
 APPLIANCE_MAX_UPLOAD_MB = env_int("APPLIANCE_MAX_UPLOAD_MB", 100, minimum=1)
+APPLIANCE_MAX_PAGES = env_int("APPLIANCE_MAX_PAGES", 5000, minimum=1)
+# Each file is parsed in a child process with these limits, so a hostile file fails alone.
+APPLIANCE_EXTRACTION_TIMEOUT_S = env_int("APPLIANCE_EXTRACTION_TIMEOUT_S", 300, minimum=5)
+APPLIANCE_EXTRACTION_MEMORY_MB = env_int("APPLIANCE_EXTRACTION_MEMORY_MB", 2048, minimum=256)
+# OCR of image-only PDF pages, when Tesseract is installed (Debian: tesseract-ocr, poppler-utils).
+APPLIANCE_OCR = env_bool("APPLIANCE_OCR", True)
+# Embeddings: a sentence-transformers model directory; default all-MiniLM-L6-v2 from its wheel.
+APPLIANCE_EMBEDDING_MODEL = env_str("APPLIANCE_EMBEDDING_MODEL")
+APPLIANCE_EMBEDDING_BATCH = env_int("APPLIANCE_EMBEDDING_BATCH", 64, minimum=1)
+APPLIANCE_CHUNK_TOKENS = env_int("APPLIANCE_CHUNK_TOKENS", 200, minimum=16, maximum=510)
+APPLIANCE_CHUNK_OVERLAP_TOKENS = env_int("APPLIANCE_CHUNK_OVERLAP_TOKENS", 40, minimum=0)
+# Search: HNSW breadth (recall against speed), candidates per arm before rank fusion, and the
+# size under which a user's readable chunks are compared exactly instead of through the index.
+APPLIANCE_SEARCH_EF_SEARCH = env_int("APPLIANCE_SEARCH_EF_SEARCH", 200, minimum=10, maximum=1000)
+APPLIANCE_SEARCH_CANDIDATES = env_int("APPLIANCE_SEARCH_CANDIDATES", 50, minimum=10, maximum=1000)
+APPLIANCE_SEARCH_EXACT_MAX_CHUNKS = env_int("APPLIANCE_SEARCH_EXACT_MAX_CHUNKS", 10000, minimum=0)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 

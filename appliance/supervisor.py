@@ -108,6 +108,7 @@ class Supervisor:
             code = entry.process.poll()
             if code is None or self.stopping:
                 continue
+            _signal_group(entry.process, signal.SIGKILL)  # what it left behind (vLLM's engine core)
             lived = now - entry.started_at
             entry.restarts = 0 if lived > 60 else entry.restarts + 1
             pause = min(self.max_backoff_s, 2.0 ** entry.restarts) if entry.restarts else 0.5

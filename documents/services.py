@@ -1,104 +1,336 @@
-"""Writes for documents. Views, API and tasks call these; nothing else writes Document or Page."""
+"""Writes for documents. Views, API, admin actions and tasks call these; nothing else writes
+Document, Page or Chunk.
+
+A document moves ``uploaded -> extracting -> embedding -> ready`` (or ``failed`` with a reason a
+person understands). Extraction runs in a sandboxed child process with time and memory limits;
+embedding runs in batches and reports pages done as it goes.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable
 from pathlib import PurePath
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, Group
+from django.contrib.postgres.search import SearchVector
+from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import UploadedFile
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import F
 
-from documents.extraction import ExtractionError, extract_pages
-from documents.models import Document, Page
+from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
+from documents.models import Chunk, Document, Page
 
 logger = logging.getLogger(__name__)
+
+KIND_BY_SUFFIX = {
+    ".pdf": Document.Kind.PDF,
+    ".txt": Document.Kind.TEXT,
+    ".text": Document.Kind.TEXT,
+    ".md": Document.Kind.MARKDOWN,
+    ".markdown": Document.Kind.MARKDOWN,
+    ".docx": Document.Kind.DOCX,
+    ".eml": Document.Kind.EMAIL,
+}
+
+
+MAX_INGEST_ATTEMPTS = 3
 
 
 class UploadRejected(ValueError):
     """The upload is refused before anything is stored; the message is for the user."""
 
 
-def _sha256(upload: UploadedFile) -> str:
+class NotAllowed(PermissionError):
+    """The user may not change this document."""
+
+
+def _sha256_chunks(chunks: Iterable[bytes]) -> str:
     digest = hashlib.sha256()
-    for chunk in upload.chunks():
+    for chunk in chunks:
         digest.update(chunk)
-    upload.seek(0)
     return digest.hexdigest()
 
 
-def document_create(*, owner: AbstractBaseUser, upload: UploadedFile) -> tuple[Document, bool]:
+def _new_document_fields(name: str, content_type: str, size_bytes: int, sha256: str) -> dict:
+    """What a new document (upload or attachment) takes from its file's name and bytes."""
+    filename = PurePath(name or "upload").name[:255] or "upload"
+    return {
+        "title": PurePath(filename).stem[:255] or filename,
+        "filename": filename,
+        "kind": KIND_BY_SUFFIX.get(PurePath(filename).suffix.lower(), Document.Kind.UNKNOWN),
+        "content_type": (content_type or "")[:127],
+        "size_bytes": size_bytes,
+        "sha256": sha256,
+    }
+
+
+def max_upload_bytes() -> int:
+    return settings.APPLIANCE_MAX_UPLOAD_MB * 1024 * 1024
+
+
+def document_create(
+    *, owner: AbstractBaseUser, upload: UploadedFile, groups: Iterable[Group] = ()
+) -> tuple[Document, bool]:
     """Store an upload and queue its ingestion. Returns (document, created): the same bytes
     uploaded again by the same owner return the existing document and do no work."""
-    limit_bytes = settings.APPLIANCE_MAX_UPLOAD_MB * 1024 * 1024
-    if upload.size is not None and upload.size > limit_bytes:
+    if upload.size is not None and upload.size > max_upload_bytes():
         raise UploadRejected(
             f"{upload.name} is {upload.size / 1024 / 1024:.1f} MB; the limit is {settings.APPLIANCE_MAX_UPLOAD_MB} MB."
         )
-    sha256 = _sha256(upload)
-    existing = Document.objects.filter(owner=owner, sha256=sha256).first()
+    if not upload.size:
+        raise UploadRejected(f"{upload.name} is empty.")
+    sha256 = _sha256_chunks(upload.chunks())
+    upload.seek(0)
+    existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
     if existing is not None:
         return existing, False
-    filename = PurePath(upload.name or "upload").name[:255]
-    with transaction.atomic():
-        document = Document.objects.create(
-            owner=owner,
-            title=PurePath(filename).stem[:255] or filename,
-            filename=filename,
-            content_type=(upload.content_type or "")[:127],
-            size_bytes=upload.size or 0,
-            sha256=sha256,
-            file=upload,
-        )
-        from documents.tasks import ingest_document
-
-        ingest_document.delay_on_commit(document.pk)
+    fields = _new_document_fields(upload.name or "upload", upload.content_type or "", upload.size or 0, sha256)
+    try:
+        with transaction.atomic():
+            document = Document.objects.create(owner=owner, file=upload, **fields)
+            groups = list(groups)
+            if groups:
+                document.shared_with.set(groups)
+            _enqueue_ingest(document.pk)
+    except IntegrityError:  # the same bytes uploaded twice at the same moment
+        existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
+        if existing is None:
+            raise
+        return existing, False
     return document, True
 
 
-def document_ingest(*, document_id: int) -> Document | None:
-    """Extract the text of every page. Idempotent: a document already finished is left alone,
-    one interrupted mid-way starts again. Returns None when the document is gone."""
-    document = Document.objects.filter(pk=document_id).first()
-    if document is None or document.is_finished:
-        return document
-    Document.objects.filter(pk=document_id).update(state=Document.State.EXTRACTING, pages_done=0)
-    try:
-        with document.file.open("rb") as handle:
-            data = handle.read()
-        extracted = extract_pages(data, filename=document.filename)
-    except ExtractionError as exc:
-        return _document_fail(document_id, str(exc))
-    except OSError as exc:
-        logger.warning("document %s: stored file unreadable: %s", document_id, exc)
-        return _document_fail(document_id, "The stored file could not be read. Upload it again.")
-    with transaction.atomic():
-        Page.objects.filter(document_id=document_id).delete()
-        Page.objects.bulk_create(
-            [Page(document_id=document_id, number=index, text=text) for index, text in enumerate(extracted.pages, 1)],
-            batch_size=500,
-        )
-        updates = {
-            "state": Document.State.READY,
-            "pages_total": len(extracted.pages),
-            "pages_done": len(extracted.pages),
-            "failure_reason": "",
-        }
-        if extracted.title:
-            updates["title"] = extracted.title[:255]
-        Document.objects.filter(pk=document_id).update(**updates)
-    return Document.objects.get(pk=document_id)
+def _enqueue_ingest(document_id: int) -> None:
+    from documents.tasks import ingest_document
+
+    ingest_document.delay_on_commit(document_id)
 
 
-def _document_fail(document_id: int, reason: str) -> Document | None:
-    Document.objects.filter(pk=document_id).update(state=Document.State.FAILED, failure_reason=reason)
+def _set_state(document_id: int, state: str, **fields) -> None:
+    Document.objects.filter(pk=document_id).update(state=state, **fields)
+
+
+def document_fail(*, document_id: int, reason: str) -> Document | None:
+    _set_state(document_id, Document.State.FAILED, failure_reason=reason)
     return Document.objects.filter(pk=document_id).first()
 
 
-def document_delete(*, document: Document) -> None:
-    storage, name = document.file.storage, document.file.name
+
+
+def document_ingest(*, document_id: int) -> Document | None:
+    """Extract, store pages, then embed. Idempotent: a finished document is left alone, one
+    interrupted mid-way starts again. Returns None when the document is gone."""
+    from documents.sandbox import SandboxLimits, extract_in_sandbox
+
+    document = Document.objects.filter(pk=document_id).first()
+    if document is None or document.is_finished:
+        return document
+    if document.attempts >= MAX_INGEST_ATTEMPTS:
+        # Redelivered after the worker died on it (memory, a hard time limit) again and again.
+        return document_fail(
+            document_id=document_id,
+            reason=f"Processing this file stopped the worker {document.attempts} times; it was given up.",
+        )
+    Document.objects.filter(pk=document_id).update(attempts=F("attempts") + 1)
+    _set_state(document_id, Document.State.EXTRACTING, pages_done=0, failure_reason="")
+    try:
+        with document.file.open("rb") as handle:
+            data = handle.read(max_upload_bytes() + 1)
+        if len(data) > max_upload_bytes():
+            raise ExtractionError(f"The file is over the {settings.APPLIANCE_MAX_UPLOAD_MB} MB limit.")
+        extracted = extract_in_sandbox(
+            data,
+            filename=document.filename,
+            content_type=document.content_type,
+            limits=ExtractionLimits(max_pages=settings.APPLIANCE_MAX_PAGES),
+            sandbox=SandboxLimits(
+                timeout_s=settings.APPLIANCE_EXTRACTION_TIMEOUT_S,
+                memory_bytes=settings.APPLIANCE_EXTRACTION_MEMORY_MB * 1024 * 1024,
+            ),
+            use_ocr=settings.APPLIANCE_OCR,
+        )
+    except ExtractionError as exc:
+        return document_fail(document_id=document_id, reason=str(exc))
+    except OSError as exc:
+        logger.warning("document %s: stored file unreadable: %s", document_id, exc)
+        return document_fail(document_id=document_id, reason="The stored file could not be read. Upload it again.")
+
+    _store_pages(document, extracted)
+    document.refresh_from_db()
+    if not any(page.text.strip() for page in extracted.pages) and not extracted.attachments:
+        return document_fail(document_id=document_id, reason=no_text_reason(len(extracted.pages)))
+    return document_embed(document_id=document_id)
+
+
+def no_text_reason(pages: int) -> str:
+    if not settings.APPLIANCE_OCR:
+        why = "OCR is turned off on this appliance (APPLIANCE_OCR)"
+    else:
+        from documents.ocr import default_ocr_engine
+
+        why = (
+            "OCR could not read them"
+            if default_ocr_engine() is not None
+            else "OCR is not installed on this appliance (Debian packages tesseract-ocr and poppler-utils)"
+        )
+    return f"No text could be found: the {pages} page(s) are images (scans) with no text layer, and {why}."
+
+
+def _store_pages(document: Document, extracted: ExtractedDocument) -> None:
+    texts = [page.text for page in extracted.pages]
+    offsets = page_offsets(texts)
+    with transaction.atomic():
+        Page.objects.filter(document=document).delete()
+        Chunk.objects.filter(document=document).delete()
+        for child in document.children.all():  # from an earlier, interrupted run
+            document_delete(document=child)
+        Page.objects.bulk_create(
+            [
+                Page(
+                    document=document,
+                    number=number,
+                    text=page.text,
+                    char_start=offset,
+                    needs_ocr=page.needs_ocr,
+                    ocr=page.ocr,
+                )
+                for number, (page, offset) in enumerate(zip(extracted.pages, offsets, strict=True), 1)
+            ],
+            batch_size=500,
+        )
+        updates = {
+            "kind": extracted.kind,
+            "pages_total": len(extracted.pages),
+            "pages_done": 0,
+            "pages_needing_ocr": sum(1 for page in extracted.pages if page.needs_ocr),
+        }
+        if extracted.title:
+            updates["title"] = extracted.title[:255]
+        Document.objects.filter(pk=document.pk).update(**updates)
+        for attachment in extracted.attachments:
+            _create_child(document, attachment)
+
+
+def _create_child(parent: Document, attachment) -> Document:
+    """An e-mail attachment becomes a document of its own, owned and shared like its e-mail."""
+    fields = _new_document_fields(
+        attachment.filename or "attachment",
+        attachment.content_type,
+        len(attachment.data),
+        hashlib.sha256(attachment.data).hexdigest(),
+    )
+    child = Document(owner=parent.owner, parent=parent, **fields)
+    child.file.save(fields["filename"], ContentFile(attachment.data), save=False)
+    child.save()
+    child.shared_with.set(parent.shared_with.all())
+    _enqueue_ingest(child.pk)
+    return child
+
+
+def document_embed(*, document_id: int) -> Document | None:
+    """Chunk the stored pages with the embedding model's tokenizer, embed in batches, then swap
+    the new chunks in at once. Also how a ready document is re-embedded after the embedding
+    model changes: it stays ready and searchable (with its old chunks) until the swap."""
+    from documents.chunking import chunk_pages
+    from documents.embeddings import embed_spans, get_embedder
+
+    document = Document.objects.filter(pk=document_id).first()
+    if document is None:
+        return None
+    reembedding = document.state == Document.State.READY
+    embedder = get_embedder()
+    pages = list(Page.objects.filter(document=document).order_by("number").values_list("number", "char_start", "text"))
+    spans = chunk_pages(
+        pages,
+        tokenizer=embedder.tokenizer,
+        max_tokens=settings.APPLIANCE_CHUNK_TOKENS,
+        overlap_tokens=settings.APPLIANCE_CHUNK_OVERLAP_TOKENS,
+    )
+    if not reembedding:
+        _set_state(document_id, Document.State.EMBEDDING, pages_done=0)
+    chunks: list[Chunk] = []
+    batch_size = settings.APPLIANCE_EMBEDDING_BATCH
+    for start in range(0, len(spans), batch_size):
+        batch = spans[start : start + batch_size]
+        vectors = embed_spans(embedder, batch, batch_size=batch_size)
+        chunks.extend(
+            Chunk(
+                document=document,
+                index=span.index,
+                page_start=span.page_start,
+                page_end=span.page_end,
+                char_start=span.char_start,
+                char_end=span.char_end,
+                text=span.text,
+                token_count=span.token_count,
+                embedding=vector.tolist(),
+                embedding_model=embedder.model_name,
+            )
+            for span, vector in zip(batch, vectors, strict=True)
+        )
+        if not reembedding:  # pages before the last one this batch reached are done
+            Document.objects.filter(pk=document_id).update(pages_done=max(0, batch[-1].page_end - 1))
+    with transaction.atomic():
+        Chunk.objects.filter(document=document).delete()
+        Chunk.objects.bulk_create(chunks, batch_size=500)
+        Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
+        _set_state(document_id, Document.State.READY, pages_done=len(pages), embedding_model=embedder.model_name)
+    return Document.objects.get(pk=document_id)
+
+
+def documents_needing_reembedding(model_name: str):
+    return Document.objects.filter(state=Document.State.READY).exclude(embedding_model=model_name)
+
+
+def document_reembed_stale(*, model_name: str) -> int:
+    """Queue re-embedding of every ready document embedded with another model. Returns how many."""
+    from documents.tasks import embed_document
+
+    ids = list(documents_needing_reembedding(model_name).values_list("pk", flat=True))
+    for document_id in ids:
+        embed_document.delay(document_id)
+    return len(ids)
+
+
+def document_share(*, document: Document, user: AbstractBaseUser, groups: Iterable[Group]) -> None:
+    """Share with exactly these groups (an empty list makes it private). Owner only; the user
+    must belong to every group named. Attachments follow their e-mail."""
+    if document.owner_id != user.pk:
+        raise NotAllowed("Only the owner can change who a document is shared with.")
+    groups = list(groups)
+    mine = set(user.groups.values_list("pk", flat=True))
+    if any(group.pk not in mine for group in groups):
+        raise NotAllowed("You can only share with groups you belong to.")
+    with transaction.atomic():
+        for each in _document_tree(document):  # attachments, and theirs, follow their e-mail
+            each.shared_with.set(groups)
+
+
+def _document_tree(document: Document) -> list[Document]:
+    """The document, its attachments, and theirs (an e-mail attached to an e-mail)."""
+    tree, pending = [], [document]
+    while pending:
+        current = pending.pop()
+        tree.append(current)
+        pending.extend(current.children.all())
+    return tree
+
+
+def document_delete(*, document: Document, user: AbstractBaseUser | None = None) -> None:
+    """Delete a document with its pages, chunks, attachments and stored files."""
+    if user is not None and document.owner_id != user.pk:
+        raise NotAllowed("Only the owner can delete a document.")
+    files = [(each.file.storage, each.file.name) for each in _document_tree(document)]
     with transaction.atomic():
         document.delete()
-        transaction.on_commit(lambda: storage.delete(name))
+
+        def remove_files() -> None:
+            for storage, name in files:
+                if name:
+                    storage.delete(name)
+
+        transaction.on_commit(remove_files)

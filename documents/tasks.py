@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 
 from documents import services
 
+logger = logging.getLogger(__name__)
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, soft_time_limit=600, time_limit=660, max_retries=2)
+# Extraction has its own time limit inside the sandbox; these are the outer bounds.
+# (settings.CELERY_BROKER_TRANSPORT_OPTIONS keeps the visibility timeout above these.)
+INGEST_TIME_LIMIT_S = 3600
+_LIMITS = {"soft_time_limit": INGEST_TIME_LIMIT_S, "time_limit": INGEST_TIME_LIMIT_S + 60}
+
+
+def _guarded(document_id: int, step, *, fail: bool = True) -> None:
+    """A document that breaks a step fails with a reason; it never stays half-done. (A failed
+    re-embedding leaves a ready document as it was: ``fail=False``.)"""
+    try:
+        step(document_id=document_id)
+    except SoftTimeLimitExceeded:
+        services.document_fail(
+            document_id=document_id, reason="Processing this file took over an hour and was stopped."
+        )
+    except Exception:
+        logger.exception("document %s: processing failed", document_id)
+        if not fail:
+            return
+        services.document_fail(
+            document_id=document_id,
+            reason="An internal error stopped the processing of this file; the administrator can find it in the logs.",
+        )
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, **_LIMITS)
 def ingest_document(document_id: int) -> None:
-    services.document_ingest(document_id=document_id)
+    _guarded(document_id, services.document_ingest)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, **_LIMITS)
+def embed_document(document_id: int) -> None:
+    _guarded(document_id, services.document_embed, fail=False)

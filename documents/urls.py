@@ -6,8 +6,10 @@ app_name = "documents"
 
 urlpatterns = [
     path("", views.library, name="library"),
+    path("search", views.search, name="search"),
     path("<int:document_id>/", views.detail, name="detail"),
     path("<int:document_id>/status", views.status, name="status"),
+    path("<int:document_id>/share", views.share, name="share"),
     path("<int:document_id>/delete", views.delete, name="delete"),
     path("<int:document_id>/download", views.download, name="download"),
 ]

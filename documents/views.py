@@ -13,12 +13,27 @@ from documents.models import Document
 from inference.models import Job
 from inference.prompts import SUMMARY_LENGTHS
 
+ACCEPTED_FILES = ".pdf,.docx,.txt,.md,.markdown,.eml,application/pdf,text/plain,text/markdown,message/rfc822"
+
 
 def _document_or_404(request, document_id: int) -> Document:
     document = selectors.document_for_user(user=request.user, document_id=document_id)
     if document is None:
         raise Http404("No such document.")
     return document
+
+
+def _my_groups_named(request, field: str = "groups") -> list:
+    """The groups named in the POST that the user belongs to (others are ignored)."""
+    mine = {group.pk: group for group in request.user.groups.all()}
+    return [mine[pk] for pk in map(_int_or_none, request.POST.getlist(field)) if pk in mine]
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
 
 
 @login_required
@@ -28,9 +43,10 @@ def library(request):
         uploads = request.FILES.getlist("files")
         if not uploads:
             messages.error(request, "Choose at least one file to upload.")
+        groups = _my_groups_named(request)
         for upload in uploads:
             try:
-                document, created = services.document_create(owner=request.user, upload=upload)
+                document, created = services.document_create(owner=request.user, upload=upload, groups=groups)
             except services.UploadRejected as exc:
                 messages.error(request, str(exc))
                 continue
@@ -39,8 +55,26 @@ def library(request):
             else:
                 messages.info(request, f"{upload.name} is already in your library as “{document.title}”.")
         return redirect("documents:library")
-    documents = selectors.documents_readable_by(request.user)
-    return render(request, "documents/library.html", {"documents": documents})
+    filters = {
+        "owner": request.GET.get("owner", ""),
+        "state": request.GET.get("state", ""),
+        "kind": request.GET.get("kind", ""),
+        "title": request.GET.get("title", "").strip(),
+        "group_id": _int_or_none(request.GET.get("group")),
+    }
+    documents = selectors.library_for_user(user=request.user, **filters)
+    return render(
+        request,
+        "documents/library.html",
+        {
+            "documents": documents,
+            "filters": filters,
+            "states": Document.State.choices,
+            "kinds": Document.Kind.choices,
+            "groups": request.user.groups.order_by("name"),
+            "accepted_files": ACCEPTED_FILES,
+        },
+    )
 
 
 @login_required
@@ -51,13 +85,23 @@ def detail(request, document_id: int):
     return render(
         request,
         "documents/detail.html",
-        {"document": document, "pages": pages, "jobs": jobs, "summary_lengths": list(SUMMARY_LENGTHS)},
+        {
+            "document": document,
+            "pages": pages,
+            "jobs": jobs,
+            "children": selectors.documents_readable_by(request.user).filter(parent=document),
+            "summary_lengths": list(SUMMARY_LENGTHS),
+            "is_owner": document.owner_id == request.user.pk,
+            "groups": request.user.groups.order_by("name"),
+            "shared_ids": set(document.shared_with.values_list("pk", flat=True)),
+            "query": request.GET.get("q", "")[:500],
+        },
     )
 
 
 @login_required
 def status(request, document_id: int):
-    """The document's state, for the page to poll while text is extracted."""
+    """The document's state, for the page to poll while it is processed."""
     document = _document_or_404(request, document_id)
     return JsonResponse(
         {
@@ -67,6 +111,7 @@ def status(request, document_id: int):
             "failure_reason": document.failure_reason,
             "pages_done": document.pages_done,
             "pages_total": document.pages_total,
+            "pages_needing_ocr": document.pages_needing_ocr,
             "finished": document.is_finished,
         }
     )
@@ -74,10 +119,27 @@ def status(request, document_id: int):
 
 @login_required
 @require_POST
+def share(request, document_id: int):
+    document = _document_or_404(request, document_id)
+    try:
+        services.document_share(document=document, user=request.user, groups=_my_groups_named(request))
+    except services.NotAllowed as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Sharing updated.")
+    return redirect("documents:detail", document_id=document.pk)
+
+
+@login_required
+@require_POST
 def delete(request, document_id: int):
     document = _document_or_404(request, document_id)
     title = document.title
-    services.document_delete(document=document)
+    try:
+        services.document_delete(document=document, user=request.user)
+    except services.NotAllowed as exc:
+        messages.error(request, str(exc))
+        return redirect("documents:detail", document_id=document.pk)
     messages.success(request, f"“{title}” was deleted.")
     return redirect("documents:library")
 
@@ -86,3 +148,12 @@ def delete(request, document_id: int):
 def download(request, document_id: int):
     document = _document_or_404(request, document_id)
     return FileResponse(document.file.open("rb"), as_attachment=True, filename=document.filename)
+
+
+@login_required
+def search(request):
+    from documents.search import search_passages
+
+    query = request.GET.get("q", "").strip()[:500]
+    passages = search_passages(user=request.user, query=query, limit=20) if query else []
+    return render(request, "documents/search.html", {"query": query, "passages": passages})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import redis
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -45,7 +46,12 @@ def _job_create(*, owner: AbstractBaseUser, document: Document | None, kind: Job
     queue = QUEUE_FOR_KIND[kind]
     with transaction.atomic():
         job = Job.objects.create(owner=owner, document=document, kind=kind, queue=queue, options=options)
-        transaction.on_commit(lambda: run_job.apply_async(args=[str(job.pk)], queue=str(queue)))
+        limit_s = settings.APPLIANCE_JOB_TIME_LIMIT_S
+        transaction.on_commit(
+            lambda: run_job.apply_async(
+                args=[str(job.pk)], queue=str(queue), soft_time_limit=limit_s, time_limit=limit_s + 30
+            )
+        )
     return job
 
 
@@ -56,8 +62,13 @@ def job_cancel(*, job: Job) -> bool:
         state=Job.State.CANCELLED, finished_at=timezone.now()
     )
     if updated:
-        streaming.request_cancel(job.pk)
-        streaming.publish(job.pk, "cancelled", {"detail": "Cancelled."})
+        try:
+            streaming.request_cancel(job.pk)
+            streaming.publish(job.pk, "cancelled", {"detail": "Cancelled."})
+        except redis.RedisError:
+            # The row says cancelled; a worker that cannot see the flag finds it when it stores
+            # the result (only a RUNNING job is marked done) and the text is dropped.
+            logger.warning("job %s: cancelled, but the broker could not be told", job.pk, exc_info=True)
     return bool(updated)
 
 
@@ -138,9 +149,13 @@ def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
         return job
     client = client or EngineClient.from_settings()
     started = timezone.now()
-    Job.objects.filter(pk=job.pk).update(
-        state=Job.State.RUNNING, started_at=Coalesce(F("started_at"), started), attempts=F("attempts") + 1
+    claimed = (
+        Job.objects.filter(pk=job.pk)
+        .exclude(state__in=Job.FINISHED_STATES)
+        .update(state=Job.State.RUNNING, started_at=Coalesce(F("started_at"), started), attempts=F("attempts") + 1)
     )
+    if not claimed:  # cancelled (or finished) since it was fetched
+        return Job.objects.get(pk=job.pk)
     job.refresh_from_db(fields=["state", "started_at", "attempts"])
     if job.attempts > 1:
         streaming.publish(job.pk, "restart", {"attempt": job.attempts})

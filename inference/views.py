@@ -62,7 +62,7 @@ async def job_events(request, job_id):
 
     async def events():
         yield "retry: 2000\n\n"
-        if job.is_finished and after == "0" and not await streaming.stream_exists(job.pk):
+        if job.is_finished and not await streaming.stream_exists(job.pk):
             # The live stream has expired; what was stored is the whole answer.
             yield streaming.format_sse("snapshot", {"text": job.result_text})
             yield streaming.format_sse(job_final_event(job), {"detail": job.error, "note": job.result_note})

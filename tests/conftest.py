@@ -129,6 +129,12 @@ def _wait_for_other_sessions_to_close(timeout_s: float = 15) -> None:
             if others == 0:
                 return
             time.sleep(0.2)
+        # Still there: a session of a process this run started and has stopped (nothing else uses
+        # the test database). End it, so that the test database can be dropped.
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> ALL(%s)",
+            (db["NAME"], own),
+        )
 
 
 def _start_appliance_processes(names: set[str], *, port: int = 0) -> list[subprocess.Popen]:

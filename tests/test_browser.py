@@ -52,10 +52,10 @@ def test_sign_in_upload_and_watch_a_summary_stream(page, live_appliance, workers
     page.get_by_role("button", name="Sign in", exact=True).click()
     page.wait_for_url("**/documents/")
 
-    page.get_by_label("Upload PDF files").set_input_files(str(pdf))
+    page.get_by_label("Upload files").set_input_files(str(pdf))
     page.get_by_role("button", name="Upload", exact=True).click()
     page.get_by_text("uploaded; its text is being extracted").wait_for()
-    page.get_by_role("link", name="services-agreement").click()
+    page.get_by_role("link", name="Services agreement").click()
     # The page polls the document's state and reloads itself when it is ready.
     page.get_by_role("button", name="Summarise", exact=True).wait_for(timeout=120_000)
     assert page.locator("#page-2").inner_text().count("4,800 pounds") == 1

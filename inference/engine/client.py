@@ -52,7 +52,7 @@ class EngineClient:
         sock.settimeout(self.connect_timeout_s)
         try:
             sock.connect(self.socket_path)
-        except (TimeoutError, FileNotFoundError, ConnectionRefusedError) as exc:
+        except OSError as exc:  # missing socket, refused, timed out, no permission
             sock.close()
             raise EngineUnavailable(f"the engine host is not answering at {self.socket_path} ({exc})") from exc
         sock.settimeout(read_timeout_s)
@@ -77,9 +77,16 @@ class EngineClient:
         finally:
             reader.close()
 
+    @staticmethod
+    def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+        try:
+            sock.sendall(encode(message))
+        except OSError as exc:
+            raise EngineUnavailable(f"the connection to the engine host broke ({exc})") from exc
+
     def _call(self, message: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
         with self._connect(timeout_s) as sock:
-            sock.sendall(encode(message))
+            self._send(sock, message)
             for reply in self._lines(sock):
                 return reply
         raise EngineUnavailable("the engine host closed the connection without answering")
@@ -98,7 +105,7 @@ class EngineClient:
         early) closes the connection, and the engine host then aborts the request."""
         sock = self._connect(idle_timeout_s)
         try:
-            sock.sendall(encode(request.to_message()))
+            self._send(sock, request.to_message())
             finished = False
             for message in self._lines(sock):
                 event = StreamEvent(type=str(message["type"]), data=message, received_at=time.time())

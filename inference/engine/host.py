@@ -214,7 +214,8 @@ class EngineHost:
             if op == "stats":
                 writer.write(encode({"type": "stats", **self.snapshot()}))
             elif op == "count_tokens":
-                counts = [len(self.prompt_token_ids(m)) for m in message.get("prompts", [])]
+                prompts = message.get("prompts", [])
+                counts = await asyncio.to_thread(lambda: [len(self.prompt_token_ids(m)) for m in prompts])
                 writer.write(encode({"type": "counts", "counts": counts}))
             elif op == "abort":
                 await self.engine.abort(str(message.get("request_id")))
@@ -241,7 +242,8 @@ class EngineHost:
         from vllm.sampling_params import RequestOutputKind
 
         assert self.admission is not None
-        prompt_ids = self.prompt_token_ids(request.messages)
+        # Tokenising a long document takes a while: off the loop, so that streams keep flowing.
+        prompt_ids = await asyncio.to_thread(self.prompt_token_ids, request.messages)
         max_len = self.info["max_model_len"]
         if len(prompt_ids) + request.max_tokens > max_len:
             writer.write(
@@ -313,29 +315,33 @@ class EngineHost:
 
     async def _stream(self, request: GenerateRequest, prompt_ids: list[int], params, writer: asyncio.StreamWriter) -> None:
         output_tokens = 0
-        async for output in self.engine.generate(
+        outputs = self.engine.generate(
             {"prompt_token_ids": prompt_ids}, params, request.request_id, priority=request.priority
-        ):
-            completion = output.outputs[0]
-            output_tokens += len(completion.token_ids)
-            if completion.text or completion.token_ids:
-                writer.write(encode({"type": "delta", "text": completion.text, "tokens": len(completion.token_ids)}))
-                await writer.drain()
-            if output.finished:
-                metrics = getattr(output, "metrics", None)
-                self.requests_served += 1
-                writer.write(
-                    encode(
-                        {
-                            "type": "done",
-                            "finish_reason": completion.finish_reason,
-                            "prompt_tokens": len(prompt_ids),
-                            "output_tokens": output_tokens,
-                            "cached_prompt_tokens": int(output.num_cached_tokens or 0),
-                            "preemptions": int(getattr(metrics, "num_preemptions", 0) or 0),
-                        }
-                    )
-                )
+        )
+        # aclosing: if the client leaves mid-stream, vLLM's generator is closed (and the request
+        # aborted) now, not whenever it is garbage-collected.
+        async with contextlib.aclosing(outputs):
+            async for output in outputs:
+                completion = output.outputs[0]
+                output_tokens += len(completion.token_ids)
+                if completion.text or completion.token_ids:
+                    writer.write(encode({"type": "delta", "text": completion.text, "tokens": len(completion.token_ids)}))
+                    await writer.drain()
+                if output.finished:
+                    self.requests_served += 1
+                    writer.write(encode(self._done_message(output, completion, len(prompt_ids), output_tokens)))
+
+    @staticmethod
+    def _done_message(output, completion, prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
+        metrics = getattr(output, "metrics", None)
+        return {
+            "type": "done",
+            "finish_reason": completion.finish_reason,
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "cached_prompt_tokens": int(output.num_cached_tokens or 0),
+            "preemptions": int(getattr(metrics, "num_preemptions", 0) or 0),
+        }
 
     # --- serving -----------------------------------------------------------------------------
 

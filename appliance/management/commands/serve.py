@@ -9,6 +9,8 @@ from django.core.management.base import BaseCommand
 from appliance.embedded import embedded_services
 from appliance.env import env_int, env_str
 from appliance.supervisor import Supervisor, appliance_processes, python_executable
+from documents.embeddings import model_path as embedding_model_path
+from documents.services import document_reembed_stale
 from inference.engine.client import EngineClient, EngineUnavailable
 
 
@@ -36,6 +38,9 @@ class Command(BaseCommand):
             call_command("migrate", interactive=False, verbosity=0)
             call_command("collectstatic", interactive=False, verbosity=0)
             call_command("ensure_admin")
+            stale = document_reembed_stale(model_name=embedding_model_path()[1])
+            if stale:
+                self.stdout.write(f"the embedding model changed: {stale} document(s) queued for re-embedding")
             specs = appliance_processes(python=python_executable(), port=port, settings=settings)
             supervisor = Supervisor(specs, cwd=settings.BASE_DIR)
             stop = {"requested": False}

@@ -1,0 +1,889 @@
+"""``manage.py bench ingest``: ingest throughput and search quality/latency, measured in one run.
+
+1. Ingest: synthetic PDFs go through the appliance's own ingest service
+   (``services.document_ingest``: sandboxed extraction, pages, chunking in the embedding model's
+   tokens, embedding, chunk rows with their full-text vectors) and, on the same files, through
+   the direct baseline (pypdf, then ``embedder.encode`` of each page's text). The ratio of the
+   two in pages/s is the appliance's overhead; target >= 0.8. A breakdown shows where the
+   appliance's time goes.
+2. Search: a synthetic corpus of ``--chunks`` chunks (random unit vectors clustered around 200
+   centres, each cluster spread along its own few directions as real embeddings are, plus text)
+   is loaded with COPY and indexed with the HNSW index of the Chunk table; perturbed corpus
+   vectors are the queries. Recall@10 of the index search (as users search: with the access
+   filter) against an exact sequential scan, and its latency p50/p95; targets >= 0.95 and
+   < 50 ms. The full hybrid search (query embedding + both arms + fetch) is timed as well.
+
+The benchmark's rows belong to an inactive user of its own and are deleted at the end (``--keep``
+keeps them; the next run deletes them first). Loading drops the HNSW index and builds it again
+after the load (much faster than inserting into it row by row); searches of a running appliance
+fall back to exact scans meanwhile.
+
+Against the embedded database this starts it if it is not running (and stops it at the end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from unittest import mock
+
+from django.conf import settings
+from django.core.management.base import CommandError
+
+HELP = "ingest pages/s against pypdf + encode, and HNSW search recall@10 and latency on a synthetic corpus"
+
+BENCH_USERNAME = "bench-ingest"
+BENCH_READER = "bench-ingest-reader"
+BENCH_GROUP = "bench-ingest"
+SYNTHETIC_MODEL = "synthetic (bench)"
+HNSW_INDEX_NAME = "chunk_embedding_hnsw"
+
+TARGET_INGEST_RATIO = 0.8
+TARGET_RECALL = 0.95
+TARGET_P95_MS = 50.0
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--documents", type=int, default=20, help="synthetic PDFs for the ingest measurement")
+    parser.add_argument("--pages", type=int, default=10, help="pages per PDF")
+    parser.add_argument("--rounds", type=int, default=2, help="ingest rounds; the best of each arm counts")
+    parser.add_argument("--chunks", type=int, default=100_000, help="chunks in the synthetic search corpus")
+    parser.add_argument("--queries", type=int, default=200, help="vector queries for recall and latency")
+    parser.add_argument("--text-queries", type=int, default=50, help="queries for the hybrid search timing")
+    parser.add_argument("--seed", type=int, default=20260301)
+    parser.add_argument("--keep", action="store_true", help="keep the benchmark's documents and chunks")
+    parser.add_argument("--skip-ingest", action="store_true")
+    parser.add_argument("--skip-search", action="store_true")
+
+
+@dataclass
+class _Progress:
+    write: Callable[[str], None]
+    started: float = field(default_factory=time.perf_counter)
+
+    def __call__(self, message: str) -> None:
+        self.write(f"[{time.perf_counter() - self.started:7.1f} s] {message}")
+
+
+def run(command, **options) -> dict:
+    def write(line: str) -> None:
+        command.stdout.write(line)
+        command.stdout.flush()
+
+    progress = _Progress(write)
+    started_postgres = _ensure_database(progress)
+    try:
+        _check_migrated()
+        from documents.embeddings import get_embedder
+
+        owner = _bench_owner()
+        _remove_bench_data(progress, owner)  # left by an interrupted run or by --keep
+        _ensure_hnsw_index(progress)
+        progress("loading the embedding model")
+        embedder = get_embedder()
+        results: dict = {"machine": _machine(), "parameters": {k: options[k] for k in _PARAMETERS}}
+        try:
+            if not options["skip_ingest"]:
+                results["ingest"] = _bench_ingest(
+                    progress,
+                    embedder,
+                    owner,
+                    options["documents"],
+                    options["pages"],
+                    options["rounds"],
+                    options["seed"],
+                )
+            if not options["skip_search"]:
+                results["search"] = _bench_search(
+                    progress,
+                    embedder,
+                    owner,
+                    n_chunks=options["chunks"],
+                    n_queries=options["queries"],
+                    n_text_queries=options["text_queries"],
+                    seed=options["seed"],
+                )
+        finally:
+            _ensure_hnsw_index(progress)
+            if options["keep"]:
+                progress(f"keeping the benchmark's rows (user {BENCH_USERNAME!r})")
+            else:
+                _remove_bench_data(progress, owner, remove_owner=True)
+        write("")
+        for line in _table(results):
+            write(line)
+        return results
+    finally:
+        if started_postgres is not None:
+            progress("stopping the embedded Postgres this benchmark started")
+            started_postgres.stop()
+
+
+_PARAMETERS = ("documents", "pages", "rounds", "chunks", "queries", "text_queries", "seed", "keep")
+
+
+# --- set-up ----------------------------------------------------------------------------------
+
+
+def _ensure_database(progress):
+    """Start the embedded Postgres if the appliance uses it and it is not running."""
+    if settings.DATABASE_URL != settings.EMBEDDED_DATABASE_URL:
+        return None
+    from appliance.embedded import embedded_services
+
+    postgres, _ = embedded_services(settings.VAR_DIR, settings.EMBEDDED_PG_PORT, settings.EMBEDDED_REDIS_PORT)
+    if postgres.is_running():
+        return None
+    progress(f"starting the embedded Postgres on 127.0.0.1:{postgres.port}")
+    return postgres if postgres.start() else None
+
+
+def _check_migrated() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+        raise CommandError("The database has unapplied migrations: run `manage.py migrate` first.")
+
+
+def _bench_owner():
+    from django.contrib.auth import get_user_model
+
+    owner, created = get_user_model().objects.get_or_create(username=BENCH_USERNAME, defaults={"is_active": False})
+    if created:
+        owner.set_unusable_password()
+        owner.save(update_fields=["password"])
+    return owner
+
+
+def _hnsw_index():
+    from documents.models import Chunk
+
+    return next(index for index in Chunk._meta.indexes if index.name == HNSW_INDEX_NAME)
+
+
+def _index_exists() -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_indexes WHERE indexname = %s", [HNSW_INDEX_NAME])
+        return cursor.fetchone() is not None
+
+
+def _ensure_hnsw_index(progress) -> float:
+    """Build the HNSW index if it is missing (dropped by this benchmark). Returns seconds taken."""
+    from django.db import connection
+
+    from documents.models import Chunk
+
+    if _index_exists():
+        return 0.0
+    progress(f"building the HNSW index {HNSW_INDEX_NAME}")
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM documents_chunk")
+        (rows,) = cursor.fetchone()
+        # The graph must fit in maintenance_work_mem, or the build slows down many times.
+        memory_mb = min(8192, max(256, rows * 4 // 1024))
+        cursor.execute(f"SET maintenance_work_mem = '{memory_mb}MB'")
+    try:
+        with connection.schema_editor() as editor:
+            editor.add_index(Chunk, _hnsw_index())
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET maintenance_work_mem")
+    return time.perf_counter() - started
+
+
+def _drop_hnsw_index(progress) -> None:
+    from django.db import connection
+
+    from documents.models import Chunk
+
+    if _index_exists():
+        progress(f"dropping the HNSW index {HNSW_INDEX_NAME} for the bulk load (it is built again after)")
+        with connection.schema_editor() as editor:
+            editor.remove_index(Chunk, _hnsw_index())
+
+
+def _remove_bench_data(progress, owner, *, remove_owner: bool = False) -> None:
+    from django.core.files.storage import default_storage
+    from django.db import connection
+
+    from documents.models import Chunk, Document
+
+    documents = Document.objects.filter(owner=owner)
+    chunks = Chunk.objects.filter(document__owner=owner).count()
+    if documents.exists():
+        progress(f"removing the benchmark's rows ({documents.count()} documents, {chunks:,} chunks)")
+        files = [name for name in documents.values_list("file", flat=True) if name]
+        with connection.cursor() as cursor:  # one statement, not 100,000 objects through the ORM
+            cursor.execute(
+                "DELETE FROM documents_chunk WHERE document_id IN (SELECT id FROM documents_document WHERE owner_id = %s)",
+                [owner.pk],
+            )
+        documents.delete()
+        for name in files:
+            default_storage.delete(name)
+    if chunks:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM documents_chunk")
+            (remaining,) = cursor.fetchone()
+            # Rebuilding the index without the deleted rows is quicker than vacuuming them out
+            # of the graph, while the rows left are fewer than those deleted.
+            if remaining < chunks and _index_exists():
+                progress(f"rebuilding {HNSW_INDEX_NAME} over the {remaining:,} chunks left")
+                cursor.execute(f"REINDEX INDEX {HNSW_INDEX_NAME}")
+            cursor.execute("ANALYZE documents_chunk")
+    if remove_owner:
+        from django.contrib.auth import get_user_model
+        from django.contrib.auth.models import Group
+
+        get_user_model().objects.filter(username=BENCH_READER).delete()
+        Group.objects.filter(name=BENCH_GROUP).delete()
+        owner.delete()
+
+
+def _machine() -> dict:
+    import torch
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('server_version'), (SELECT extversion FROM pg_extension WHERE extname = 'vector')"
+        )
+        server_version, pgvector_version = cursor.fetchone()
+    return {
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "postgres": server_version,
+        "pgvector": pgvector_version,
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+# --- 1. ingest -------------------------------------------------------------------------------
+
+_SUBJECTS = (
+    "The supplier", "The customer", "Each party", "The contractor", "The landlord", "The tenant", "The employer",
+    "The auditor", "The board", "The licensee", "The service provider", "The purchaser", "The agent", "Staff",
+)  # fmt: skip
+_VERBS = (
+    "shall deliver", "may terminate", "must notify", "will invoice", "agrees to maintain", "shall keep",
+    "may review", "must pay", "will provide", "shall insure", "may assign", "must return", "shall publish",
+    "will reconcile", "may inspect", "shall renew",
+)  # fmt: skip
+_OBJECTS = (
+    "the quarterly report", "all outstanding invoices", "the premises", "any confidential information",
+    "the payroll software", "the delivery schedule", "the service credits", "the escrow deposit", "written notice",
+    "the annual budget", "the data processing records", "the insurance certificate", "the spare parts inventory",
+    "the migration plan", "the training material", "the safety inspection results", "the licence keys",
+)  # fmt: skip
+_CONDITIONS = (
+    "within thirty days", "before the end of each month", "unless agreed otherwise in writing", "at its own cost",
+    "in accordance with clause {n}", "during the initial term", "after the renewal date", "without undue delay",
+    "no later than {n} working days after a request", "as set out in schedule {n}", "subject to clause {n}",
+    "for a period of {n} years", "to the reasonable satisfaction of the customer", "on the first of each quarter",
+)  # fmt: skip
+
+
+def _synthetic_rng(seed: int) -> random.Random:
+    # Synthetic text for a benchmark, reproducible from the seed: nothing secret depends on it.
+    return random.Random(seed)  # noqa: S311
+
+
+def _sentence(rng: random.Random) -> str:
+    condition = rng.choice(_CONDITIONS).format(n=rng.randint(2, 24))
+    return f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {condition}."
+
+
+def _page_text(rng: random.Random, words: int) -> str:
+    sentences = []
+    while sum(len(s.split()) for s in sentences) < words:
+        sentences.append(_sentence(rng))
+    return " ".join(sentences)
+
+
+def _wrap(text: str, width: int = 90) -> list[str]:
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, line] if line else lines
+
+
+def make_pdf(pages: list[str]) -> bytes:
+    """A PDF whose page i shows pages[i] in Helvetica, wrapped (pypdf, as tests/pdfs.py does)."""
+    from pypdf import PdfWriter
+    from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
+
+    writer = PdfWriter()
+    font = writer._add_object(
+        DictionaryObject(
+            {
+                NameObject("/Type"): NameObject("/Font"),
+                NameObject("/Subtype"): NameObject("/Type1"),
+                NameObject("/BaseFont"): NameObject("/Helvetica"),
+            }
+        )
+    )
+    for text in pages:
+        page = writer.add_blank_page(width=612, height=792)
+        page[NameObject("/Resources")] = DictionaryObject(
+            {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})}
+        )
+        ops = ["BT", "/F1 10 Tf", "13 TL", "60 750 Td"]
+        for line in _wrap(text):
+            escaped = line.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+            ops.append(f"({escaped}) Tj T*")
+        ops.append("ET")
+        stream = DecodedStreamObject()
+        stream.set_data("\n".join(ops).encode("latin-1"))
+        page[NameObject("/Contents")] = writer._add_object(stream)
+    buffer = io.BytesIO()
+    writer.write(buffer)
+    return buffer.getvalue()
+
+
+def _baseline(data: bytes, embedder, batch_size: int) -> list[str]:
+    """The direct way: pypdf's text of each page, embedded as it is."""
+    from pypdf import PdfReader
+
+    texts = [page.extract_text() or "" for page in PdfReader(io.BytesIO(data)).pages]
+    embedder.encode(texts, batch_size=batch_size)
+    return texts
+
+
+def _bench_ingest(progress, embedder, owner, n_documents: int, n_pages: int, rounds: int, seed: int) -> dict:
+    from django.core.files.base import ContentFile
+    from django.db.models import Count, Sum
+
+    from documents import services
+    from documents.models import Chunk, Document
+
+    if n_documents < 1 or n_pages < 1 or rounds < 1:
+        raise CommandError("--documents, --pages and --rounds must be at least 1")
+    batch_size = getattr(settings, "APPLIANCE_EMBEDDING_BATCH", 64)
+    rng = _synthetic_rng(seed)
+    progress(f"ingest: making {n_documents} PDFs of {n_pages} pages")
+    # Pages of 110-160 words: about 150-230 word pieces, inside the model's 256, so that the
+    # baseline embeds all of each page's text as the appliance does.
+    files = [make_pdf([_page_text(rng, rng.randint(110, 160)) for _ in range(n_pages)]) for _ in range(n_documents)]
+    documents = []
+    for number, data in enumerate(files, 1):
+        filename = f"bench-{number:03d}.pdf"
+        documents.append(
+            Document.objects.create(
+                owner=owner,
+                title=f"Benchmark document {number}",
+                filename=filename,
+                kind=Document.Kind.PDF,
+                content_type="application/pdf",
+                size_bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+                file=ContentFile(data, name=filename),
+            )
+        )
+    ids = [document.pk for document in documents]
+
+    def appliance(document_id: int) -> None:
+        document = services.document_ingest(document_id=document_id)
+        if document is None or document.state != Document.State.READY:
+            reason = document.failure_reason if document is not None else "the document is gone"
+            raise CommandError(f"the appliance did not ingest benchmark document {document_id}: {reason}")
+
+    def appliance_in_process(document_id: int) -> None:
+        # The same service with the sandbox's child process replaced by a call in this process:
+        # what the process boundary costs.
+        with mock.patch("documents.sandbox.extract_in_sandbox", _extract_in_process):
+            appliance(document_id)
+
+    arms: dict[str, Callable[[int], object]] = {
+        "baseline": lambda i: _baseline(files[i], embedder, batch_size),
+        "appliance": lambda i: appliance(ids[i]),
+    }
+    if _has_sandbox():
+        arms["appliance_in_process"] = lambda i: appliance_in_process(ids[i])
+
+    progress("ingest: warming up (model, sandbox, database) on one document")
+    for arm in arms.values():
+        Document.objects.filter(pk=ids[0]).update(state=Document.State.UPLOADED)
+        arm(0)
+
+    seconds: dict[str, list[float]] = {name: [] for name in arms}
+    for round_number in range(1, rounds + 1):
+        spent = dict.fromkeys(arms, 0.0)
+        for i in range(n_documents):
+            # Interleaved and in turns, so that a burst of other work on the machine or a warm
+            # cache favours no arm.
+            names = list(arms)
+            shift = (i + round_number) % len(names)
+            for name in names[shift:] + names[:shift]:
+                Document.objects.filter(pk=ids[i]).update(state=Document.State.UPLOADED)
+                started = time.perf_counter()
+                arms[name](i)
+                spent[name] += time.perf_counter() - started
+        for name, value in spent.items():
+            seconds[name].append(value)
+        progress(
+            f"ingest: round {round_number}/{rounds}: "
+            + ", ".join(f"{name} {value:.2f} s" for name, value in spent.items())
+        )
+
+    pages = n_documents * n_pages
+    stored = Chunk.objects.filter(document_id__in=ids).aggregate(chunks=Count("id"), tokens=Sum("token_count"))
+    page_texts = [text for data in files for text in _pdf_page_texts(data)]
+    tokenizer = embedder.tokenizer
+    page_tokens = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in page_texts]
+    special = 2  # [CLS] and [SEP]
+    read_limit = embedder.max_seq_tokens - special
+
+    appliance_tokens = (stored["tokens"] or 0) + special * stored["chunks"]
+    baseline_tokens = sum(min(count, read_limit) + special for count in page_tokens)
+
+    progress("ingest: timing the appliance's steps one by one (breakdown)")
+    breakdown = _ingest_breakdown(files, embedder, batch_size)
+    best = {name: min(values) for name, values in seconds.items()}
+    accounted = sum(value for name, value in breakdown.items() if name != "extraction_in_process_s")
+    breakdown["rest_s"] = max(0.0, best["appliance"] - accounted)
+    return {
+        "documents": n_documents,
+        "pages": pages,
+        "rounds": rounds,
+        "seconds": seconds,
+        "pages_per_s": {name: pages / value for name, value in best.items()},
+        "ratio": {name: best["baseline"] / value for name, value in best.items() if name != "baseline"},
+        # The same, per token embedded: the appliance embeds more tokens (chunks overlap), so
+        # this separates its overhead from the extra work its chunking asks for.
+        "ratio_per_token": {
+            name: (appliance_tokens / value) / (baseline_tokens / best["baseline"])
+            for name, value in best.items()
+            if name != "baseline"
+        },
+        "target_ratio": TARGET_INGEST_RATIO,
+        "chunks": stored["chunks"],
+        "appliance_tokens_embedded": appliance_tokens,
+        "baseline_tokens_embedded": baseline_tokens,
+        "baseline_tokens_dropped_by_model_limit": sum(max(0, count - read_limit) for count in page_tokens),
+        "breakdown_s": breakdown,
+    }
+
+
+def _has_sandbox() -> bool:
+    try:
+        from documents.sandbox import extract_in_sandbox  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _extract_in_process(data: bytes, *, filename: str = "", content_type: str = "", limits=None, **_):
+    from documents import extraction
+
+    return extraction.extract(
+        data, filename=filename, content_type=content_type, limits=limits or extraction.DEFAULT_LIMITS
+    )
+
+
+def _pdf_page_texts(data: bytes) -> list[str]:
+    from pypdf import PdfReader
+
+    return [page.extract_text() or "" for page in PdfReader(io.BytesIO(data)).pages]
+
+
+def _ingest_breakdown(files: list[bytes], embedder, batch_size: int) -> dict[str, float]:
+    """The appliance's ingest steps, timed one by one on the same files (no database writes)."""
+    from documents import extraction
+    from documents.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP_TOKENS, chunk_pages, pages_with_offsets
+    from documents.embeddings import embed_spans
+
+    extract = getattr(extraction, "extract", None) or extraction.extract_pages
+    try:
+        from documents.sandbox import extract_in_sandbox
+    except ImportError:
+        extract_in_sandbox = None
+    max_tokens = getattr(settings, "APPLIANCE_CHUNK_TOKENS", DEFAULT_MAX_TOKENS)
+    overlap_tokens = getattr(settings, "APPLIANCE_CHUNK_OVERLAP_TOKENS", DEFAULT_OVERLAP_TOKENS)
+    spent = {"extraction_in_sandbox_s": 0.0, "extraction_in_process_s": 0.0, "chunking_s": 0.0, "embedding_s": 0.0}
+    for number, data in enumerate(files, 1):
+        filename = f"bench-{number:03d}.pdf"
+        if extract_in_sandbox is not None:
+            started = time.perf_counter()
+            extract_in_sandbox(data, filename=filename)
+            spent["extraction_in_sandbox_s"] += time.perf_counter() - started
+        started = time.perf_counter()
+        extracted = extract(data, filename=filename)
+        spent["extraction_in_process_s"] += time.perf_counter() - started
+        texts = [getattr(page, "text", page) for page in extracted.pages]  # extract() pages, or extract_pages() str
+        started = time.perf_counter()
+        spans = chunk_pages(
+            pages_with_offsets(texts), embedder.tokenizer, max_tokens=max_tokens, overlap_tokens=overlap_tokens
+        )
+        spent["chunking_s"] += time.perf_counter() - started
+        started = time.perf_counter()
+        embed_spans(embedder, spans, batch_size=batch_size)
+        spent["embedding_s"] += time.perf_counter() - started
+    if extract_in_sandbox is None:
+        del spent["extraction_in_sandbox_s"]
+    return spent
+
+
+# --- 2. search -------------------------------------------------------------------------------
+
+_TOPICS = (
+    "payroll", "invoice", "tenancy", "warranty", "insurance", "escrow", "licence", "audit", "delivery", "pension",
+    "procurement", "maintenance", "termination", "liability", "privacy", "training", "safety", "budget", "travel",
+    "recruitment", "overtime", "refund", "shipping", "customs", "catering", "parking", "security", "backup",
+)  # fmt: skip
+_FILLER = (
+    "the", "agreement", "party", "notice", "period", "schedule", "report", "records", "customer", "supplier",
+    "month", "quarter", "clause", "review", "approval", "request", "costs", "terms", "update", "team", "office",
+)  # fmt: skip
+
+
+def _corpus_text(rng: random.Random, cluster: int) -> str:
+    topic = _TOPICS[cluster % len(_TOPICS)]
+    second = _TOPICS[(cluster * 7 + 3) % len(_TOPICS)]
+    words = [rng.choice((topic, second, *_FILLER)) for _ in range(rng.randint(12, 30))]
+    return f"{topic.capitalize()} {' '.join(words)} ref C{cluster}-{rng.randint(1, 999)}."
+
+
+def _unit(rows):
+    import numpy as np
+
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class _ClusteredVectors:
+    """Unit vectors around ``clusters`` random centres; each cluster varies mostly along its own
+    ``rank`` random directions (embeddings of real text have few effective dimensions), plus a
+    little noise in all of them."""
+
+    dimensions: int
+    clusters: int = 200
+    rank: int = 24
+    spread: float = 0.7  # length of the in-cluster variation, relative to the centre's 1
+    noise: float = 0.25  # length of the isotropic noise
+
+    def generator(self, seed: int):
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        centres = _unit(rng.standard_normal((self.clusters, self.dimensions)))
+        # Rows of about unit length, so that the variation has about the length ``spread``.
+        directions = rng.standard_normal((self.clusters, self.rank, self.dimensions)) / np.sqrt(self.dimensions)
+
+        def batch(size: int):
+            labels = rng.integers(self.clusters, size=size)
+            rows = centres[labels].astype(np.float64)
+            weights = rng.standard_normal((size, self.rank)) * (self.spread / np.sqrt(self.rank))
+            for cluster in np.unique(labels):
+                members = labels == cluster
+                rows[members] += weights[members] @ directions[cluster]
+            rows += rng.standard_normal((size, self.dimensions)) * (self.noise / np.sqrt(self.dimensions))
+            return labels, _unit(rows)
+
+        return batch
+
+
+def _load_corpus(progress, owner, n_chunks: int, seed: int, dimensions: int, n_queries: int):
+    """Insert the synthetic corpus with COPY; returns (document, query vectors)."""
+    import numpy as np
+    from django.db import connection, transaction
+    from pgvector.psycopg.vector import register_vector_info
+    from psycopg.types import TypeInfo
+
+    from documents.models import Document
+
+    corpus = Document.objects.create(
+        owner=owner,
+        title="Benchmark corpus (synthetic)",
+        filename="bench-corpus.txt",
+        kind=Document.Kind.TEXT,
+        size_bytes=0,
+        sha256=hashlib.sha256(f"bench corpus {seed} {n_chunks}".encode()).hexdigest(),
+        state=Document.State.READY,
+        embedding_model=SYNTHETIC_MODEL,
+    )
+    text_rng = _synthetic_rng(seed)
+    np_rng = np.random.default_rng(seed + 1)
+    query_rows = set(np_rng.choice(n_chunks, size=min(n_queries, n_chunks), replace=False).tolist())
+    sources = []
+    batch = _ClusteredVectors(dimensions=dimensions).generator(seed)
+    batch_rows = 10_000
+    with transaction.atomic(), connection.cursor() as cursor:
+        raw = cursor.cursor  # psycopg's own cursor, for COPY
+        register_vector_info(raw, TypeInfo.fetch(raw.connection, "vector"))
+        cursor.execute(
+            "CREATE TEMPORARY TABLE bench_chunk_load (position integer, text text, token_count integer, "
+            f"embedding vector({dimensions})) ON COMMIT DROP"
+        )
+        for first in range(0, n_chunks, batch_rows):
+            size = min(batch_rows, n_chunks - first)
+            labels, vectors = batch(size)
+            with raw.copy(
+                "COPY bench_chunk_load (position, text, token_count, embedding) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.set_types(["integer", "text", "integer", "vector"])
+                for offset in range(size):
+                    position = first + offset
+                    text = _corpus_text(text_rng, int(labels[offset]))
+                    copy.write_row((position, text, len(text.split()), vectors[offset]))
+                    if position in query_rows:
+                        sources.append(vectors[offset])
+            cursor.execute(
+                """
+                INSERT INTO documents_chunk (document_id, "index", page_start, page_end, char_start, char_end, text,
+                                             token_count, embedding, embedding_model, search_vector)
+                SELECT %s, position, 1, 1, 0, length(text), text, token_count, embedding, %s,
+                       to_tsvector('english', text)
+                FROM bench_chunk_load
+                """,
+                [corpus.pk, SYNTHETIC_MODEL],
+            )
+            cursor.execute("TRUNCATE bench_chunk_load")
+            progress(f"search: loaded {first + size:,}/{n_chunks:,} chunks")
+    # Queries: corpus vectors moved a little, as a question is near, not on, its passage.
+    sources = np.asarray(sources, dtype=np.float32)
+    queries = _unit(sources + np_rng.standard_normal(sources.shape) * (0.15 / np.sqrt(dimensions)))
+    return corpus, queries
+
+
+def _percentile(values: list[float], percent: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, percent))
+
+
+def _timed_searches(queries, truths, search, k: int) -> tuple[list[float], list[float]]:
+    """Run ``search`` on each query; (latencies in ms, recall@k of each against ``truths``)."""
+    latencies, recalls = [], []
+    for query, truth in zip(queries, truths, strict=True):
+        started = time.perf_counter()
+        found = search(query)
+        latencies.append((time.perf_counter() - started) * 1000)
+        # Of the true neighbours (fewer than k when the user may read fewer chunks), how many came back.
+        recalls.append(len({chunk_id for chunk_id, _ in found} & set(truth)) / max(1, min(k, len(truth))))
+    return latencies, recalls
+
+
+def _summary(latencies: list[float], recalls: list[float]) -> dict:
+    return {
+        "recall_at_10": statistics.fmean(recalls),
+        "queries_below_half_recall": sum(1 for recall in recalls if recall < 0.5),
+        "p50_ms": _percentile(latencies, 50),
+        "p95_ms": _percentile(latencies, 95),
+    }
+
+
+def _bench_search(progress, embedder, owner, *, n_chunks: int, n_queries: int, n_text_queries: int, seed: int) -> dict:
+    from django.db import connection
+
+    from documents import search
+    from documents.models import Chunk
+
+    if n_chunks < 1 or n_queries < 1:
+        raise CommandError("--chunks and --queries must be at least 1")
+    k = 10
+    ef_search = getattr(settings, "APPLIANCE_SEARCH_EF_SEARCH", search.DEFAULT_EF_SEARCH)
+    progress(f"search: generating and loading {n_chunks:,} synthetic chunks")
+    _drop_hnsw_index(progress)
+    started = time.perf_counter()
+    _, queries = _load_corpus(progress, owner, n_chunks, seed, embedder.dimensions, n_queries)
+    load_s = time.perf_counter() - started
+    build_s = _ensure_hnsw_index(progress)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE documents_chunk")
+        cursor.execute("SELECT count(*) FROM documents_chunk")
+        (table_rows,) = cursor.fetchone()
+    progress(f"search: index built in {build_s:.1f} s; {table_rows:,} chunks in the table")
+
+    readable = search.searchable_document_ids(owner)
+    walks_index = not search.uses_exact_search(readable)
+    plan = search.explain_vector_search(queries[0], limit=k, user=owner)
+
+    progress(f"search: exact nearest {k} of {len(queries)} queries (sequential scans)")
+    truths, exact_ms = [], []
+    for query in queries:
+        started = time.perf_counter()
+        truths.append([chunk_id for chunk_id, _ in search.exact_vector_search(query, k, user=owner)])
+        exact_ms.append((time.perf_counter() - started) * 1000)
+
+    progress(f"search: HNSW searches of the same {len(queries)} queries, as the user who owns the corpus")
+    for query in queries[:20]:  # bring the index into memory
+        search.vector_search(query, limit=k, user=owner)
+    latencies, recalls = _timed_searches(queries, truths, lambda q: search.vector_search(q, limit=k, user=owner), k)
+    results = {
+        "chunks": n_chunks,
+        "table_rows": table_rows,
+        "queries": len(queries),
+        "k": k,
+        "ef_search": ef_search,
+        "vectors": dataclasses.asdict(_ClusteredVectors(dimensions=embedder.dimensions)),
+        "load_s": load_s,
+        "index_build_s": build_s,
+        "walks_hnsw_index": walks_index,
+        "plan_uses_hnsw_index": HNSW_INDEX_NAME in plan,
+        "plan": plan,
+        "hnsw": _summary(latencies, recalls),
+        "exact_p50_ms": _percentile(exact_ms, 50),
+        "exact_p95_ms": _percentile(exact_ms, 95),
+        "target_recall": TARGET_RECALL,
+        "target_p95_ms": TARGET_P95_MS,
+    }
+
+    progress("search: recall and latency for other values of hnsw.ef_search")
+    results["ef_search_sweep"] = {}
+    for value in sorted({40, 100, 200, 400} - {ef_search}):
+        latencies, recalls = _timed_searches(
+            queries, truths, lambda q, ef=value: search.vector_search(q, limit=k, user=owner, ef_search=ef), k
+        )
+        results["ef_search_sweep"][value] = _summary(latencies, recalls)
+    results["ef_search_sweep"][ef_search] = results["hnsw"]
+
+    reader = _bench_reader(owner)
+    if reader is not None:
+        shared = search.searchable_document_ids(reader)
+        chunks = Chunk.objects.filter(document_id__in=shared).count()
+        progress(f"search: the same queries as a user who may read one document ({chunks} chunks)")
+        reader_truths = [[c for c, _ in search.exact_vector_search(q, k, user=reader)] for q in queries]
+        latencies, recalls = _timed_searches(
+            queries, reader_truths, lambda q: search.vector_search(q, limit=k, user=reader), k
+        )
+        results["one_document_reader"] = {
+            "chunks": chunks,
+            "walks_hnsw_index": not search.uses_exact_search(shared),
+            **_summary(latencies, recalls),
+        }
+
+    if n_text_queries > 0:
+        progress(f"search: {n_text_queries} hybrid searches (query embedding + both arms + fetch)")
+        rng = _synthetic_rng(seed + 2)
+        texts = [_corpus_text(rng, rng.randrange(200)) for _ in range(n_text_queries + 5)]
+        for text in texts[:5]:
+            search.search_passages(user=owner, query=text, embedder=embedder)
+        hybrid_ms = []
+        for text in texts[5:]:
+            started = time.perf_counter()
+            search.search_passages(user=owner, query=text, embedder=embedder)
+            hybrid_ms.append((time.perf_counter() - started) * 1000)
+        results["hybrid_p50_ms"] = _percentile(hybrid_ms, 50)
+        results["hybrid_p95_ms"] = _percentile(hybrid_ms, 95)
+    return results
+
+
+def _bench_reader(owner):
+    """A user who may read one of the ingest benchmark's documents (shared through a group), or
+    None when the ingest part did not run."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    from documents.models import Document
+
+    document = Document.objects.filter(owner=owner, state=Document.State.READY, kind=Document.Kind.PDF).first()
+    if document is None:
+        return None
+    group, _ = Group.objects.get_or_create(name=BENCH_GROUP)
+    reader, created = get_user_model().objects.get_or_create(username=BENCH_READER, defaults={"is_active": False})
+    if created:
+        reader.set_unusable_password()
+        reader.save(update_fields=["password"])
+    reader.groups.add(group)
+    document.shared_with.add(group)
+    return reader
+
+
+# --- the table -------------------------------------------------------------------------------
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def _table(results: dict) -> list[str]:
+    lines = []
+    ingest = results.get("ingest")
+    if ingest:
+        labels = {
+            "baseline": "baseline: pypdf + encode(page texts)",
+            "appliance": "appliance: services.document_ingest (worker path)",
+            "appliance_in_process": "  the same, extraction in process (no sandbox)",
+        }
+        tokens = {"baseline": ingest["baseline_tokens_embedded"]}
+        lines += [
+            f"INGEST  {ingest['documents']} PDFs x {ingest['pages'] // ingest['documents']} pages, "
+            f"best of {ingest['rounds']} rounds, arms interleaved per document",
+            f"  {'arm':<52} {'pages/s':>7} {'best s':>7} {'ratio':>12} {'tokens':>7} {'ratio per token':>15}",
+        ]
+        for name, pages_per_s in ingest["pages_per_s"].items():
+            ratio = ingest["ratio"].get(name)
+            ratio_text = "" if ratio is None else f"{ratio:.2f} {_verdict(ratio >= ingest['target_ratio'])}"
+            per_token = ingest["ratio_per_token"].get(name)
+            per_token_text = "" if per_token is None else f"{per_token:.2f}"
+            embedded = tokens.get(name, ingest["appliance_tokens_embedded"])
+            lines.append(
+                f"  {labels.get(name, name):<52} {pages_per_s:>7.1f} {min(ingest['seconds'][name]):>7.2f} "
+                f"{ratio_text:>12} {embedded:>7,} {per_token_text:>15}"
+            )
+        lines += [
+            f"  target: appliance/baseline >= {ingest['target_ratio']:.2f}. {ingest['chunks']} chunks; the baseline "
+            f"lost {ingest['baseline_tokens_dropped_by_model_limit']:,} tokens to the model's 256-token limit",
+            "  the appliance's steps timed alone on the same files:",
+        ]
+        for name, seconds in ingest["breakdown_s"].items():
+            label = name.removesuffix("_s").replace("_", " ")
+            if name == "rest_s":
+                label = "rest (pages, chunk rows, full-text vectors, states)"
+            share = 100 * seconds / min(ingest["seconds"]["appliance"])
+            lines.append(f"    {label:<52} {seconds:>7.2f} s  {share:>5.1f} % of the worker path")
+        lines.append("")
+    search = results.get("search")
+    if search:
+        hnsw = search["hnsw"]
+        index_used = "yes" if search["plan_uses_hnsw_index"] and search["walks_hnsw_index"] else "NO"
+        lines += [
+            f"SEARCH  {search['chunks']:,} synthetic chunks ({search['table_rows']:,} in the table), "
+            f"{search['queries']} queries, k={search['k']}, hnsw.ef_search={search['ef_search']}",
+            f"  load (COPY + full-text vectors) {search['load_s']:.1f} s, HNSW index build "
+            f"{search['index_build_s']:.1f} s, query plan walks the HNSW index: {index_used}",
+            f"  HNSW recall@10 vs exact scan: {hnsw['recall_at_10']:.3f}  (target >= {search['target_recall']:.2f})  "
+            f"{_verdict(hnsw['recall_at_10'] >= search['target_recall'])}; "
+            f"{hnsw['queries_below_half_recall']} queries found under half their neighbours",
+            f"  HNSW search latency: p50 {hnsw['p50_ms']:.1f} ms, p95 {hnsw['p95_ms']:.1f} ms  "
+            f"(target p95 < {search['target_p95_ms']:.0f} ms)  {_verdict(hnsw['p95_ms'] < search['target_p95_ms'])}",
+            f"  exact sequential scan:  p50 {search['exact_p50_ms']:.1f} ms, p95 {search['exact_p95_ms']:.1f} ms",
+            "  hnsw.ef_search   recall@10   queries < 0.5   p50 ms   p95 ms",
+        ]
+        for value, row in sorted(search["ef_search_sweep"].items(), key=lambda item: int(item[0])):
+            lines.append(
+                f"  {value:>14}   {row['recall_at_10']:>9.3f}   {row['queries_below_half_recall']:>13}   "
+                f"{row['p50_ms']:>6.1f}   {row['p95_ms']:>6.1f}"
+            )
+        reader = search.get("one_document_reader")
+        if reader:
+            path = "HNSW index" if reader["walks_hnsw_index"] else "exact, over their chunks only"
+            lines.append(
+                f"  user who may read 1 document ({reader['chunks']} chunks; {path}): recall@10 "
+                f"{reader['recall_at_10']:.3f}, p50 {reader['p50_ms']:.1f} ms, p95 {reader['p95_ms']:.1f} ms"
+            )
+        if search.get("hybrid_p50_ms") is not None:
+            lines.append(
+                f"  hybrid search_passages (embed query + both arms + fetch): p50 {search['hybrid_p50_ms']:.1f} ms, "
+                f"p95 {search['hybrid_p95_ms']:.1f} ms"
+            )
+    return lines

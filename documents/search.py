@@ -1,0 +1,292 @@
+"""Hybrid search over chunks: reads only, always filtered in SQL by who may read the documents.
+
+Two arms, fused with reciprocal-rank fusion (Cormack et al., 2009):
+
+- meaning: the query's embedding against ``Chunk.embedding`` by cosine distance. When the user
+  may read many chunks, through the HNSW index (``hnsw.ef_search`` raised for recall,
+  ``hnsw.iterative_scan`` so that the access filter does not leave the list short); when they
+  may read only a few (``APPLIANCE_SEARCH_EXACT_MAX_CHUNKS``), exactly, over just those chunks:
+  an index walk would have to pass over most of everyone else's chunks to find theirs;
+- words: ``websearch_to_tsquery('english', query)`` against ``Chunk.search_vector`` (GIN), ranked
+  by ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur.
+
+The documents the user may read (``readable_documents``, the rule of ``selectors``) are looked
+up first, and their ids are a condition of every chunk query, never a filter applied afterwards
+in Python: a passage of a document the user may not read is never even fetched. Literal ids,
+rather than a subquery, let Postgres estimate how many chunks match and plan accordingly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.postgres.search import SearchQuery, SearchRank
+from django.db import connection, transaction
+from django.db.models import F, QuerySet
+from pgvector.django import CosineDistance
+
+from documents.models import Chunk, Document
+from documents.selectors import documents_readable_by
+
+RRF_K = 60  # the constant of reciprocal-rank fusion: score = sum over arms of 1 / (RRF_K + rank)
+DEFAULT_CANDIDATES = 50  # how many passages each arm proposes before fusion
+DEFAULT_EF_SEARCH = 100  # HNSW candidate list; pgvector's default of 40 loses recall
+# Up to this many readable chunks, the meaning arm compares the query with each of them (exact,
+# ~10 ms) instead of walking the HNSW index of everyone's chunks.
+DEFAULT_EXACT_MAX_CHUNKS = 10_000
+
+
+@dataclass(frozen=True)
+class Passage:
+    chunk_id: int
+    document_id: int
+    document_title: str
+    page_start: int
+    page_end: int
+    text: str
+    score: float  # fused reciprocal-rank score: higher is better, comparable within one search only
+    char_start: int
+    char_end: int
+
+
+def readable_documents(user: AbstractBaseUser | None, *, ready_only: bool = False) -> QuerySet[Document]:
+    """Documents ``user`` may read: their own, and those shared with a group they are in (the
+    rule of ``selectors.documents_readable_by``; one row per document). ``ready_only`` keeps
+    those whose indexing is finished, as search wants."""
+    if user is None or not user.is_authenticated:
+        return Document.objects.none()
+    documents = documents_readable_by(user)
+    if ready_only:
+        documents = documents.filter(state=Document.State.READY)
+    return documents
+
+
+def searchable_document_ids(user: AbstractBaseUser | None, document_ids: Sequence[int] | None = None) -> list[int]:
+    """Ids of the ready documents ``user`` may read, limited to ``document_ids`` if given."""
+    documents = readable_documents(user, ready_only=True)
+    if document_ids is not None:
+        documents = documents.filter(pk__in=list(document_ids))
+    return list(documents.order_by().values_list("pk", flat=True))
+
+
+def search_passages(
+    *,
+    user: AbstractBaseUser,
+    query: str,
+    limit: int = 10,
+    document_ids: list[int] | None = None,
+    embedder=None,
+) -> list[Passage]:
+    """The passages that best answer ``query`` among the documents ``user`` may read, best first."""
+    query = (query or "").strip()
+    if not query or limit < 1:
+        return []
+    readable = searchable_document_ids(user, document_ids)
+    if not readable:
+        return []
+    if embedder is None:
+        from documents.embeddings import get_embedder
+
+        embedder = get_embedder()
+    candidates = max(limit, getattr(settings, "APPLIANCE_SEARCH_CANDIDATES", DEFAULT_CANDIDATES))
+    query_vector = embedder.encode([query])[0]
+    by_meaning = [chunk_id for chunk_id, _ in _vector_arm(readable, query_vector, candidates)]
+    by_words = [chunk_id for chunk_id, _ in _text_arm(readable, query, candidates)]
+    fused = reciprocal_rank_fusion([by_meaning, by_words])[:limit]
+    if not fused:
+        return []
+    scores = dict(fused)
+    chunks = (
+        Chunk.objects.filter(pk__in=list(scores), document_id__in=readable)
+        .select_related("document")
+        .only(
+            "id", "document_id", "document__title", "page_start", "page_end", "text", "char_start", "char_end",
+        )
+    )  # fmt: skip
+    passages = [
+        Passage(
+            chunk_id=chunk.pk,
+            document_id=chunk.document_id,
+            document_title=chunk.document.title,
+            page_start=chunk.page_start,
+            page_end=chunk.page_end,
+            text=chunk.text,
+            score=scores[chunk.pk],
+            char_start=chunk.char_start,
+            char_end=chunk.char_end,
+        )
+        for chunk in chunks
+    ]
+    passages.sort(key=lambda passage: (-passage.score, passage.chunk_id))
+    return passages
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> list[tuple[int, float]]:
+    """Rankings of ids (best first) -> (id, fused score), best first; ties by id."""
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, 1):
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
+
+
+def vector_search(
+    query_vector: np.ndarray | Sequence[float],
+    *,
+    limit: int,
+    user: AbstractBaseUser | None,
+    document_ids: Sequence[int] | None = None,
+    ef_search: int | None = None,
+) -> list[tuple[int, float]]:
+    """(chunk id, cosine distance) of the chunks nearest to ``query_vector`` among those the user
+    may read, nearest first: the meaning arm of ``search_passages`` on its own."""
+    readable = searchable_document_ids(user, document_ids)
+    if not readable:
+        return []
+    return _vector_arm(readable, query_vector, limit, ef_search=ef_search)
+
+
+def text_search(
+    query: str, *, limit: int, user: AbstractBaseUser | None, document_ids: Sequence[int] | None = None
+) -> list[tuple[int, float]]:
+    """(chunk id, ts_rank_cd) of the chunks the user may read that match the words of ``query``
+    (web-search syntax: "quoted phrases", or, -not), best first: the words arm on its own."""
+    readable = searchable_document_ids(user, document_ids)
+    if not readable:
+        return []
+    return _text_arm(readable, query, limit)
+
+
+def exact_vector_search(
+    query_vector: np.ndarray | Sequence[float],
+    limit: int,
+    user: AbstractBaseUser | None = None,
+    document_ids: Sequence[int] | None = None,
+) -> list[tuple[int, float]]:
+    """The true nearest chunks (a sequential scan, no index): the reference the benchmark
+    measures the index search's recall against. ``user=None`` searches every chunk."""
+    if user is None:
+        chunks = Chunk.objects.all()
+        if document_ids is not None:
+            chunks = chunks.filter(document_id__in=list(document_ids))
+    else:
+        chunks = Chunk.objects.filter(document_id__in=searchable_document_ids(user, document_ids))
+    with _local_settings({"enable_indexscan": "off", "enable_bitmapscan": "off"}):
+        return _nearest(chunks, query_vector, limit)
+
+
+def uses_exact_search(document_ids: Sequence[int]) -> bool:
+    """Whether the meaning arm compares the query with every chunk of these documents rather
+    than walking the HNSW index (they have few chunks). Counts at most the threshold + 1."""
+    threshold = getattr(settings, "APPLIANCE_SEARCH_EXACT_MAX_CHUNKS", DEFAULT_EXACT_MAX_CHUNKS)
+    few = Chunk.objects.filter(document_id__in=list(document_ids)).order_by().values("pk")[: threshold + 1]
+    return few.count() <= threshold
+
+
+def nearest_queryset(document_ids: Sequence[int], query_vector, limit: int) -> QuerySet[Chunk]:
+    """The meaning arm's query: (id, distance) of the nearest chunks of these documents."""
+    vector = np.asarray(query_vector, dtype=np.float32)
+    return (
+        Chunk.objects.filter(document_id__in=list(document_ids), embedding__isnull=False)
+        .annotate(distance=CosineDistance("embedding", vector))
+        .order_by("distance")
+        .values_list("pk", "distance")[:limit]
+    )
+
+
+def explain_vector_search(
+    query_vector: np.ndarray | Sequence[float], *, limit: int, user: AbstractBaseUser | None
+) -> str:
+    """Postgres's plan for the meaning arm's query for this user (for benchmarks and support)."""
+    readable = searchable_document_ids(user)
+    if uses_exact_search(readable):
+        with _local_settings(_EXACT_SETTINGS):
+            return _nearest_queryset(Chunk.objects.filter(document_id__in=readable), query_vector, limit).explain()
+    with _local_settings(_index_settings(None, limit)):
+        return nearest_queryset(readable, query_vector, limit).explain()
+
+
+# Index scans off: Postgres finds few documents' chunks through the document_id index (a bitmap
+# scan) and sorts them by distance; the HNSW index is not used.
+_EXACT_SETTINGS = {"enable_indexscan": "off"}
+
+
+def _index_settings(ef_search: int | None, limit: int) -> dict[str, str]:
+    if ef_search is None:
+        ef_search = getattr(settings, "APPLIANCE_SEARCH_EF_SEARCH", DEFAULT_EF_SEARCH)
+    ef_search = min(max(ef_search, limit), 1000)  # pgvector accepts 1..1000
+    return {"hnsw.ef_search": str(ef_search), "hnsw.iterative_scan": "relaxed_order"}
+
+
+def _vector_arm(
+    document_ids: Sequence[int], query_vector, limit: int, *, ef_search: int | None = None
+) -> list[tuple[int, float]]:
+    if uses_exact_search(document_ids):
+        with _local_settings(_EXACT_SETTINGS):
+            return _nearest(Chunk.objects.filter(document_id__in=list(document_ids)), query_vector, limit)
+    with _local_settings(_index_settings(ef_search, limit)):
+        rows = [
+            (chunk_id, float(distance)) for chunk_id, distance in nearest_queryset(document_ids, query_vector, limit)
+        ]
+    # relaxed_order may return the last few slightly out of order; the distances are exact.
+    return sorted(rows, key=lambda row: (row[1], row[0]))
+
+
+def _text_arm(document_ids: Sequence[int], query: str, limit: int) -> list[tuple[int, float]]:
+    tsquery = SearchQuery(query, search_type="websearch", config="english")
+    rows = (
+        Chunk.objects.filter(document_id__in=list(document_ids), search_vector=tsquery)
+        .annotate(rank=SearchRank(F("search_vector"), tsquery, cover_density=True))
+        .order_by("-rank", "pk")
+        .values_list("pk", "rank")[:limit]
+    )
+    return [(chunk_id, float(rank)) for chunk_id, rank in rows]
+
+
+def _nearest_queryset(chunks: QuerySet[Chunk], query_vector, limit: int) -> QuerySet[Chunk]:
+    vector = np.asarray(query_vector, dtype=np.float32)
+    return (
+        chunks.filter(embedding__isnull=False)
+        .annotate(distance=CosineDistance("embedding", vector))
+        .order_by("distance", "pk")
+        .values_list("pk", "distance")[:limit]
+    )
+
+
+def _nearest(chunks: QuerySet[Chunk], query_vector, limit: int) -> list[tuple[int, float]]:
+    """Exact nearest (the callers turn index scans off)."""
+    return [(chunk_id, float(distance)) for chunk_id, distance in _nearest_queryset(chunks, query_vector, limit)]
+
+
+@contextmanager
+def _local_settings(values: dict[str, str]) -> Iterator[None]:
+    """Postgres settings for the queries inside, and only for them: ``SET LOCAL`` lasts to the
+    end of the transaction, so inside a caller's transaction the old values are put back."""
+    names = list(values)
+    # Inside a caller's transaction our atomic block is only a savepoint, and SET LOCAL would
+    # outlive it: then the old values are read first and put back after.
+    outer = connection.in_atomic_block or not connection.get_autocommit()
+    with transaction.atomic():
+        old = None
+        with connection.cursor() as cursor:
+            if outer:
+                cursor.execute("SELECT " + ", ".join(["current_setting(%s, true)"] * len(names)), names)
+                old = cursor.fetchone()
+            cursor.execute(
+                "SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(names)),
+                [item for name in names for item in (name, values[name])],
+            )
+        yield
+        # An unset extension setting reads as NULL; it is left as set (it only tunes the index).
+        restore = [(name, value) for name, value in zip(names, old or (), strict=False) if value is not None]
+        if restore:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(restore)),
+                    [item for pair in restore for item in pair],
+                )

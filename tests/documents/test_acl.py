@@ -1,0 +1,124 @@
+"""Ownership and sharing: user B reaches none of user A's private documents by any path; a
+member of a group A shared with reads them; only the owner changes or deletes them."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.contrib.postgres.search import SearchVector
+from django.core.files.base import ContentFile
+from django.test import Client
+from django.urls import URLPattern, reverse
+
+from documents import services
+from documents import urls as document_urls
+from documents.models import Chunk, Document, Page
+from documents.search import search_passages
+from inference.models import Job
+
+pytestmark = pytest.mark.django_db
+
+SECRET = "The merger with Fabrikam closes on 14 February; codename BLUE-HERON-77."
+
+
+@pytest.fixture
+def people():
+    User = get_user_model()
+    alice = User.objects.create_user("alice", password="pw-alice-long-enough")
+    bob = User.objects.create_user("bob", password="pw-bob-long-enough")
+    carol = User.objects.create_user("carol", password="pw-carol-long-enough")
+    legal = Group.objects.create(name="Legal")
+    alice.groups.add(legal)
+    carol.groups.add(legal)
+    return alice, bob, carol, legal
+
+
+def _ready_document(owner, title: str, text: str) -> Document:
+    """A document as ingestion leaves it: pages and embedded chunks (the real embedder)."""
+    from documents.embeddings import get_embedder
+
+    document = Document(
+        owner=owner, title=title, filename=f"{title}.txt", kind=Document.Kind.TEXT, size_bytes=len(text),
+        sha256=title.ljust(64, "0")[:64], state=Document.State.READY, pages_total=1, pages_done=1,
+    )  # fmt: skip
+    document.file.save(f"{title}.txt", ContentFile(text.encode()), save=False)
+    document.save()
+    Page.objects.create(document=document, number=1, text=text, char_start=0)
+    embedder = get_embedder()
+    Chunk.objects.create(
+        document=document, index=0, page_start=1, page_end=1, char_start=0, char_end=len(text), text=text,
+        token_count=len(text.split()), embedding=embedder.encode([text])[0].tolist(), embedding_model=embedder.model_name,
+    )  # fmt: skip
+    Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
+    return document
+
+
+def _client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _document_routes():
+    """Every URL of the documents app that takes a document id, with the method it answers."""
+    for pattern in document_urls.urlpatterns:
+        if isinstance(pattern, URLPattern) and "document_id" in str(pattern.pattern):
+            method = "post" if pattern.name in {"share", "delete"} else "get"
+            yield pattern.name, method
+
+
+def test_a_stranger_reaches_nothing_of_a_private_document(people):
+    alice, bob, _, _ = people
+    private = _ready_document(alice, "merger-memo", SECRET)
+    client = _client(bob)
+
+    routes = list(_document_routes())
+    assert {"detail", "status", "download", "share", "delete"} <= {name for name, _ in routes}
+    for name, method in routes:
+        response = getattr(client, method)(reverse(f"documents:{name}", args=[private.pk]))
+        assert response.status_code == 404, name  # 404, not 403: B cannot learn it exists
+    assert client.post(reverse("inference:summarise", args=[private.pk])).status_code == 404
+    assert not Job.objects.exists()
+
+    library = client.get(reverse("documents:library"))
+    assert b"merger-memo" not in library.content
+    for query in ("BLUE-HERON-77", "merger with Fabrikam", "When does the merger close?"):
+        assert search_passages(user=bob, query=query) == []
+        page = client.get(reverse("documents:search"), {"q": query}).content
+        assert b"merger-memo" not in page and b"Fabrikam closes" not in page
+    assert Document.objects.filter(pk=private.pk).exists()  # the POSTs changed nothing
+
+
+def test_sharing_with_a_group_lets_its_members_read(people):
+    alice, bob, carol, legal = people
+    memo = _ready_document(alice, "merger-memo", SECRET)
+    assert search_passages(user=carol, query="BLUE-HERON-77") == []
+
+    services.document_share(document=memo, user=alice, groups=[legal])
+    passages = search_passages(user=carol, query="BLUE-HERON-77")
+    assert [p.document_id for p in passages] == [memo.pk]
+    assert passages[0].page_start == 1
+    carol_client = _client(carol)
+    assert carol_client.get(reverse("documents:detail", args=[memo.pk])).status_code == 200
+    download = carol_client.get(reverse("documents:download", args=[memo.pk]))
+    assert b"".join(download.streaming_content) == SECRET.encode()
+    assert search_passages(user=bob, query="BLUE-HERON-77") == []  # not in the group
+
+    # A reader is not an owner: no re-sharing, no deleting.
+    with pytest.raises(services.NotAllowed):
+        services.document_share(document=memo, user=carol, groups=[])
+    response = carol_client.post(reverse("documents:delete", args=[memo.pk]))
+    assert Document.objects.filter(pk=memo.pk).exists() and response.status_code == 302
+
+    services.document_share(document=memo, user=alice, groups=[])
+    assert search_passages(user=carol, query="BLUE-HERON-77") == []
+    assert carol_client.get(reverse("documents:detail", args=[memo.pk])).status_code == 404
+
+
+def test_an_owner_cannot_share_with_a_group_they_are_not_in(people):
+    alice, bob, _, legal = people
+    notes = _ready_document(bob, "bob-notes", "Bob's notes on the quarterly figures.")
+    with pytest.raises(services.NotAllowed):
+        services.document_share(document=notes, user=bob, groups=[legal])
+    assert not notes.shared_with.exists()

@@ -1,0 +1,89 @@
+"""The real embedding model, loaded offline from its wheel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from documents.chunking import ChunkSpan
+from documents.embeddings import embed_spans, get_embedder
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return get_embedder()
+
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+
+
+def test_loads_with_no_network_and_no_offline_flag_set():
+    """In a fresh process with no HF_HUB_OFFLINE and the hub pointed at a closed port: any
+    download attempt would fail the load."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HF_")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="appliance.settings",
+        HF_ENDPOINT="http://127.0.0.1:9",
+        APPLIANCE_VAR_DIR=str(BASE_DIR / "var" / "test"),
+    )
+    code = (
+        "import django, os; django.setup()\n"
+        "from documents.embeddings import get_embedder\n"
+        "e = get_embedder(); v = e.encode(['hello'])\n"
+        "print(os.environ['HF_HUB_OFFLINE'], e.model_name, v.shape[1])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["1", "all-MiniLM-L6-v2", "384"]
+
+
+def test_loads_once_per_process(embedder):
+    assert get_embedder() is embedder
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(get_embedder())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(other is embedder for other in seen)
+    assert embedder.model_name == "all-MiniLM-L6-v2"
+    assert embedder.dimensions == 384
+    assert embedder.max_seq_tokens == 256
+
+
+def test_vectors_are_unit_length_float32(embedder):
+    vectors = embedder.encode(["The invoice is due in 30 days.", "", "Ünïcödé and 漢字 too."])
+    assert vectors.shape == (3, 384)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert embedder.encode([]).shape == (0, 384)
+
+
+def test_similar_sentences_are_closer_than_unrelated_ones(embedder):
+    invoice, payment, weather = embedder.encode(
+        [
+            "Invoices must be paid within thirty days of receipt.",
+            "Payment is due 30 days after the invoice arrives.",
+            "The alpine meadow was covered in snow this morning.",
+        ]
+    )
+    assert float(invoice @ payment) > float(invoice @ weather) + 0.3
+
+
+def test_embed_spans_keeps_order(embedder):
+    spans = [
+        ChunkSpan(index=i, page_start=1, page_end=1, char_start=0, char_end=len(text), text=text, token_count=1)
+        for i, text in enumerate(["termination with notice", "a recipe for bread", "ending the contract early"])
+    ]
+    vectors = embed_spans(embedder, spans, batch_size=2)
+    assert vectors.shape == (3, 384)
+    np.testing.assert_allclose(vectors, embedder.encode([span.text for span in spans]), atol=1e-5)
+    assert float(vectors[0] @ vectors[2]) > float(vectors[0] @ vectors[1])

@@ -1,0 +1,189 @@
+"""Ingestion through the real ingest worker: every format to pages, chunks and embeddings;
+progress and state; no duplicate work; deletion; hostile files fail alone."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import zipfile
+from email.message import EmailMessage
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+from django.urls import reverse
+
+from documents.models import Chunk, Document, Page
+from documents.search import search_passages
+from tests.conftest import wait_until
+from tests.pdfs import CONTRACT_PAGES, make_pdf
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def make_docx(paragraphs: list[str], *, page_break_after: int | None = None) -> bytes:
+    body = []
+    for index, text in enumerate(paragraphs):
+        body.append(f"<w:p><w:r><w:t xml:space=\"preserve\">{text}</w:t></w:r></w:p>")
+        if page_break_after is not None and index == page_break_after:
+            body.append('<w:p><w:r><w:br w:type="page"/></w:r></w:p>')
+    document = (
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>'
+        '<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body>'
+        + "".join(body)
+        + "</w:body></w:document>"
+    )
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(
+            "[Content_Types].xml",
+            '<?xml version="1.0" encoding="UTF-8"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
+            '<Override PartName="/word/document.xml" ContentType="application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>',
+        )
+        archive.writestr("word/document.xml", document)
+    return buffer.getvalue()
+
+
+def make_eml(body: str, attachments: list[tuple[str, bytes, str]]) -> bytes:
+    message = EmailMessage()
+    message["From"] = "Dana Supplier <dana@northwind.example>"
+    message["To"] = "legal@contoso.example"
+    message["Subject"] = "Renewal of the services agreement"
+    message["Date"] = "Mon, 2 Mar 2026 09:30:00 +0000"
+    message.set_content(body)
+    for filename, data, content_type in attachments:
+        maintype, subtype = content_type.split("/")
+        message.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename)
+    return message.as_bytes()
+
+
+@pytest.fixture
+def alice():
+    return get_user_model().objects.create_user(username="alice", password="a long password indeed")
+
+
+@pytest.fixture
+def browser(alice):
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+def upload(browser, name: str, data: bytes, content_type: str = "application/octet-stream"):
+    response = browser.post(reverse("documents:library"), {"files": [SimpleUploadedFile(name, data, content_type=content_type)]})
+    assert response.status_code == 302
+    return Document.objects.filter(filename=name, parent__isnull=True).order_by("-pk").first()
+
+
+def finished(document_id: int, timeout_s: float = 180) -> Document:
+    def done():
+        document = Document.objects.get(pk=document_id)
+        return document if document.is_finished else None
+
+    return wait_until(done, timeout_s=timeout_s, message=f"document {document_id} to finish")
+
+
+def test_every_format_becomes_pages_chunks_and_embeddings(browser, alice, workers):
+    files = {
+        "contract.pdf": make_pdf(CONTRACT_PAGES, title="Services agreement"),
+        "minutes.txt": b"Board minutes\n\nThe board approved the budget for the new warehouse in Leeds.\f"
+        b"Page two: the auditors were reappointed.",
+        "policy.md": b"# Travel policy\n\nStaff book rail travel in standard class for journeys under four hours.",
+        "letter.docx": make_docx(["Dear Sir,", "We accept the revised delivery schedule.", "Yours faithfully"], page_break_after=1),
+    }
+    documents = {name: upload(browser, name, data) for name, data in files.items()}
+    for name, document in documents.items():
+        document = finished(document.pk)
+        assert document.state == Document.State.READY, (name, document.failure_reason)
+        pages = list(Page.objects.filter(document=document).order_by("number"))
+        assert document.pages_total == len(pages) >= 1 and document.pages_done == document.pages_total
+        full_text = "\n\n".join(page.text for page in pages)
+        for page in pages:  # every page's offset points at its text in the document's text
+            assert full_text[page.char_start : page.char_start + len(page.text)] == page.text
+        chunks = list(Chunk.objects.filter(document=document).order_by("index"))
+        assert chunks and all(chunk.embedding is not None for chunk in chunks)
+        assert {chunk.embedding_model for chunk in chunks} == {document.embedding_model} != {""}
+        for chunk in chunks:
+            assert full_text[chunk.char_start : chunk.char_end] == chunk.text
+            assert 1 <= chunk.page_start <= chunk.page_end <= len(pages)
+    assert documents["contract.pdf"].kind == Document.Kind.PDF
+    assert Document.objects.get(pk=documents["letter.docx"].pk).pages_total == 2  # the page break
+    assert Document.objects.get(pk=documents["minutes.txt"].pk).pages_total == 2  # the form feed
+    assert Document.objects.get(pk=documents["policy.md"].pk).kind == Document.Kind.MARKDOWN
+
+    hits = search_passages(user=alice, query="how long is the notice period to end the agreement")
+    assert hits and hits[0].document_id == documents["contract.pdf"].pk
+    assert hits[0].page_start <= 2 <= hits[0].page_end  # clause 5 is on page 2
+    hits = search_passages(user=alice, query="auditors reappointed")
+    assert hits[0].document_id == documents["minutes.txt"].pk and hits[0].page_end == 2
+
+
+def test_an_email_brings_its_attachments_as_child_documents(browser, alice, workers):
+    attachment = make_pdf(["Schedule 1. Delivery dates for 2026: March, June, September."])
+    email = upload(
+        browser,
+        "renewal.eml",
+        make_eml("Please find the delivery schedule attached.", [("schedule.pdf", attachment, "application/pdf")]),
+        "message/rfc822",
+    )
+    email = finished(email.pk)
+    assert email.state == Document.State.READY and email.kind == Document.Kind.EMAIL
+    assert email.title == "Renewal of the services agreement"
+    assert "delivery schedule attached" in Page.objects.get(document=email, number=1).text
+    child = wait_until(lambda: Document.objects.filter(parent=email).first(), timeout_s=60, message="the attachment")
+    child = finished(child.pk)
+    assert child.state == Document.State.READY and child.owner == alice and child.filename == "schedule.pdf"
+    assert "September" in Page.objects.get(document=child, number=1).text
+    page = browser.get(reverse("documents:detail", args=[email.pk]))
+    assert b"schedule" in page.content
+
+
+def test_same_bytes_twice_is_one_document_and_deletion_removes_everything(browser, alice, workers):
+    data = make_pdf(["A one-page notice about the car park."])
+    first = finished(upload(browser, "notice.pdf", data).pk)
+    chunk_ids = set(Chunk.objects.filter(document=first).values_list("pk", flat=True))
+    response = browser.post(
+        reverse("documents:library"), {"files": [SimpleUploadedFile("notice-copy.pdf", data)]}, follow=True
+    )
+    assert "already in your library" in response.content.decode()
+    assert Document.objects.filter(owner=alice).count() == 1
+    time.sleep(2)  # had it been queued again, the worker would have replaced the chunks by now
+    assert set(Chunk.objects.filter(document=first).values_list("pk", flat=True)) == chunk_ids
+
+    stored = first.file.path
+    assert Page.objects.filter(document=first).exists() and Chunk.objects.filter(document=first).exists()
+    response = browser.post(reverse("documents:delete", args=[first.pk]))
+    assert response.status_code == 302
+    assert not Document.objects.filter(pk=first.pk).exists()
+    assert not Page.objects.filter(document_id=first.pk).exists()
+    assert not Chunk.objects.filter(document_id=first.pk).exists()
+    assert not os.path.exists(stored)
+
+
+HOSTILE = [
+    ("fake.pdf", b"MZ\x90\x00 this is a Windows program, not a PDF" * 50, "not a PDF"),
+    ("locked.pdf", make_pdf(["Private."], password="s3cret"), "password"),
+    ("truncated.pdf", make_pdf(CONTRACT_PAGES)[:700], "damaged"),
+    ("random.bin", bytes(range(256)) * 64, "not a supported format"),
+]
+
+
+@pytest.mark.parametrize(("name", "data", "message"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_files_fail_alone_and_the_worker_keeps_going(browser, alice, workers, name, data, message):
+    bad = finished(upload(browser, name, data).pk)
+    assert bad.state == Document.State.FAILED
+    assert message.lower() in bad.failure_reason.lower()
+    good = finished(upload(browser, "after.txt", b"A plain file uploaded after the hostile one.").pk)
+    assert good.state == Document.State.READY  # the worker survived and carried on
+    assert message.encode().lower() in browser.get(reverse("documents:detail", args=[bad.pk])).content.lower()
+
+
+def test_an_upload_over_the_size_limit_is_refused_with_a_message(browser, alice, settings):
+    settings.APPLIANCE_MAX_UPLOAD_MB = 1
+    response = browser.post(
+        reverse("documents:library"), {"files": [SimpleUploadedFile("huge.txt", b"x" * (1024 * 1024 + 1))]}, follow=True
+    )
+    assert b"the limit is 1 MB" in response.content
+    assert not Document.objects.exists()

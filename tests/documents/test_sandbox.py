@@ -1,0 +1,190 @@
+"""documents/sandbox.py: extraction in a child process, stopped by a time and a memory limit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from documents.extraction import ExtractionError, ExtractionLimits, extract
+from documents.ocr import OcrEngine
+from documents.sandbox import SandboxLimits, extract_in_sandbox
+from tests.pdfs import CONTRACT_PAGES, hand_made_pdf, make_eml, make_pdf, make_scanned_pdf, zlib_bomb
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+
+@pytest.fixture(scope="module")
+def contract_pdf() -> bytes:
+    return make_pdf(CONTRACT_PAGES, title="Services Agreement")
+
+
+@pytest.fixture(scope="module")
+def bomb_pdf() -> bytes:
+    """One page whose content stream is 4 MB of zlib that inflates to 4 GB."""
+    stream = zlib_bomb(4 * 1024**3)
+    return hand_made_pdf(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << >> /Contents 4 0 R >>",
+            b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        ]
+    )
+
+
+def test_a_pdf_round_trips_through_the_sandbox(contract_pdf):
+    in_sandbox = extract_in_sandbox(contract_pdf, filename="contract.pdf")
+    assert in_sandbox == extract(contract_pdf, filename="contract.pdf")
+    assert in_sandbox.title == "Services Agreement"
+    assert "Northwind" in in_sandbox.pages[0].text
+
+
+def test_an_email_with_its_attachment_round_trips(contract_pdf):
+    data = make_eml(plain="See attached.", attachments=[("contract.pdf", contract_pdf, "application/pdf")])
+    document = extract_in_sandbox(data, filename="mail.eml", limits=ExtractionLimits(max_attachments=5))
+    assert document == extract(data, filename="mail.eml")
+    assert document.kind == "email"
+    assert document.attachments[0].data == contract_pdf
+
+
+def test_the_limits_are_applied_in_the_child(contract_pdf):
+    with pytest.raises(ExtractionError, match="limit is 2"):
+        extract_in_sandbox(contract_pdf, limits=ExtractionLimits(max_pages=2))
+
+
+@pytest.mark.parametrize(
+    ("data", "filename"),
+    [
+        (b"plain text, but named as a PDF", "report.pdf"),
+        (make_pdf(["secret"], password="hunter2"), "locked.pdf"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(100), "photo.png"),
+        (b"", "empty.txt"),
+    ],
+)
+def test_an_extraction_error_crosses_the_process_boundary_intact(data, filename):
+    with pytest.raises(ExtractionError) as direct:
+        extract(data, filename=filename)
+    with pytest.raises(ExtractionError) as sandboxed:
+        extract_in_sandbox(data, filename=filename)
+    assert str(sandboxed.value) == str(direct.value)
+
+
+def test_a_file_taking_too_long_is_stopped(contract_pdf):
+    started = time.monotonic()
+    with pytest.raises(ExtractionError) as excinfo:
+        extract_in_sandbox(contract_pdf, sandbox=SandboxLimits(timeout_s=0.01))
+    assert str(excinfo.value) == "Reading this file took longer than 0.01 s; it may be damaged or far too large."
+    assert time.monotonic() - started < 10
+
+
+def test_a_file_needing_too_much_memory_is_stopped(bomb_pdf):
+    """pypdf inflates the bomb up to its 75 MB limit, more than a 128 MB child can hold."""
+    with pytest.raises(ExtractionError) as excinfo:
+        extract_in_sandbox(bomb_pdf, sandbox=SandboxLimits(memory_bytes=128 * 1024 * 1024))
+    assert str(excinfo.value).startswith("Reading this file needed more than 128 MB of memory")
+
+
+def test_a_tiny_memory_limit_still_ends_in_a_clean_extraction_error(contract_pdf):
+    """Under 16 MB even importing the parser fails; the person still gets a sentence, not a trace."""
+    with pytest.raises(ExtractionError, match="needed more than 16 MB of memory"):
+        extract_in_sandbox(contract_pdf, sandbox=SandboxLimits(memory_bytes=16 * 1024 * 1024))
+
+
+def test_a_decompression_bomb_stays_within_ordinary_memory(bomb_pdf):
+    """With 512 MB the bomb is refused by the parser's own limit: memory stays bounded, and the
+    message is about the file, not about memory."""
+    with pytest.raises(ExtractionError, match="expands to an unreasonable size"):
+        extract_in_sandbox(bomb_pdf, sandbox=SandboxLimits(memory_bytes=512 * 1024 * 1024))
+
+
+def test_the_child_needs_no_django_settings(contract_pdf, monkeypatch):
+    monkeypatch.delenv("DJANGO_SETTINGS_MODULE", raising=False)
+    assert "Northwind" in extract_in_sandbox(contract_pdf).pages[0].text
+
+
+def test_extraction_modules_do_not_import_django():
+    code = "import sys, documents.sandbox, documents.extraction, documents.ocr; print('django' in sys.modules)"
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
+
+
+def test_the_child_is_found_whatever_the_working_directory(contract_pdf, tmp_path, monkeypatch):
+    # A `documents` folder in the caller's working directory must not shadow the package.
+    (tmp_path / "documents").mkdir()
+    (tmp_path / "documents" / "__init__.py").write_text("")
+    (tmp_path / "documents" / "sandbox.py").write_text("raise SystemExit('wrong package')\n")
+    monkeypatch.chdir(tmp_path)
+    assert extract_in_sandbox(contract_pdf).kind == "pdf"
+
+
+def _fake_interpreter(tmp_path: Path, script: str) -> str:
+    """A stand-in for the Python interpreter that the sandbox starts, doing ``script`` instead."""
+    path = tmp_path / "fake-python"
+    path.write_text("#!/bin/sh\ncat > /dev/null\n" + script)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_crashing_child_is_reported_as_a_crash(contract_pdf, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", _fake_interpreter(tmp_path, "kill -SEGV $$\n"))
+    with pytest.raises(ExtractionError) as excinfo:
+        extract_in_sandbox(contract_pdf)
+    assert str(excinfo.value) == "This file could not be read (the reader crashed)."
+
+
+def test_a_child_answering_nonsense_is_reported_as_a_crash(contract_pdf, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", _fake_interpreter(tmp_path, 'echo \'{"status": "ok"}\'\n'))
+    with pytest.raises(ExtractionError, match=r"the reader crashed"):
+        extract_in_sandbox(contract_pdf)
+
+
+def test_a_timeout_kills_the_programs_the_child_started(contract_pdf, tmp_path, monkeypatch):
+    """OCR runs pdftoppm and tesseract; on timeout they must die with the child, not linger."""
+    pid_file = tmp_path / "grandchild.pid"
+    # Like tesseract under the OCR module, the grandchild does not hold the child's pipes.
+    script = f"sleep 60 < /dev/null > /dev/null 2>&1 &\necho $! > {pid_file}\nwait\n"
+    monkeypatch.setattr(sys, "executable", _fake_interpreter(tmp_path, script))
+    started = time.monotonic()
+    with pytest.raises(ExtractionError, match="took longer than 1 s"):
+        extract_in_sandbox(contract_pdf, sandbox=SandboxLimits(timeout_s=1))
+    assert time.monotonic() - started < 10
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _is_running(grandchild):
+        time.sleep(0.05)
+    assert not _is_running(grandchild)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie waiting for its reaper is dead
+
+
+@pytest.fixture(scope="module")
+def scanned_pdf() -> bytes:
+    return make_scanned_pdf(["The quick brown fox", "jumps over the lazy dog"])
+
+
+def test_ocr_runs_in_the_sandbox(scanned_pdf):
+    assert OcrEngine.available(), "install Debian's tesseract-ocr, tesseract-ocr-eng and poppler-utils"
+    [page] = extract_in_sandbox(scanned_pdf, filename="scan.pdf").pages
+    assert page.ocr
+    assert not page.needs_ocr
+    assert {"quick", "brown", "lazy"} <= set(page.text.lower().split())
+
+
+def test_without_ocr_the_scanned_page_needs_ocr(scanned_pdf):
+    [page] = extract_in_sandbox(scanned_pdf, filename="scan.pdf", use_ocr=False).pages
+    assert page.needs_ocr
+    assert page.text == ""

@@ -1,0 +1,227 @@
+"""Hybrid search on the real database (Postgres + pgvector) with the real embedding model."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import pytest
+from django.contrib.auth.models import AnonymousUser, Group, User
+from django.contrib.postgres.search import SearchVector
+from django.db import connection
+
+from documents.chunking import chunk_pages, pages_with_offsets
+from documents.embeddings import embed_spans, get_embedder
+from documents.models import Chunk, Document, Page
+from documents.search import (
+    exact_vector_search,
+    explain_vector_search,
+    readable_documents,
+    reciprocal_rank_fusion,
+    search_passages,
+    text_search,
+    vector_search,
+)
+
+_serial = itertools.count()
+
+CONTRACT = [
+    "Services agreement between Northwind Ltd, the supplier, and Contoso plc, the customer. "
+    "The supplier maintains the customer's payroll software and answers support calls on working days.",
+    "Fees and payment. Invoices are due within thirty days of receipt. Late payments accrue interest "
+    "at two per cent per month until the invoice is paid in full.",
+    "Escrow. The source code is deposited with an escrow agent under reference XK-42-ZULU, "
+    "to be released if the supplier becomes insolvent.",
+]
+RELOCATION = [
+    "Office relocation plan. The London office moves to Leeds in March. "
+    "Every member of staff gets two days of paid leave to help with the move.",
+]
+CENSUS = ["Quarterly penguin census: 412 emperor penguins were counted on the island colony this winter."]
+GARDEN = ["Garden maintenance schedule: the hedges are trimmed every six weeks and the lawn mowed weekly."]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return get_embedder()
+
+
+def _document(owner, title: str, pages: list[str], embedder, *, state=Document.State.READY) -> Document:
+    serial = next(_serial)
+    document = Document.objects.create(
+        owner=owner,
+        title=title,
+        filename=f"{title}.pdf",
+        size_bytes=1,
+        sha256=hashlib.sha256(f"{title}{serial}".encode()).hexdigest(),
+        file=f"documents/test/{serial}.pdf",
+        state=state,
+        pages_total=len(pages),
+        pages_done=len(pages),
+        embedding_model=embedder.model_name,
+    )
+    page_texts = pages_with_offsets(pages)
+    Page.objects.bulk_create(
+        [Page(document=document, number=p.number, text=p.text, char_start=p.char_start) for p in page_texts]
+    )
+    # Small chunks, so that each page here is a passage of its own.
+    spans = chunk_pages(page_texts, embedder.tokenizer, max_tokens=48, overlap_tokens=8)
+    vectors = embed_spans(embedder, spans)
+    Chunk.objects.bulk_create(
+        [
+            Chunk(
+                document=document,
+                index=span.index,
+                page_start=span.page_start,
+                page_end=span.page_end,
+                char_start=span.char_start,
+                char_end=span.char_end,
+                text=span.text,
+                token_count=span.token_count,
+                embedding=vector,
+                embedding_model=embedder.model_name,
+            )
+            for span, vector in zip(spans, vectors, strict=True)
+        ]
+    )
+    Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
+    return document
+
+
+@pytest.fixture
+def library(db, embedder):
+    alice = User.objects.create_user("alice")
+    bob = User.objects.create_user("bob")
+    carol = User.objects.create_user("carol")
+    facilities = Group.objects.create(name="facilities")
+    carol.groups.add(facilities)
+    contract = _document(alice, "Payroll services contract", CONTRACT, embedder)
+    relocation = _document(alice, "Relocation plan", RELOCATION, embedder)
+    relocation.shared_with.add(facilities)
+    census = _document(alice, "Penguin census", CENSUS, embedder, state=Document.State.EMBEDDING)
+    garden = _document(bob, "Garden schedule", GARDEN, embedder)
+    return {
+        "alice": alice,
+        "bob": bob,
+        "carol": carol,
+        "contract": contract,
+        "relocation": relocation,
+        "census": census,
+        "garden": garden,
+    }
+
+
+def _search(user, query, embedder, **kwargs):
+    return search_passages(user=user, query=query, embedder=embedder, **kwargs)
+
+
+def test_finds_the_passage_with_its_document_and_page(library, embedder):
+    passages = _search(library["alice"], "When do invoices have to be paid?", embedder)
+    top = passages[0]
+    assert top.document_id == library["contract"].pk
+    assert top.document_title == "Payroll services contract"
+    assert top.page_start <= 2 <= top.page_end
+    assert "thirty days" in top.text
+    chunk = Chunk.objects.get(pk=top.chunk_id)
+    assert (top.char_start, top.char_end, top.text) == (chunk.char_start, chunk.char_end, chunk.text)
+    assert [p.score for p in passages] == sorted((p.score for p in passages), reverse=True)
+    assert len(passages) == len({p.chunk_id for p in passages})
+
+
+def test_a_code_word_is_found_by_the_full_text_arm(library, embedder):
+    alice = library["alice"]
+    (hit,) = text_search("XK-42-ZULU", limit=10, user=alice)  # one chunk has it
+    assert "XK-42-ZULU" in Chunk.objects.get(pk=hit[0]).text
+    passages = _search(alice, "XK-42-ZULU", embedder)
+    assert passages[0].chunk_id == hit[0]
+    assert passages[0].page_start <= 3 <= passages[0].page_end
+    # Fused: the top passage is ranked by both arms, or first by words.
+    assert passages[0].score >= 1 / 61
+
+
+@pytest.fixture(params=["exact", "hnsw"])
+def meaning_arm(request, settings, db):
+    """Both ways the meaning arm searches: exactly over few readable chunks (the default at this
+    size), and through the HNSW index: a threshold of 0, and (for the rest of this test's
+    transaction) no plan without it, since for a table this small Postgres would rather sort."""
+    if request.param == "hnsw":
+        settings.APPLIANCE_SEARCH_EXACT_MAX_CHUNKS = 0
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off"
+            )
+    return request.param
+
+
+def test_others_do_not_see_private_documents_even_for_an_exact_query(library, embedder, meaning_arm):
+    bob, contract = library["bob"], library["contract"]
+    exact_text = Chunk.objects.filter(document=contract).order_by("index").first().text
+    for query in (exact_text, "XK-42-ZULU", "invoices thirty days"):
+        passages = _search(bob, query, embedder)
+        assert {p.document_id for p in passages} <= {library["garden"].pk}
+        found_by_words = [chunk_id for chunk_id, _ in text_search(query, limit=50, user=bob)]
+        assert not Chunk.objects.filter(pk__in=found_by_words).exclude(document=library["garden"]).exists()
+    query_vector = embedder.encode([exact_text])[0]
+    nearest = vector_search(query_vector, limit=50, user=bob)
+    assert set(Chunk.objects.filter(pk__in=[c for c, _ in nearest]).values_list("document_id", flat=True)) == {
+        library["garden"].pk
+    }
+    assert _search(AnonymousUser(), exact_text, embedder) == []
+
+
+def test_group_members_see_shared_documents_only(library, embedder, meaning_arm):
+    carol = library["carol"]
+    passages = _search(carol, "Where is the office moving to?", embedder)
+    assert passages[0].document_id == library["relocation"].pk
+    assert {p.document_id for p in passages} == {library["relocation"].pk}
+    assert library["contract"].pk not in {p.document_id for p in _search(carol, "XK-42-ZULU", embedder)}
+    assert text_search("XK-42-ZULU", limit=10, user=carol) == []
+    readable = set(readable_documents(carol).values_list("pk", flat=True))
+    assert readable == {library["relocation"].pk}
+    # Shared with two of her groups: still one row.
+    second = Group.objects.create(name="all staff")
+    carol.groups.add(second)
+    library["relocation"].shared_with.add(second)
+    assert readable_documents(carol).count() == 1
+
+
+def test_document_ids_restrict_the_search(library, embedder):
+    alice = library["alice"]
+    passages = _search(alice, "invoices payment", embedder, document_ids=[library["relocation"].pk])
+    assert passages and {p.document_id for p in passages} == {library["relocation"].pk}
+    # Naming a document one may not read does not open it.
+    assert _search(alice, "hedges trimmed", embedder, document_ids=[library["garden"].pk]) == []
+    assert _search(alice, "hedges trimmed", embedder, document_ids=[]) == []
+
+
+def test_documents_not_ready_are_not_searched(library, embedder):
+    alice, census = library["alice"], library["census"]
+    passages = _search(alice, "how many penguins were counted", embedder)
+    assert census.pk not in {p.document_id for p in passages}
+    Document.objects.filter(pk=census.pk).update(state=Document.State.READY)
+    passages = _search(alice, "how many penguins were counted", embedder)
+    assert passages[0].document_id == census.pk
+
+
+def test_index_search_agrees_with_exact_search_and_settings_do_not_leak(library, embedder, meaning_arm):
+    alice = library["alice"]
+    query_vector = embedder.encode(["payroll software support"])[0]
+    plan = explain_vector_search(query_vector, limit=5, user=alice)
+    assert ("chunk_embedding_hnsw" in plan) == (meaning_arm == "hnsw")
+    approximate = vector_search(query_vector, limit=5, user=alice)
+    exact = exact_vector_search(query_vector, 5, user=alice)
+    assert [c for c, _ in approximate] == [c for c, _ in exact]
+    assert [d for _, d in approximate] == sorted(d for _, d in approximate)
+    everyone = exact_vector_search(query_vector, 50)
+    assert {c for c, _ in exact} <= {c for c, _ in everyone}
+    # The tests run inside a transaction: SET LOCAL must not outlive the search.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('enable_indexscan'), current_setting('hnsw.ef_search')")
+        assert cursor.fetchone() == ("on", "40")
+
+
+def test_reciprocal_rank_fusion():
+    fused = reciprocal_rank_fusion([[1, 2, 3], [3, 1]], k=60)
+    assert [item for item, _ in fused] == [1, 3, 2]
+    assert fused[0][1] == pytest.approx(1 / 61 + 1 / 62)
+    assert reciprocal_rank_fusion([[], []]) == []
