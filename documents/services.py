@@ -231,6 +231,25 @@ def _create_child(parent: Document, attachment) -> Document:
     return child
 
 
+def chunk_rows(document: Document, spans, vectors, model_name: str) -> list[Chunk]:
+    """Unsaved Chunk rows for chunk spans and their embeddings (in the same order)."""
+    return [
+        Chunk(
+            document=document,
+            index=span.index,
+            page_start=span.page_start,
+            page_end=span.page_end,
+            char_start=span.char_start,
+            char_end=span.char_end,
+            text=span.text,
+            token_count=span.token_count,
+            embedding=[float(x) for x in vector],
+            embedding_model=model_name,
+        )
+        for span, vector in zip(spans, vectors, strict=True)
+    ]
+
+
 def document_embed(*, document_id: int) -> Document | None:
     """Chunk the stored pages with the embedding model's tokenizer, embed in batches, then swap
     the new chunks in at once. Also how a ready document is re-embedded after the embedding
@@ -257,21 +276,7 @@ def document_embed(*, document_id: int) -> Document | None:
     for start in range(0, len(spans), batch_size):
         batch = spans[start : start + batch_size]
         vectors = embed_spans(embedder, batch, batch_size=batch_size)
-        chunks.extend(
-            Chunk(
-                document=document,
-                index=span.index,
-                page_start=span.page_start,
-                page_end=span.page_end,
-                char_start=span.char_start,
-                char_end=span.char_end,
-                text=span.text,
-                token_count=span.token_count,
-                embedding=vector.tolist(),
-                embedding_model=embedder.model_name,
-            )
-            for span, vector in zip(batch, vectors, strict=True)
-        )
+        chunks.extend(chunk_rows(document, batch, vectors, embedder.model_name))
         if not reembedding:  # pages before the last one this batch reached are done
             Document.objects.filter(pk=document_id).update(pages_done=max(0, batch[-1].page_end - 1))
     with transaction.atomic():

@@ -211,6 +211,21 @@ def live_appliance(django_db_setup):
         _wait_for_other_sessions_to_close()
 
 
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user(username="alice", password="a long password indeed")
+
+
+@pytest.fixture
+def browser(alice):
+    """A browser session signed in as alice (Django's test client)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
 def wait_until(predicate, *, timeout_s: float, interval_s: float = 0.25, message: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -24,18 +24,6 @@ from tests.pdfs import CONTRACT_PAGES, make_pdf
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def staff_user():
-    return get_user_model().objects.create_user(username="alice", password="correct horse battery")
-
-
-@pytest.fixture
-def browser(staff_user):
-    client = Client()
-    client.force_login(staff_user)
-    return client
-
-
 def _upload(browser, name: str, data: bytes):
     return browser.post(
         reverse("documents:library"), {"files": [SimpleUploadedFile(name, data, content_type="application/pdf")]}
@@ -77,10 +65,10 @@ async def _collect_stream(user, job_id, last_event_id: str | None = None) -> str
     return "".join(chunks)
 
 
-def test_upload_summarise_stream_and_metrics(browser, staff_user, workers, engine_host):
+def test_upload_summarise_stream_and_metrics(browser, alice, workers, engine_host):
     response = _upload(browser, "services-agreement.pdf", make_pdf(CONTRACT_PAGES, title="Services agreement"))
     assert response.status_code == 302
-    document = Document.objects.get(owner=staff_user)
+    document = Document.objects.get(owner=alice)
     document = wait_until(lambda: _document_finished(document.pk), timeout_s=120, message="ingestion")
     assert document.state == Document.State.READY, document.failure_reason
     assert document.pages_total == 3
@@ -91,7 +79,7 @@ def test_upload_summarise_stream_and_metrics(browser, staff_user, workers, engin
     assert detail.status_code == 200 and b"Summarise" in detail.content
 
     response = browser.post(reverse("inference:summarise", args=[document.pk]), {"length": "short"})
-    job = Job.objects.get(owner=staff_user)
+    job = Job.objects.get(owner=alice)
     assert response.status_code == 302 and response["Location"] == reverse("inference:job", args=[job.pk])
     assert job.queue == Queue.PREFILL
 
@@ -114,7 +102,7 @@ def test_upload_summarise_stream_and_metrics(browser, staff_user, workers, engin
         assert metrics.decode_tokens_per_s > 0 and metrics.itl_p95_ms >= 0
 
     # The text streamed through the broker is exactly the stored text, and ends with "done".
-    body = asyncio.run(_collect_stream(staff_user, job.pk))
+    body = asyncio.run(_collect_stream(alice, job.pk))
     events = _read_sse(body)
     deltas = [(event_id, data["text"]) for event_id, event, data in events if event == "delta"]
     assert events[-1][1] == "done"
@@ -123,7 +111,7 @@ def test_upload_summarise_stream_and_metrics(browser, staff_user, workers, engin
 
     # A browser that reconnects after the second delta gets only the rest.
     if len(deltas) >= 3:
-        resumed = _read_sse(asyncio.run(_collect_stream(staff_user, job.pk, last_event_id=deltas[1][0])))
+        resumed = _read_sse(asyncio.run(_collect_stream(alice, job.pk, last_event_id=deltas[1][0])))
         rest = "".join(data["text"] for _, event, data in resumed if event == "delta")
         assert rest == "".join(text for _, text in deltas[2:])
 
@@ -140,16 +128,16 @@ def test_upload_summarise_stream_and_metrics(browser, staff_user, workers, engin
         ("scan.pdf", make_pdf(["", ""]), "No text could be found"),
     ],
 )
-def test_bad_files_fail_alone_with_a_clear_message(browser, staff_user, workers, name, data, message):
+def test_bad_files_fail_alone_with_a_clear_message(browser, alice, workers, name, data, message):
     good = _upload(browser, "good.pdf", make_pdf(["A perfectly ordinary page of text."]))
     assert good.status_code == 302
     _upload(browser, name, data)
-    bad = Document.objects.get(owner=staff_user, filename=name)
+    bad = Document.objects.get(owner=alice, filename=name)
     bad = wait_until(lambda: _document_finished(bad.pk), timeout_s=120, message="ingestion of the bad file")
     assert bad.state == Document.State.FAILED
     assert message in bad.failure_reason
     good_doc = wait_until(
-        lambda: _document_finished(Document.objects.get(owner=staff_user, filename="good.pdf").pk),
+        lambda: _document_finished(Document.objects.get(owner=alice, filename="good.pdf").pk),
         timeout_s=120,
         message="ingestion of the good file",
     )
@@ -159,9 +147,9 @@ def test_bad_files_fail_alone_with_a_clear_message(browser, staff_user, workers,
     assert browser.get(reverse("documents:library")).status_code == 200  # the app keeps serving
 
 
-def test_another_user_cannot_see_or_summarise_my_document(browser, staff_user, workers):
+def test_another_user_cannot_see_or_summarise_my_document(browser, alice, workers):
     _upload(browser, "mine.pdf", make_pdf(["Private minutes of the board."]))
-    document = Document.objects.get(owner=staff_user)
+    document = Document.objects.get(owner=alice)
     other = get_user_model().objects.create_user(username="bob", password="another long password")
     intruder = Client()
     intruder.force_login(other)
@@ -176,15 +164,15 @@ def test_another_user_cannot_see_or_summarise_my_document(browser, staff_user, w
     assert not Job.objects.exists()
 
 
-def test_cancelling_a_running_summary_aborts_it_in_the_engine(browser, staff_user, workers, engine_host):
+def test_cancelling_a_running_summary_aborts_it_in_the_engine(browser, alice, workers, engine_host):
     from inference import streaming
 
     long_text = [f"Clause {i}. The parties agree to meet every week and to write minutes of each meeting." for i in range(40)]
     _upload(browser, "long.pdf", make_pdf(["\n".join(long_text[:20]), "\n".join(long_text[20:])]))
-    document = Document.objects.get(owner=staff_user)
+    document = Document.objects.get(owner=alice)
     wait_until(lambda: _document_finished(document.pk), timeout_s=120, message="ingestion")
     browser.post(reverse("inference:summarise", args=[document.pk]), {"length": "detailed"})
-    job = Job.objects.get(owner=staff_user)
+    job = Job.objects.get(owner=alice)
 
     def first_delta_seen():
         entries = streaming.sync_client().xrange(streaming.stream_key(job.pk))

@@ -3,72 +3,19 @@ progress and state; no duplicate work; deletion; hostile files fail alone."""
 
 from __future__ import annotations
 
-import io
 import os
 import time
-import zipfile
-from email.message import EmailMessage
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.test import Client
 from django.urls import reverse
 
 from documents.models import Chunk, Document, Page
 from documents.search import search_passages
 from tests.conftest import wait_until
-from tests.pdfs import CONTRACT_PAGES, make_pdf
+from tests.pdfs import CONTRACT_PAGES, docx_paragraph, make_docx, make_eml, make_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def make_docx(paragraphs: list[str], *, page_break_after: int | None = None) -> bytes:
-    body = []
-    for index, text in enumerate(paragraphs):
-        body.append(f"<w:p><w:r><w:t xml:space=\"preserve\">{text}</w:t></w:r></w:p>")
-        if page_break_after is not None and index == page_break_after:
-            body.append('<w:p><w:r><w:br w:type="page"/></w:r></w:p>')
-    document = (
-        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>'
-        '<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body>'
-        + "".join(body)
-        + "</w:body></w:document>"
-    )
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr(
-            "[Content_Types].xml",
-            '<?xml version="1.0" encoding="UTF-8"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
-            '<Override PartName="/word/document.xml" ContentType="application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>',
-        )
-        archive.writestr("word/document.xml", document)
-    return buffer.getvalue()
-
-
-def make_eml(body: str, attachments: list[tuple[str, bytes, str]]) -> bytes:
-    message = EmailMessage()
-    message["From"] = "Dana Supplier <dana@northwind.example>"
-    message["To"] = "legal@contoso.example"
-    message["Subject"] = "Renewal of the services agreement"
-    message["Date"] = "Mon, 2 Mar 2026 09:30:00 +0000"
-    message.set_content(body)
-    for filename, data, content_type in attachments:
-        maintype, subtype = content_type.split("/")
-        message.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename)
-    return message.as_bytes()
-
-
-@pytest.fixture
-def alice():
-    return get_user_model().objects.create_user(username="alice", password="a long password indeed")
-
-
-@pytest.fixture
-def browser(alice):
-    client = Client()
-    client.force_login(alice)
-    return client
 
 
 def upload(browser, name: str, data: bytes, content_type: str = "application/octet-stream"):
@@ -91,7 +38,11 @@ def test_every_format_becomes_pages_chunks_and_embeddings(browser, alice, worker
         "minutes.txt": b"Board minutes\n\nThe board approved the budget for the new warehouse in Leeds.\f"
         b"Page two: the auditors were reappointed.",
         "policy.md": b"# Travel policy\n\nStaff book rail travel in standard class for journeys under four hours.",
-        "letter.docx": make_docx(["Dear Sir,", "We accept the revised delivery schedule.", "Yours faithfully"], page_break_after=1),
+        "letter.docx": make_docx(
+            docx_paragraph("Dear Sir,")
+            + docx_paragraph("We accept the revised delivery schedule.")
+            + docx_paragraph("Yours faithfully", page_break_before=True)
+        ),
     }
     documents = {name: upload(browser, name, data) for name, data in files.items()}
     for name, document in documents.items():
@@ -125,7 +76,11 @@ def test_an_email_brings_its_attachments_as_child_documents(browser, alice, work
     email = upload(
         browser,
         "renewal.eml",
-        make_eml("Please find the delivery schedule attached.", [("schedule.pdf", attachment, "application/pdf")]),
+        make_eml(
+            subject="Renewal of the services agreement",
+            plain="Please find the delivery schedule attached.",
+            attachments=[("schedule.pdf", attachment, "application/pdf")],
+        ),
         "message/rfc822",
     )
     email = finished(email.pk)

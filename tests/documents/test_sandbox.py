@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from documents import sandbox as sandbox_module
 from documents.extraction import ExtractionError, ExtractionLimits, extract
 from documents.ocr import OcrEngine
-from documents.sandbox import SandboxLimits, extract_in_sandbox
+from documents.sandbox import SandboxLimits, _sandbox_pid, extract_in_sandbox
 from tests.pdfs import CONTRACT_PAGES, hand_made_pdf, make_eml, make_pdf, make_scanned_pdf, zlib_bomb
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -75,6 +77,7 @@ def test_an_extraction_error_crosses_the_process_boundary_intact(data, filename)
 
 
 def test_a_file_taking_too_long_is_stopped(contract_pdf):
+    sandbox_module._shutdown()  # a warm child reads this file in a few ms; a cold one cannot start in 10
     started = time.monotonic()
     with pytest.raises(ExtractionError) as excinfo:
         extract_in_sandbox(contract_pdf, sandbox=SandboxLimits(timeout_s=0.01))
@@ -126,9 +129,10 @@ def test_the_child_is_found_whatever_the_working_directory(contract_pdf, tmp_pat
 
 
 def _fake_interpreter(tmp_path: Path, script: str) -> str:
-    """A stand-in for the Python interpreter that the sandbox starts, doing ``script`` instead."""
+    """A stand-in for the Python interpreter that the sandbox starts, doing ``script`` instead (and
+    never reading the request: the parent must not hang on a child that does not)."""
     path = tmp_path / "fake-python"
-    path.write_text("#!/bin/sh\ncat > /dev/null\n" + script)
+    path.write_text("#!/bin/sh\n" + script)
     path.chmod(0o755)
     return str(path)
 
@@ -188,3 +192,140 @@ def test_without_ocr_the_scanned_page_needs_ocr(scanned_pdf):
     [page] = extract_in_sandbox(scanned_pdf, filename="scan.pdf", use_ocr=False).pages
     assert page.needs_ocr
     assert page.text == ""
+
+
+# --- the warm child ------------------------------------------------------------------------------
+
+
+def _is_dead(pid: int, timeout_s: float = 5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _is_running(pid):
+        time.sleep(0.02)
+    return not _is_running(pid)
+
+
+def test_files_in_a_row_are_read_by_the_same_child(contract_pdf):
+    first = extract_in_sandbox(contract_pdf, filename="contract.pdf")
+    pid = _sandbox_pid()
+    assert pid is not None and pid != os.getpid()
+    with pytest.raises(ExtractionError):
+        extract_in_sandbox(b"plain text, but named as a PDF", filename="report.pdf")
+    second = extract_in_sandbox(contract_pdf, filename="contract.pdf")
+    assert _sandbox_pid() == pid
+    assert first == second == extract(contract_pdf, filename="contract.pdf")
+
+
+def test_after_a_timeout_the_next_file_gets_a_new_child(contract_pdf):
+    extract_in_sandbox(contract_pdf)
+    stuck = _sandbox_pid()
+    os.kill(stuck, signal.SIGSTOP)  # a warm child that never answers, like one spinning on a file
+    try:
+        started = time.monotonic()
+        with pytest.raises(ExtractionError, match="took longer than 1 s"):
+            extract_in_sandbox(contract_pdf, sandbox=SandboxLimits(timeout_s=1))
+        assert time.monotonic() - started < 10
+    finally:
+        if _is_running(stuck):
+            os.kill(stuck, signal.SIGCONT)
+    assert _is_dead(stuck)
+    assert _sandbox_pid() is None
+    assert "Northwind" in extract_in_sandbox(contract_pdf).pages[0].text
+    assert _sandbox_pid() not in (None, stuck)
+
+
+def test_after_a_crash_the_next_file_gets_a_new_child(contract_pdf, tmp_path, monkeypatch):
+    extract_in_sandbox(contract_pdf)
+    idle = _sandbox_pid()
+    os.kill(idle, signal.SIGKILL)  # dies between two files
+    assert _is_dead(idle)
+    assert "Northwind" in extract_in_sandbox(contract_pdf).pages[0].text
+    assert _sandbox_pid() not in (None, idle)
+
+    with monkeypatch.context() as patched:  # dies in the middle of a file
+        patched.setattr(sys, "executable", _fake_interpreter(tmp_path, "kill -SEGV $$\n"))
+        with pytest.raises(ExtractionError, match="the reader crashed"):
+            extract_in_sandbox(contract_pdf)
+    assert "Northwind" in extract_in_sandbox(contract_pdf).pages[0].text
+
+
+def test_after_running_out_of_memory_the_child_is_not_reused(bomb_pdf, contract_pdf):
+    limits = SandboxLimits(memory_bytes=128 * 1024 * 1024)
+    extract_in_sandbox(contract_pdf, sandbox=limits)
+    before = _sandbox_pid()
+    with pytest.raises(ExtractionError, match="needed more than 128 MB"):
+        extract_in_sandbox(bomb_pdf, sandbox=limits)
+    assert _is_dead(before)
+    assert extract_in_sandbox(contract_pdf, sandbox=limits).kind == "pdf"
+    assert _sandbox_pid() not in (None, before)
+
+
+def test_the_child_is_retired_after_many_files(contract_pdf, monkeypatch):
+    monkeypatch.setattr(sandbox_module, "MAX_FILES_PER_CHILD", 2)
+    sandbox_module._shutdown()
+    extract_in_sandbox(contract_pdf)
+    first = _sandbox_pid()
+    extract_in_sandbox(contract_pdf)  # its second file: then it is retired
+    assert _sandbox_pid() is None
+    assert _is_dead(first)
+    extract_in_sandbox(contract_pdf)
+    assert _sandbox_pid() not in (None, first)
+
+
+def test_the_child_has_a_minimal_environment_and_its_own_process_group(contract_pdf, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/appliance")
+    sandbox_module._shutdown()
+    extract_in_sandbox(contract_pdf)
+    pid = _sandbox_pid()
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert not any(item.startswith(b"DATABASE_URL=") for item in environ)
+    assert os.getpgid(pid) == pid != os.getpgid(0)
+
+
+def test_a_forked_process_does_not_reuse_its_parents_child(contract_pdf):
+    extract_in_sandbox(contract_pdf)
+    parents_child = _sandbox_pid()
+    read_end, write_end = os.pipe()
+    forked = os.fork()
+    if forked == 0:  # pragma: no cover - the forked process: report, then leave without pytest
+        status = 1
+        try:
+            os.close(read_end)
+            inherited = _sandbox_pid()
+            pages = extract_in_sandbox(contract_pdf).pages
+            own = _sandbox_pid()
+            own_parent = int(Path(f"/proc/{own}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            os.write(write_end, f"{inherited} {own} {own_parent} {'Northwind' in pages[0].text}".encode())
+            sandbox_module._shutdown()
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        report = reader.read().decode()
+    _, status = os.waitpid(forked, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    inherited, own, own_parent, read_it = report.split()
+    assert inherited == "None"
+    assert int(own) != parents_child
+    assert int(own_parent) == forked
+    assert read_it == "True"
+    # The parent's child was left alone and still serves the parent.
+    assert _sandbox_pid() == parents_child
+    assert "Northwind" in extract_in_sandbox(contract_pdf).pages[0].text
+    assert _sandbox_pid() == parents_child
+
+
+def test_the_child_exits_when_its_caller_goes(tmp_path):
+    """A caller that dies (killed, so no clean-up runs) leaves no child behind."""
+    code = (
+        "import os, signal, sys\n"
+        "from documents.sandbox import extract_in_sandbox, _sandbox_pid\n"
+        "from tests.pdfs import CONTRACT_PAGES, make_pdf\n"
+        "extract_in_sandbox(make_pdf(CONTRACT_PAGES))\n"
+        "print(_sandbox_pid(), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert _is_dead(int(result.stdout))

@@ -22,6 +22,7 @@ from documents.search import (
     text_search,
     vector_search,
 )
+from documents.services import chunk_rows
 
 _serial = itertools.count()
 
@@ -67,22 +68,7 @@ def _document(owner, title: str, pages: list[str], embedder, *, state=Document.S
     # Small chunks, so that each page here is a passage of its own.
     spans = chunk_pages(page_texts, embedder.tokenizer, max_tokens=48, overlap_tokens=8)
     vectors = embed_spans(embedder, spans)
-    Chunk.objects.bulk_create(
-        [
-            Chunk(
-                document=document,
-                index=span.index,
-                page_start=span.page_start,
-                page_end=span.page_end,
-                char_start=span.char_start,
-                char_end=span.char_end,
-                text=span.text,
-                token_count=span.token_count,
-                embedding=vector,
-                embedding_model=embedder.model_name,
-            )
-            for span, vector in zip(spans, vectors, strict=True)
-        ]
+    Chunk.objects.bulk_create(chunk_rows(document, spans, vectors, embedder.model_name)
     )
     Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
     return document
