@@ -186,8 +186,9 @@ APPLIANCE_OCR = env_bool("APPLIANCE_OCR", True)
 # Embeddings: a sentence-transformers model directory; default all-MiniLM-L6-v2 from its wheel.
 APPLIANCE_EMBEDDING_MODEL = env_str("APPLIANCE_EMBEDDING_MODEL")
 APPLIANCE_EMBEDDING_BATCH = env_int("APPLIANCE_EMBEDDING_BATCH", 64, minimum=1)
-APPLIANCE_CHUNK_TOKENS = env_int("APPLIANCE_CHUNK_TOKENS", 200, minimum=16, maximum=510)
-APPLIANCE_CHUNK_OVERLAP_TOKENS = env_int("APPLIANCE_CHUNK_OVERLAP_TOKENS", 40, minimum=0)
+# all-MiniLM-L6-v2 reads 254 tokens of text; the overlap costs its share of embedding time again.
+APPLIANCE_CHUNK_TOKENS = env_int("APPLIANCE_CHUNK_TOKENS", 224, minimum=16, maximum=510)
+APPLIANCE_CHUNK_OVERLAP_TOKENS = env_int("APPLIANCE_CHUNK_OVERLAP_TOKENS", 24, minimum=0)
 # Search: HNSW breadth (recall against speed), candidates per arm before rank fusion, and the
 # size under which a user's readable chunks are compared exactly instead of through the index.
 APPLIANCE_SEARCH_EF_SEARCH = env_int("APPLIANCE_SEARCH_EF_SEARCH", 200, minimum=10, maximum=1000)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 PAGE_SEPARATOR = "\n\n"
-DEFAULT_MAX_TOKENS = 200
-DEFAULT_OVERLAP_TOKENS = 40
+DEFAULT_MAX_TOKENS = 224
+DEFAULT_OVERLAP_TOKENS = 24
 
 _SENTENCE_ENDS = (".", "!", "?", ";", ":", '."', ".'", ".)", '?"', '!"')
 

@@ -283,7 +283,9 @@ def document_embed(*, document_id: int) -> Document | None:
         Chunk.objects.filter(document=document).delete()
         Chunk.objects.bulk_create(chunks, batch_size=500)
         Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
-        _set_state(document_id, Document.State.READY, pages_done=len(pages), embedding_model=embedder.model_name)
+        _set_state(
+            document_id, Document.State.READY, pages_done=len(pages), embedding_model=embedder.model_name, attempts=0
+        )
     return Document.objects.get(pk=document_id)
 
 

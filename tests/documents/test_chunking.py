@@ -7,7 +7,14 @@ import re
 
 import pytest
 
-from documents.chunking import PAGE_SEPARATOR, ChunkSpan, chunk_pages, document_text, pages_with_offsets
+from documents.chunking import (
+    DEFAULT_MAX_TOKENS,
+    PAGE_SEPARATOR,
+    ChunkSpan,
+    chunk_pages,
+    document_text,
+    pages_with_offsets,
+)
 
 
 class FakeTokenizer:
@@ -159,8 +166,8 @@ def test_real_tokenizer_limits_offsets_and_pages(tokenizer):
             "Unbreakable: " + "supercalifragilistic" * 40 + " end. " + _sentences(random.Random(3), 20),
         ]
     )
-    spans = chunk_pages(pages, tokenizer)  # the defaults: 200 tokens, 40 overlapping
-    _assert_invariants(pages, spans, _real_count(tokenizer), 200)
+    spans = chunk_pages(pages, tokenizer)  # the defaults
+    _assert_invariants(pages, spans, _real_count(tokenizer), DEFAULT_MAX_TOKENS)
     for span in spans:
         assert span.page_start == _page_of(pages, span.char_start)
         assert span.page_end == _page_of(pages, span.char_end - 1)
