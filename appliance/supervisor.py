@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,14 +139,3 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def wait_for(check, *, timeout_s: float, interval_s: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(interval_s)
-    return False
-
-
-def python_executable() -> str:
-    return sys.executable

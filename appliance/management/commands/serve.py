@@ -1,4 +1,5 @@
 import signal
+import sys
 import time
 import urllib.request
 
@@ -8,7 +9,7 @@ from django.core.management.base import BaseCommand
 
 from appliance.embedded import embedded_services
 from appliance.env import env_int, env_str
-from appliance.supervisor import Supervisor, appliance_processes, python_executable
+from appliance.supervisor import Supervisor, appliance_processes
 from documents.embeddings import model_path as embedding_model_path
 from documents.services import document_reembed_stale
 from inference.engine.client import EngineClient, EngineUnavailable
@@ -41,7 +42,7 @@ class Command(BaseCommand):
             stale = document_reembed_stale(model_name=embedding_model_path()[1])
             if stale:
                 self.stdout.write(f"the embedding model changed: {stale} document(s) queued for re-embedding")
-            specs = appliance_processes(python=python_executable(), port=port, settings=settings)
+            specs = appliance_processes(python=sys.executable, port=port, settings=settings)
             supervisor = Supervisor(specs, cwd=settings.BASE_DIR)
             stop = {"requested": False}
 
