@@ -377,7 +377,7 @@ def _bench_ingest(progress, embedder, owner, n_documents: int, n_pages: int, rou
 
     if n_documents < 1 or n_pages < 1 or rounds < 1:
         raise CommandError("--documents, --pages and --rounds must be at least 1")
-    batch_size = getattr(settings, "APPLIANCE_EMBEDDING_BATCH", 64)
+    batch_size = settings.APPLIANCE_EMBEDDING_BATCH
     rng = _synthetic_rng(seed)
     progress(f"ingest: making {n_documents} PDFs of {n_pages} pages")
     # Pages of 110-160 words: about 150-230 word pieces, inside the model's 256, so that the
@@ -507,28 +507,23 @@ def _pdf_page_texts(data: bytes) -> list[str]:
 
 def _ingest_breakdown(files: list[bytes], embedder, batch_size: int) -> dict[str, float]:
     """The appliance's ingest steps, timed one by one on the same files (no database writes)."""
-    from documents import extraction
-    from documents.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP_TOKENS, chunk_pages, pages_with_offsets
+    from documents.chunking import chunk_pages, pages_with_offsets
     from documents.embeddings import embed_spans
+    from documents.extraction import extract
+    from documents.sandbox import extract_in_sandbox
 
-    extract = getattr(extraction, "extract", None) or extraction.extract_pages
-    try:
-        from documents.sandbox import extract_in_sandbox
-    except ImportError:
-        extract_in_sandbox = None
-    max_tokens = getattr(settings, "APPLIANCE_CHUNK_TOKENS", DEFAULT_MAX_TOKENS)
-    overlap_tokens = getattr(settings, "APPLIANCE_CHUNK_OVERLAP_TOKENS", DEFAULT_OVERLAP_TOKENS)
+    max_tokens = settings.APPLIANCE_CHUNK_TOKENS
+    overlap_tokens = settings.APPLIANCE_CHUNK_OVERLAP_TOKENS
     spent = {"extraction_in_sandbox_s": 0.0, "extraction_in_process_s": 0.0, "chunking_s": 0.0, "embedding_s": 0.0}
     for number, data in enumerate(files, 1):
         filename = f"bench-{number:03d}.pdf"
-        if extract_in_sandbox is not None:
-            started = time.perf_counter()
-            extract_in_sandbox(data, filename=filename)
-            spent["extraction_in_sandbox_s"] += time.perf_counter() - started
+        started = time.perf_counter()
+        extract_in_sandbox(data, filename=filename)
+        spent["extraction_in_sandbox_s"] += time.perf_counter() - started
         started = time.perf_counter()
         extracted = extract(data, filename=filename)
         spent["extraction_in_process_s"] += time.perf_counter() - started
-        texts = [getattr(page, "text", page) for page in extracted.pages]  # extract() pages, or extract_pages() str
+        texts = [page.text for page in extracted.pages]
         started = time.perf_counter()
         spans = chunk_pages(
             pages_with_offsets(texts), embedder.tokenizer, max_tokens=max_tokens, overlap_tokens=overlap_tokens
@@ -537,8 +532,6 @@ def _ingest_breakdown(files: list[bytes], embedder, batch_size: int) -> dict[str
         started = time.perf_counter()
         embed_spans(embedder, spans, batch_size=batch_size)
         spent["embedding_s"] += time.perf_counter() - started
-    if extract_in_sandbox is None:
-        del spent["extraction_in_sandbox_s"]
     return spent
 
 
@@ -700,7 +693,7 @@ def _bench_search(progress, embedder, owner, *, n_chunks: int, n_queries: int, n
     if n_chunks < 1 or n_queries < 1:
         raise CommandError("--chunks and --queries must be at least 1")
     k = 10
-    ef_search = getattr(settings, "APPLIANCE_SEARCH_EF_SEARCH", search.DEFAULT_EF_SEARCH)
+    ef_search = settings.APPLIANCE_SEARCH_EF_SEARCH
     progress(f"search: generating and loading {n_chunks:,} synthetic chunks")
     _drop_hnsw_index(progress)
     started = time.perf_counter()

@@ -56,7 +56,7 @@ def model_path() -> tuple[Path, str]:
     """Where the embedding model is, and its name."""
     from django.conf import settings
 
-    configured = getattr(settings, "APPLIANCE_EMBEDDING_MODEL", None)
+    configured = settings.APPLIANCE_EMBEDDING_MODEL
     if configured:
         path = Path(configured)
         return path, path.name

@@ -34,11 +34,6 @@ from documents.models import Chunk, Document
 from documents.selectors import documents_readable_by
 
 RRF_K = 60  # the constant of reciprocal-rank fusion: score = sum over arms of 1 / (RRF_K + rank)
-DEFAULT_CANDIDATES = 50  # how many passages each arm proposes before fusion
-DEFAULT_EF_SEARCH = 100  # HNSW candidate list; pgvector's default of 40 loses recall
-# Up to this many readable chunks, the meaning arm compares the query with each of them (exact,
-# ~10 ms) instead of walking the HNSW index of everyone's chunks.
-DEFAULT_EXACT_MAX_CHUNKS = 10_000
 
 
 @dataclass(frozen=True)
@@ -93,7 +88,7 @@ def search_passages(
         from documents.embeddings import get_embedder
 
         embedder = get_embedder()
-    candidates = max(limit, getattr(settings, "APPLIANCE_SEARCH_CANDIDATES", DEFAULT_CANDIDATES))
+    candidates = max(limit, settings.APPLIANCE_SEARCH_CANDIDATES)
     query_vector = embedder.encode([query])[0]
     by_meaning = [chunk_id for chunk_id, _ in _vector_arm(readable, query_vector, candidates)]
     by_words = [chunk_id for chunk_id, _ in _text_arm(readable, query, candidates)]
@@ -183,19 +178,16 @@ def exact_vector_search(
 def uses_exact_search(document_ids: Sequence[int]) -> bool:
     """Whether the meaning arm compares the query with every chunk of these documents rather
     than walking the HNSW index (they have few chunks). Counts at most the threshold + 1."""
-    threshold = getattr(settings, "APPLIANCE_SEARCH_EXACT_MAX_CHUNKS", DEFAULT_EXACT_MAX_CHUNKS)
+    threshold = settings.APPLIANCE_SEARCH_EXACT_MAX_CHUNKS
     few = Chunk.objects.filter(document_id__in=list(document_ids)).order_by().values("pk")[: threshold + 1]
     return few.count() <= threshold
 
 
 def nearest_queryset(document_ids: Sequence[int], query_vector, limit: int) -> QuerySet[Chunk]:
-    """The meaning arm's query: (id, distance) of the nearest chunks of these documents."""
-    vector = np.asarray(query_vector, dtype=np.float32)
-    return (
-        Chunk.objects.filter(document_id__in=list(document_ids), embedding__isnull=False)
-        .annotate(distance=CosineDistance("embedding", vector))
-        .order_by("distance")
-        .values_list("pk", "distance")[:limit]
+    """The meaning arm's index query: (id, distance) of the nearest chunks of these documents.
+    Ordered by distance alone: a second sort key would keep Postgres off the HNSW index."""
+    return _nearest_queryset(
+        Chunk.objects.filter(document_id__in=list(document_ids)), query_vector, limit, tie_break=False
     )
 
 
@@ -218,7 +210,7 @@ _EXACT_SETTINGS = {"enable_indexscan": "off"}
 
 def _index_settings(ef_search: int | None, limit: int) -> dict[str, str]:
     if ef_search is None:
-        ef_search = getattr(settings, "APPLIANCE_SEARCH_EF_SEARCH", DEFAULT_EF_SEARCH)
+        ef_search = settings.APPLIANCE_SEARCH_EF_SEARCH
     ef_search = min(max(ef_search, limit), 1000)  # pgvector accepts 1..1000
     return {"hnsw.ef_search": str(ef_search), "hnsw.iterative_scan": "relaxed_order"}
 
@@ -248,12 +240,13 @@ def _text_arm(document_ids: Sequence[int], query: str, limit: int) -> list[tuple
     return [(chunk_id, float(rank)) for chunk_id, rank in rows]
 
 
-def _nearest_queryset(chunks: QuerySet[Chunk], query_vector, limit: int) -> QuerySet[Chunk]:
+def _nearest_queryset(chunks: QuerySet[Chunk], query_vector, limit: int, *, tie_break: bool = True) -> QuerySet[Chunk]:
     vector = np.asarray(query_vector, dtype=np.float32)
+    ordering = ("distance", "pk") if tie_break else ("distance",)
     return (
         chunks.filter(embedding__isnull=False)
         .annotate(distance=CosineDistance("embedding", vector))
-        .order_by("distance", "pk")
+        .order_by(*ordering)
         .values_list("pk", "distance")[:limit]
     )
 
