@@ -122,12 +122,20 @@ class EmbeddedPostgres:
         self._prepare_permissions()
         if not (self.data_dir / "PG_VERSION").exists():
             logger.info("initialising embedded Postgres in %s", self.data_dir)
-            self._pg("initdb", "-D", str(self.data_dir), "--auth=trust", "--encoding=UTF8", "--locale=C", "-U", "postgres")
+            self._pg(
+                "initdb", "-D", str(self.data_dir), "--auth=trust", "--encoding=UTF8", "--locale=C", "-U", "postgres"
+            )
         options = f"-h {self.host} -p {self.port} -k {self.socket_dir} -c max_connections=200"
         try:
-            self._pg("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_path), "-o", options, "-w", "-t", "60", "start")
+            self._pg(
+                "pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_path), "-o", options, "-w", "-t", "60", "start"
+            )
         except subprocess.CalledProcessError as exc:
-            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:]) if self.log_path.exists() else ""
+            tail = (
+                "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+                if self.log_path.exists()
+                else ""
+            )
             raise EmbeddedServiceError(f"embedded Postgres did not start: {exc.stderr.strip()}\n{tail}") from exc
         _wait_for_port(self.host, self.port, 30, "embedded Postgres", self.log_path)
         self._bootstrap()
@@ -143,7 +151,9 @@ class EmbeddedPostgres:
             if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (PG_ROLE,)).fetchone() is None:
                 conn.execute(f"CREATE ROLE {PG_ROLE} LOGIN CREATEDB")
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone() is None:
-                with psycopg.connect(f"postgresql://postgres@{self.host}:{self.port}/template1", autocommit=True) as tpl:
+                with psycopg.connect(
+                    f"postgresql://postgres@{self.host}:{self.port}/template1", autocommit=True
+                ) as tpl:
                     tpl.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 conn.execute(f"CREATE DATABASE {PG_DATABASE} OWNER {PG_ROLE}")
         with psycopg.connect(f"postgresql://postgres@{self.host}:{self.port}/{PG_DATABASE}", autocommit=True) as db:

@@ -56,7 +56,10 @@ def check_workers(broker_ok: bool) -> dict:
         return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
     finally:
         probe.close()
-    served = {queue: sorted(name for name, queues in replies.items() if any(q["name"] == queue for q in queues)) for queue in REQUIRED_QUEUES}
+    served = {
+        queue: sorted(name for name, queues in replies.items() if any(q["name"] == queue for q in queues))
+        for queue in REQUIRED_QUEUES
+    }
     missing = [queue for queue, workers in served.items() if not workers]
     result = {"ok": not missing, "queues": {queue: len(workers) for queue, workers in served.items()}}
     if missing:

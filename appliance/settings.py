@@ -114,7 +114,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Broker ---------------------------------------------------------------------------------
 
 EMBEDDED_REDIS_PORT = env_int("APPLIANCE_REDIS_PORT", 63799, minimum=1, maximum=65535)
-REDIS_URL = env_str("REDIS_URL") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+EMBEDDED_REDIS_URL = f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+REDIS_URL = env_str("REDIS_URL") or EMBEDDED_REDIS_URL
 
 # The longest job the appliance runs, in seconds. The broker's visibility timeout must be above
 # it, or a job still running would be handed to a second worker.
@@ -136,6 +137,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "ingest"
 CELERY_TASK_ROUTES = {
     "documents.tasks.*": {"queue": "ingest"},
+    # inference.tasks.run_job is sent to the job's own queue (prefill or decode) when enqueued.
 }
 CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_TASK_ALWAYS_EAGER = False
@@ -168,6 +170,34 @@ APPLIANCE_GPU_MEMORY_UTILIZATION = env_float("APPLIANCE_GPU_MEMORY_UTILIZATION",
 # CPU build only: the KV cache size in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE).
 APPLIANCE_CPU_KV_CACHE_GIB = env_int("APPLIANCE_CPU_KV_CACHE_GIB", 2, minimum=1)
 APPLIANCE_ENGINE_CONNECT_TIMEOUT_S = env_float("APPLIANCE_ENGINE_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
+# KV cache block size in tokens; 0 keeps vLLM's default for the device (128 on a CPU, 16 on a GPU).
+APPLIANCE_KV_BLOCK_SIZE = env_int("APPLIANCE_KV_BLOCK_SIZE", 0, minimum=0) or None
+# Use at most this many tokens of KV cache (0: all that vLLM finds room for). For sharing a
+# device, and for `bench scheduling`'s peak on a CPU, where filling gigabytes takes hours.
+APPLIANCE_KV_CAPACITY_TOKENS = env_int("APPLIANCE_KV_CAPACITY_TOKENS", 0, minimum=0) or None
+
+# --- Scheduling (inference/engine/scheduling.py) ----------------------------------------------
+
+# appliance: KV admission + drafting first + the prefill lane. engine: vLLM's priority scheduling
+# alone. fifo: one queue, arrival order. The last two are baselines for `bench scheduling`.
+APPLIANCE_SCHEDULING = env_choice("APPLIANCE_SCHEDULING", "appliance", ("appliance", "engine", "fifo"))
+# Share of the KV capacity vLLM reports that reservations may fill, and the part of that budget
+# only drafting requests may use (so that a drafter can always start).
+APPLIANCE_KV_SAFETY_FACTOR = env_float("APPLIANCE_KV_SAFETY_FACTOR", 0.9, minimum=0.1, maximum=1.0)
+APPLIANCE_KV_DECODE_RESERVE = env_float("APPLIANCE_KV_DECODE_RESERVE", 0.1, minimum=0.0, maximum=0.9)
+# Documents prefill in slices of this many tokens (rounded up to whole KV blocks); a drafter
+# waits at most one slice. 0: 128 on a CPU, 512 on a GPU.
+APPLIANCE_PREFILL_SLICE_TOKENS = env_int("APPLIANCE_PREFILL_SLICE_TOKENS", 0, minimum=0) or None
+# The longest documents wait for drafting traffic before they get a slice anyway.
+APPLIANCE_PREFILL_MAX_PAUSE_S = env_float("APPLIANCE_PREFILL_MAX_PAUSE_S", 5.0, minimum=0.1)
+# Past this many waiting jobs in a queue, new jobs are refused with 429 and Retry-After.
+APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 200, minimum=1)
+# A running job whose worker has not reported for this long is handed to another worker.
+APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S = env_int("APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S", 60, minimum=2)
+# How long a job keeps retrying while the engine host is down (it restarts in about 2 minutes).
+APPLIANCE_ENGINE_RETRY_WINDOW_S = env_int("APPLIANCE_ENGINE_RETRY_WINDOW_S", 600, minimum=0)
+# When set, GET /metrics needs "Authorization: Bearer <token>".
+APPLIANCE_METRICS_TOKEN = env_str("APPLIANCE_METRICS_TOKEN")
 
 # Summaries: how many tokens the model may write, and how much of the context a document may
 # fill (the rest is the instruction and the answer).

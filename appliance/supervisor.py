@@ -49,26 +49,79 @@ class _Running:
 
 def appliance_processes(*, python: str, port: int, settings) -> list[ProcessSpec]:
     manage = [python, str(Path(settings.BASE_DIR) / "manage.py")]
-    celery = [python, "-m", "celery", "-A", "appliance", "worker", "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
+    celery = [
+        python,
+        "-m",
+        "celery",
+        "-A",
+        "appliance",
+        "worker",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+    ]
     return [
         ProcessSpec("engine", [*manage, "engine_host"]),
         ProcessSpec(
             "ingest-worker",
-            [*celery, "-Q", "ingest", "-n", "ingest@%h", "--pool", "prefork", "-c", str(settings.APPLIANCE_INGEST_CONCURRENCY),
-             "--max-tasks-per-child", "50"],
+            [
+                *celery,
+                "-Q",
+                "ingest",
+                "-n",
+                "ingest@%h",
+                "--pool",
+                "prefork",
+                "-c",
+                str(settings.APPLIANCE_INGEST_CONCURRENCY),
+                "--max-tasks-per-child",
+                "50",
+            ],
         ),  # fmt: skip
         ProcessSpec(
             "prefill-worker",
-            [*celery, "-Q", "prefill", "-n", "prefill@%h", "--pool", "threads", "-c", str(settings.APPLIANCE_PREFILL_CONCURRENCY)],
+            [
+                *celery,
+                "-Q",
+                "prefill",
+                "-n",
+                "prefill@%h",
+                "--pool",
+                "threads",
+                "-c",
+                str(settings.APPLIANCE_PREFILL_CONCURRENCY),
+            ],
         ),
         ProcessSpec(
             "decode-worker",
-            [*celery, "-Q", "decode", "-n", "decode@%h", "--pool", "threads", "-c", str(settings.APPLIANCE_DECODE_CONCURRENCY)],
+            [
+                *celery,
+                "-Q",
+                "decode",
+                "-n",
+                "decode@%h",
+                "--pool",
+                "threads",
+                "-c",
+                str(settings.APPLIANCE_DECODE_CONCURRENCY),
+            ],
         ),
         ProcessSpec(
             "web",
-            [python, "-m", "uvicorn", "appliance.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--no-access-log", "--timeout-graceful-shutdown", "5"],
+            [
+                python,
+                "-m",
+                "uvicorn",
+                "appliance.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-access-log",
+                "--timeout-graceful-shutdown",
+                "5",
+            ],
         ),  # fmt: skip
     ]
 
@@ -110,8 +163,10 @@ class Supervisor:
             _signal_group(entry.process, signal.SIGKILL)  # what it left behind (vLLM's engine core)
             lived = now - entry.started_at
             entry.restarts = 0 if lived > 60 else entry.restarts + 1
-            pause = min(self.max_backoff_s, 2.0 ** entry.restarts) if entry.restarts else 0.5
-            logger.error("%s exited with code %s after %.0f s; starting it again in %.1f s", entry.spec.name, code, lived, pause)
+            pause = min(self.max_backoff_s, 2.0**entry.restarts) if entry.restarts else 0.5
+            logger.error(
+                "%s exited with code %s after %.0f s; starting it again in %.1f s", entry.spec.name, code, lived, pause
+            )
             entry.next_start_at = now + pause
 
     def stop_all(self, timeout_s: float = 30.0) -> None:
@@ -137,5 +192,3 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-

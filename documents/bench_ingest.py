@@ -26,17 +26,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import os
-import platform
 import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from unittest import mock
 
 from django.conf import settings
 from django.core.management.base import CommandError
+
+from appliance.benchmarking import (
+    Progress,
+    bench_user,
+    check_migrated,
+    ensure_embedded_database,
+    machine,
+    synthetic_rng,
+    synthetic_text,
+)
 
 HELP = "ingest pages/s against pypdf + encode, and HNSW search recall@10 and latency on a synthetic corpus"
 
@@ -64,32 +72,23 @@ def add_arguments(parser) -> None:
     parser.add_argument("--skip-search", action="store_true")
 
 
-@dataclass
-class _Progress:
-    write: Callable[[str], None]
-    started: float = field(default_factory=time.perf_counter)
-
-    def __call__(self, message: str) -> None:
-        self.write(f"[{time.perf_counter() - self.started:7.1f} s] {message}")
-
-
 def run(command, **options) -> dict:
     def write(line: str) -> None:
         command.stdout.write(line)
         command.stdout.flush()
 
-    progress = _Progress(write)
-    started_postgres = _ensure_database(progress)
+    progress = Progress(write)
+    started_postgres = ensure_embedded_database(progress)
     try:
-        _check_migrated()
+        check_migrated()
         from documents.embeddings import get_embedder
 
-        owner = _bench_owner()
+        owner = bench_user(BENCH_USERNAME)
         _remove_bench_data(progress, owner)  # left by an interrupted run or by --keep
         _ensure_hnsw_index(progress)
         progress("loading the embedding model")
         embedder = get_embedder()
-        results: dict = {"machine": _machine(), "parameters": {k: options[k] for k in _PARAMETERS}}
+        results: dict = {"machine": machine(), "parameters": {k: options[k] for k in _PARAMETERS}}
         try:
             if not options["skip_ingest"]:
                 results["ingest"] = _bench_ingest(
@@ -131,38 +130,6 @@ _PARAMETERS = ("documents", "pages", "rounds", "chunks", "queries", "text_querie
 
 
 # --- set-up ----------------------------------------------------------------------------------
-
-
-def _ensure_database(progress):
-    """Start the embedded Postgres if the appliance uses it and it is not running."""
-    if settings.DATABASE_URL != settings.EMBEDDED_DATABASE_URL:
-        return None
-    from appliance.embedded import embedded_services
-
-    postgres, _ = embedded_services(settings.VAR_DIR, settings.EMBEDDED_PG_PORT, settings.EMBEDDED_REDIS_PORT)
-    if postgres.is_running():
-        return None
-    progress(f"starting the embedded Postgres on 127.0.0.1:{postgres.port}")
-    return postgres if postgres.start() else None
-
-
-def _check_migrated() -> None:
-    from django.db import connection
-    from django.db.migrations.executor import MigrationExecutor
-
-    executor = MigrationExecutor(connection)
-    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
-        raise CommandError("The database has unapplied migrations: run `manage.py migrate` first.")
-
-
-def _bench_owner():
-    from django.contrib.auth import get_user_model
-
-    owner, created = get_user_model().objects.get_or_create(username=BENCH_USERNAME, defaults={"is_active": False})
-    if created:
-        owner.set_unusable_password()
-        owner.save(update_fields=["password"])
-    return owner
 
 
 def _hnsw_index():
@@ -253,66 +220,7 @@ def _remove_bench_data(progress, owner, *, remove_owner: bool = False) -> None:
         owner.delete()
 
 
-def _machine() -> dict:
-    import torch
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT current_setting('server_version'), (SELECT extversion FROM pg_extension WHERE extname = 'vector')"
-        )
-        server_version, pgvector_version = cursor.fetchone()
-    return {
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "postgres": server_version,
-        "pgvector": pgvector_version,
-        "load_average_at_start": os.getloadavg(),
-    }
-
-
 # --- 1. ingest -------------------------------------------------------------------------------
-
-_SUBJECTS = (
-    "The supplier", "The customer", "Each party", "The contractor", "The landlord", "The tenant", "The employer",
-    "The auditor", "The board", "The licensee", "The service provider", "The purchaser", "The agent", "Staff",
-)  # fmt: skip
-_VERBS = (
-    "shall deliver", "may terminate", "must notify", "will invoice", "agrees to maintain", "shall keep",
-    "may review", "must pay", "will provide", "shall insure", "may assign", "must return", "shall publish",
-    "will reconcile", "may inspect", "shall renew",
-)  # fmt: skip
-_OBJECTS = (
-    "the quarterly report", "all outstanding invoices", "the premises", "any confidential information",
-    "the payroll software", "the delivery schedule", "the service credits", "the escrow deposit", "written notice",
-    "the annual budget", "the data processing records", "the insurance certificate", "the spare parts inventory",
-    "the migration plan", "the training material", "the safety inspection results", "the licence keys",
-)  # fmt: skip
-_CONDITIONS = (
-    "within thirty days", "before the end of each month", "unless agreed otherwise in writing", "at its own cost",
-    "in accordance with clause {n}", "during the initial term", "after the renewal date", "without undue delay",
-    "no later than {n} working days after a request", "as set out in schedule {n}", "subject to clause {n}",
-    "for a period of {n} years", "to the reasonable satisfaction of the customer", "on the first of each quarter",
-)  # fmt: skip
-
-
-def _synthetic_rng(seed: int) -> random.Random:
-    # Synthetic text for a benchmark, reproducible from the seed: nothing secret depends on it.
-    return random.Random(seed)  # noqa: S311
-
-
-def _sentence(rng: random.Random) -> str:
-    condition = rng.choice(_CONDITIONS).format(n=rng.randint(2, 24))
-    return f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {condition}."
-
-
-def _page_text(rng: random.Random, words: int) -> str:
-    sentences = []
-    while sum(len(s.split()) for s in sentences) < words:
-        sentences.append(_sentence(rng))
-    return " ".join(sentences)
 
 
 def _wrap(text: str, width: int = 90) -> list[str]:
@@ -378,11 +286,11 @@ def _bench_ingest(progress, embedder, owner, n_documents: int, n_pages: int, rou
     if n_documents < 1 or n_pages < 1 or rounds < 1:
         raise CommandError("--documents, --pages and --rounds must be at least 1")
     batch_size = settings.APPLIANCE_EMBEDDING_BATCH
-    rng = _synthetic_rng(seed)
+    rng = synthetic_rng(seed)
     progress(f"ingest: making {n_documents} PDFs of {n_pages} pages")
     # Pages of 110-160 words: about 150-230 word pieces, inside the model's 256, so that the
     # baseline embeds all of each page's text as the appliance does.
-    files = [make_pdf([_page_text(rng, rng.randint(110, 160)) for _ in range(n_pages)]) for _ in range(n_documents)]
+    files = [make_pdf([synthetic_text(rng, rng.randint(110, 160)) for _ in range(n_pages)]) for _ in range(n_documents)]
     documents = []
     for number, data in enumerate(files, 1):
         filename = f"bench-{number:03d}.pdf"
@@ -613,7 +521,7 @@ def _load_corpus(progress, owner, n_chunks: int, seed: int, dimensions: int, n_q
         state=Document.State.READY,
         embedding_model=SYNTHETIC_MODEL,
     )
-    text_rng = _synthetic_rng(seed)
+    text_rng = synthetic_rng(seed)
     np_rng = np.random.default_rng(seed + 1)
     query_rows = set(np_rng.choice(n_chunks, size=min(n_queries, n_chunks), replace=False).tolist())
     sources = []
@@ -766,7 +674,7 @@ def _bench_search(progress, embedder, owner, *, n_chunks: int, n_queries: int, n
 
     if n_text_queries > 0:
         progress(f"search: {n_text_queries} hybrid searches (query embedding + both arms + fetch)")
-        rng = _synthetic_rng(seed + 2)
+        rng = synthetic_rng(seed + 2)
         texts = [_corpus_text(rng, rng.randrange(200)) for _ in range(n_text_queries + 5)]
         for text in texts[:5]:
             search.search_passages(user=owner, query=text, embedder=embedder)

@@ -10,6 +10,7 @@ class JobKind(models.TextChoices):
     SUMMARISE = "summarise", "Summary"
     EXTRACT_CLAUSES = "extract_clauses", "Clause extraction"
     DRAFT = "draft", "Drafted reply"
+    CHAT = "chat", "Chat completion"  # messages in, text out: the API's chat and the benchmarks
 
 
 class Queue(models.TextChoices):
@@ -21,6 +22,7 @@ QUEUE_FOR_KIND = {
     JobKind.SUMMARISE: Queue.PREFILL,
     JobKind.EXTRACT_CLAUSES: Queue.PREFILL,
     JobKind.DRAFT: Queue.DECODE,
+    JobKind.CHAT: Queue.DECODE,
 }
 
 
@@ -50,6 +52,8 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set by the worker while the job runs; a stale one means the worker died (see watchdog.py).
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -73,9 +77,11 @@ class RequestMetrics(models.Model):
     queue = models.CharField(max_length=16, choices=Queue.choices)
     engine = models.CharField(max_length=255, blank=True)  # the engine host's node name
     model = models.CharField(max_length=255, blank=True)
+    scheduling = models.CharField(max_length=16, blank=True)  # the engine host's policy for it
     queue_wait_ms = models.FloatField(help_text="job created -> a worker started it")
     admission_wait_ms = models.FloatField(help_text="waiting for KV budget in the engine host")
     ttft_ms = models.FloatField(help_text="job created -> first token reached the worker")
+    prefill_ms = models.FloatField(null=True, blank=True, help_text="admitted by the engine host -> first token")
     itl_mean_ms = models.FloatField(null=True, blank=True)
     itl_p95_ms = models.FloatField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField()
@@ -92,3 +98,7 @@ class RequestMetrics(models.Model):
 
     def __str__(self) -> str:
         return f"metrics for {self.job_id}"
+
+    @property
+    def preempted(self) -> bool:
+        return self.preemptions > 0

@@ -35,7 +35,9 @@ def render_document(title: str, pages: list[PageText]) -> str:
     return f'<document title="{_attr(title)}">\n{body}\n</document>'
 
 
-def summary_messages(*, title: str, pages: list[PageText], length: str = DEFAULT_SUMMARY_LENGTH, focus: str = "") -> list[dict[str, str]]:
+def summary_messages(
+    *, title: str, pages: list[PageText], length: str = DEFAULT_SUMMARY_LENGTH, focus: str = ""
+) -> list[dict[str, str]]:
     if length not in SUMMARY_LENGTHS:
         raise ValueError(f"unknown summary length {length!r}")
     instruction = f"Summarise the document above {SUMMARY_LENGTHS[length]}."

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import redis
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import F
-from django.db.models.functions import Coalesce
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from documents.models import Document
@@ -26,40 +28,160 @@ logger = logging.getLogger(__name__)
 
 PRIORITY_FOR_QUEUE = {Queue.PREFILL: Priority.PREFILL, Queue.DECODE: Priority.DECODE}
 CANCEL_CHECK_INTERVAL_S = 0.25
+HEARTBEAT_INTERVAL_S = 5.0
+MAX_ATTEMPTS = 4  # times a worker may start a job before it is failed (a job that kills workers)
+CHAT_MAX_TOKENS_LIMIT = 4096
 
 
 class JobRejected(ValueError):
     """The job cannot be created; the message is for the user."""
 
 
-def job_create_summary(*, owner: AbstractBaseUser, document: Document, length: str = DEFAULT_SUMMARY_LENGTH, focus: str = "") -> Job:
+class QueueFull(JobRejected):
+    """Too many jobs wait in this queue already: try again after ``retry_after_s``."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def job_create_summary(
+    *,
+    owner: AbstractBaseUser,
+    document: Document,
+    length: str = DEFAULT_SUMMARY_LENGTH,
+    focus: str = "",
+    max_tokens: int | None = None,
+    ignore_eos: bool = False,
+) -> Job:
+    """A summary on the prefill queue. ``max_tokens`` (at most the configured summary length)
+    and ``ignore_eos`` let benchmarks fix the output length."""
     if document.state != Document.State.READY:
         raise JobRejected("This document is not ready yet: its text is still being extracted, or extraction failed.")
     if length not in SUMMARY_LENGTHS:
         raise JobRejected(f"Unknown summary length {length!r}; choose one of {', '.join(SUMMARY_LENGTHS)}.")
-    return _job_create(owner=owner, document=document, kind=JobKind.SUMMARISE, options={"length": length, "focus": focus[:500]})
+    options: dict = {"length": length, "focus": focus[:500]}
+    if max_tokens is not None:
+        if not 1 <= max_tokens <= settings.APPLIANCE_SUMMARY_MAX_TOKENS:
+            raise JobRejected(f"max_tokens must be between 1 and {settings.APPLIANCE_SUMMARY_MAX_TOKENS}.")
+        options["max_tokens"] = max_tokens
+    if ignore_eos:
+        options["ignore_eos"] = True
+    return _job_create(owner=owner, document=document, kind=JobKind.SUMMARISE, options=options)
+
+
+def job_create_chat(
+    *,
+    owner: AbstractBaseUser,
+    messages: list[dict[str, str]],
+    max_tokens: int = 512,
+    temperature: float = 0.0,
+    ignore_eos: bool = False,
+) -> Job:
+    """A chat completion on the decode queue: the OpenAI-compatible API and the benchmarks."""
+    if not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
+        raise JobRejected("messages must be a non-empty list of {role, content} objects.")
+    if any(m["role"] not in {"system", "user", "assistant"} for m in messages):
+        raise JobRejected("a message's role must be system, user or assistant.")
+    if not 1 <= max_tokens <= CHAT_MAX_TOKENS_LIMIT:
+        raise JobRejected(f"max_tokens must be between 1 and {CHAT_MAX_TOKENS_LIMIT}.")
+    if not 0.0 <= temperature <= 2.0:
+        raise JobRejected("temperature must be between 0 and 2.")
+    options = {
+        "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
+        "max_tokens": int(max_tokens),
+        "temperature": float(temperature),
+        "ignore_eos": bool(ignore_eos),
+    }
+    return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options)
+
+
+def celery_queue_for(queue: Queue | str) -> str:
+    """The Celery queue a job of this logical queue is sent to. Under ``fifo`` scheduling (a
+    baseline for ``bench scheduling``) every job goes through one queue in arrival order."""
+    if settings.APPLIANCE_SCHEDULING == "fifo":
+        return str(Queue.PREFILL)
+    return str(queue)
 
 
 def _job_create(*, owner: AbstractBaseUser, document: Document | None, kind: JobKind, options: dict) -> Job:
-    from inference.tasks import run_job
-
     queue = QUEUE_FOR_KIND[kind]
+    waiting = Job.objects.filter(queue=queue, state=Job.State.QUEUED).count()
+    if waiting >= settings.APPLIANCE_MAX_QUEUE_DEPTH:
+        from inference.selectors import queue_eta_s
+
+        retry_after = max(5, min(600, int(queue_eta_s(queue=queue, position=waiting) or 30)))
+        raise QueueFull(
+            f"The appliance is busy: {waiting} jobs are already waiting in the {queue} queue. "
+            f"Try again in about {retry_after} seconds.",
+            retry_after_s=retry_after,
+        )
     with transaction.atomic():
         job = Job.objects.create(owner=owner, document=document, kind=kind, queue=queue, options=options)
-        limit_s = settings.APPLIANCE_JOB_TIME_LIMIT_S
-        transaction.on_commit(
-            lambda: run_job.apply_async(
-                args=[str(job.pk)], queue=str(queue), soft_time_limit=limit_s, time_limit=limit_s + 30
-            )
-        )
+        transaction.on_commit(lambda: job_enqueue(job_id=job.pk, queue=queue))
     return job
+
+
+def job_enqueue(*, job_id, queue: Queue | str) -> None:
+    from inference.tasks import run_job
+
+    limit_s = settings.APPLIANCE_JOB_TIME_LIMIT_S
+    run_job.apply_async(
+        args=[str(job_id)], queue=celery_queue_for(queue), soft_time_limit=limit_s, time_limit=limit_s + 30
+    )
+
+
+def job_requeue(*, job_id) -> bool:
+    """The engine host is down: put a running job back in the queued state while its task
+    waits to retry. The attempt does not count against ``MAX_ATTEMPTS``: the job did nothing
+    wrong, and the retry window bounds the wait."""
+    updated = Job.objects.filter(pk=job_id, state=Job.State.RUNNING).update(
+        state=Job.State.QUEUED, heartbeat_at=None, attempts=Greatest(F("attempts") - 1, 0)
+    )
+    if updated:
+        streaming.publish(job_id, "waiting", {"reason": "engine_unavailable", "position": None})
+    return bool(updated)
+
+
+def jobs_recover_stale() -> tuple[int, int]:
+    """Jobs whose worker stopped reporting (killed, machine lost) go back to their queue, or fail
+    with a reason once they have been started ``MAX_ATTEMPTS`` times. Returns (requeued, failed).
+
+    Run by every inference worker when it starts and then periodically (``tasks.py``). The broker
+    would redeliver the task itself only after its visibility timeout, hours later; if it does,
+    the job is finished by then (or running again) and the redelivered task does nothing."""
+    cutoff = timezone.now() - timedelta(seconds=settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S)
+    requeued = failed = 0
+    stale = Job.objects.filter(state=Job.State.RUNNING).filter(
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at=None, started_at__lt=cutoff)
+    )
+    for job in stale.only("pk", "queue", "attempts", "heartbeat_at"):
+        if job.attempts >= MAX_ATTEMPTS:
+            job_fail(
+                job_id=job.pk,
+                reason=f"The worker running this job stopped {job.attempts} times, so it was given up. "
+                "The administrator can find why in the logs.",
+            )
+            failed += 1
+            continue
+        # Conditional on the heartbeat seen, so that two workers never both re-send it.
+        if Job.objects.filter(pk=job.pk, state=Job.State.RUNNING, heartbeat_at=job.heartbeat_at).update(
+            state=Job.State.QUEUED, heartbeat_at=None
+        ):
+            logger.warning("job %s: its worker stopped reporting; sending it to the %s queue again", job.pk, job.queue)
+            streaming.publish(job.pk, "waiting", {"reason": "worker_lost", "position": None})
+            job_enqueue(job_id=job.pk, queue=job.queue)
+            requeued += 1
+    return requeued, failed
 
 
 def job_cancel(*, job: Job) -> bool:
     """Cancel a job that has not finished. A running job's engine request is aborted by its
     worker within a fraction of a second, which frees its KV reservation."""
-    updated = Job.objects.filter(pk=job.pk).exclude(state__in=Job.FINISHED_STATES).update(
-        state=Job.State.CANCELLED, finished_at=timezone.now()
+    updated = (
+        Job.objects.filter(pk=job.pk)
+        .exclude(state__in=Job.FINISHED_STATES)
+        .update(state=Job.State.CANCELLED, finished_at=timezone.now())
     )
     if updated:
         try:
@@ -73,8 +195,10 @@ def job_cancel(*, job: Job) -> bool:
 
 
 def job_fail(*, job_id, reason: str) -> None:
-    updated = Job.objects.filter(pk=job_id).exclude(state__in=Job.FINISHED_STATES).update(
-        state=Job.State.FAILED, error=reason, finished_at=timezone.now()
+    updated = (
+        Job.objects.filter(pk=job_id)
+        .exclude(state__in=Job.FINISHED_STATES)
+        .update(state=Job.State.FAILED, error=reason, finished_at=timezone.now())
     )
     if updated:
         streaming.publish(job_id, "failed", {"detail": reason})
@@ -93,17 +217,25 @@ def _run_engine(job: Job, request: GenerateRequest, client: EngineClient) -> Eng
     run = EngineRun()
     parts: list[str] = []
     next_cancel_check = 0.0
+    next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL_S
     events = client.generate(request, idle_timeout_s=settings.APPLIANCE_JOB_TIME_LIMIT_S)
     try:
         for event in events:
             if event.type == "admitted":
                 run.admitted = event.data
+            elif event.type == "waiting":  # for KV budget or its prefill turn; once a second
+                streaming.publish(
+                    job.pk, "waiting", {"reason": event.data.get("reason"), "position": event.data.get("position")}
+                )
             elif event.type == "delta":
                 parts.append(event.data["text"])
                 run.deltas.append(Delta(at=event.received_at, tokens=int(event.data.get("tokens", 0))))
                 streaming.publish(job.pk, "delta", {"text": event.data["text"]})
             elif event.type == "done":
                 run.done = event.data
+            if time.monotonic() >= next_heartbeat:
+                next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL_S
+                job_heartbeat(job_id=job.pk)
             if event.received_at >= next_cancel_check:
                 next_cancel_check = event.received_at + CANCEL_CHECK_INTERVAL_S
                 if streaming.cancel_requested(job.pk):
@@ -113,6 +245,10 @@ def _run_engine(job: Job, request: GenerateRequest, client: EngineClient) -> Eng
         events.close()
     run.text = "".join(parts)
     return run
+
+
+def job_heartbeat(*, job_id) -> None:
+    Job.objects.filter(pk=job_id, state=Job.State.RUNNING).update(heartbeat_at=timezone.now())
 
 
 def _summary_request(job: Job, client: EngineClient) -> tuple[GenerateRequest, str]:
@@ -132,11 +268,32 @@ def _summary_request(job: Job, client: EngineClient) -> tuple[GenerateRequest, s
     request = GenerateRequest(
         request_id=f"{job.pk}-{job.attempts}",
         messages=plan.messages,
-        max_tokens=max_tokens,
+        max_tokens=int(job.options.get("max_tokens") or max_tokens),
         priority=PRIORITY_FOR_QUEUE[Queue(job.queue)],
         queue=job.queue,
+        ignore_eos=bool(job.options.get("ignore_eos", False)),
     )
     return request, plan.note
+
+
+def _chat_request(job: Job) -> tuple[GenerateRequest, str]:
+    options = job.options
+    request = GenerateRequest(
+        request_id=f"{job.pk}-{job.attempts}",
+        messages=options["messages"],
+        max_tokens=int(options["max_tokens"]),
+        priority=PRIORITY_FOR_QUEUE[Queue(job.queue)],
+        queue=job.queue,
+        temperature=float(options.get("temperature", 0.0)),
+        ignore_eos=bool(options.get("ignore_eos", False)),
+    )
+    return request, ""
+
+
+REQUEST_BUILDERS = {
+    JobKind.SUMMARISE: lambda job, client: _summary_request(job, client),
+    JobKind.CHAT: lambda job, client: _chat_request(job),
+}
 
 
 def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
@@ -146,25 +303,39 @@ def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
     unfinished one starts over. ``EngineUnavailable`` propagates so that the task can retry."""
     job = Job.objects.select_related("document").filter(pk=job_id).first()
     if job is None or job.is_finished:
-        return job
+        return job  # a job whose row is gone is dropped quietly
     client = client or EngineClient.from_settings()
     started = timezone.now()
+    # Claim it: queued, or running under a worker that stopped reporting (it died and the broker
+    # handed the task on). A job another worker is running is left alone.
+    stale = started - timedelta(seconds=settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S)
     claimed = (
         Job.objects.filter(pk=job.pk)
-        .exclude(state__in=Job.FINISHED_STATES)
-        .update(state=Job.State.RUNNING, started_at=Coalesce(F("started_at"), started), attempts=F("attempts") + 1)
+        .filter(
+            Q(state=Job.State.QUEUED)
+            | Q(state=Job.State.RUNNING, heartbeat_at__lt=stale)
+            | Q(state=Job.State.RUNNING, heartbeat_at=None)
+        )
+        .update(
+            state=Job.State.RUNNING,
+            started_at=Coalesce(F("started_at"), started),
+            attempts=F("attempts") + 1,
+            heartbeat_at=started,
+        )
     )
-    if not claimed:  # cancelled (or finished) since it was fetched
+    if not claimed:  # cancelled, finished or running elsewhere since it was fetched
         return Job.objects.get(pk=job.pk)
+    started_before = job.started_at is not None
     job.refresh_from_db(fields=["state", "started_at", "attempts"])
-    if job.attempts > 1:
+    if started_before:  # whatever an earlier attempt streamed is replaced
         streaming.publish(job.pk, "restart", {"attempt": job.attempts})
 
-    if job.kind != JobKind.SUMMARISE:
+    builder = REQUEST_BUILDERS.get(JobKind(job.kind))
+    if builder is None:
         job_fail(job_id=job.pk, reason=f"{job.get_kind_display()} is not available yet.")
         return Job.objects.get(pk=job.pk)
     try:
-        request, note = _summary_request(job, client)
+        request, note = builder(job, client)
         run = _run_engine(job, request, client)
     except EngineRequestError as exc:
         job_fail(job_id=job.pk, reason=f"The engine refused this job: {exc.detail}")
@@ -190,6 +361,8 @@ def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
                 "queue": job.queue,
                 "engine": run.admitted.get("engine", ""),
                 "model": run.admitted.get("model", ""),
+                "scheduling": run.admitted.get("scheduling", ""),
+                "prefill_ms": run.done.get("prefill_ms"),
                 "queue_wait_ms": timing.queue_wait_ms,
                 "admission_wait_ms": float(run.admitted.get("admission_wait_ms", 0.0)),
                 "ttft_ms": timing.ttft_ms if timing.ttft_ms is not None else 0.0,

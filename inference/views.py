@@ -11,6 +11,8 @@ from django.views.decorators.http import require_POST
 from documents import selectors as document_selectors
 from inference import selectors, services, streaming
 
+QUEUE_REPORT_MS = 2000  # how often a queued job's stream says where it stands
+
 
 @login_required
 @require_POST
@@ -25,10 +27,21 @@ def summarise(request, document_id: int):
             length=request.POST.get("length", "standard"),
             focus=request.POST.get("focus", ""),
         )
+    except services.QueueFull as exc:
+        return busy_response(request, exc)
     except services.JobRejected as exc:
         messages.error(request, str(exc))
         return redirect("documents:detail", document_id=document.pk)
     return redirect("inference:job", job_id=job.pk)
+
+
+def busy_response(request, exc: services.QueueFull):
+    """429 with Retry-After: the queue is full. The page says when to try again."""
+    response = render(
+        request, "inference/busy.html", {"message": str(exc), "retry_after_s": exc.retry_after_s}, status=429
+    )
+    response["Retry-After"] = str(exc.retry_after_s)
+    return response
 
 
 @login_required
@@ -36,7 +49,11 @@ def job_detail(request, job_id):
     job = selectors.job_for_user(user=request.user, job_id=job_id)
     if job is None:
         raise Http404("No such job.")
-    return render(request, "inference/job.html", {"job": job, "metrics": getattr(job, "metrics", None)})
+    return render(
+        request,
+        "inference/job.html",
+        {"job": job, "metrics": getattr(job, "metrics", None), "queue": selectors.job_queue_status(job)},
+    )
 
 
 @login_required
@@ -67,9 +84,15 @@ async def job_events(request, job_id):
             yield streaming.format_sse("snapshot", {"text": job.result_text})
             yield streaming.format_sse(job_final_event(job), {"detail": job.error, "note": job.result_note})
             return
-        async for event_id, event, data in streaming.read_events(job.pk, after=after):
+        started = job.state != job.State.QUEUED
+        async for event_id, event, data in streaming.read_events(job.pk, after=after, block_ms=QUEUE_REPORT_MS):
             if event == "keepalive":
-                yield ": keepalive\n\n"
+                status = None if started else await selectors.ajob_queue_status(job_id=job.pk)
+                if status and status["state"] == job.State.QUEUED:
+                    yield streaming.format_sse("queue", {"position": status["position"], "eta_s": status["eta_s"]})
+                else:
+                    started = True
+                    yield ": keepalive\n\n"
             else:
                 yield streaming.format_sse(event, data, event_id)
 

@@ -35,6 +35,14 @@ function streamJob() {
   const noteEl = document.getElementById("job-note");
   const metricsEl = document.getElementById("job-metrics");
   const cancelForm = document.getElementById("cancel-form");
+  const queueEl = document.getElementById("job-queue");
+  const showQueue = (text) => { queueEl.textContent = text; queueEl.hidden = !text; };
+  const WAITING = {
+    kv_budget: "Waiting for room in the engine's memory",
+    prefill_lane: "Waiting while drafting requests use the engine",
+    engine_unavailable: "The engine is restarting; the job will continue when it is back",
+    worker_lost: "The worker running this job stopped; another one will take it",
+  };
   const source = new EventSource(output.dataset.events);
   let started = false;
 
@@ -47,11 +55,21 @@ function streamJob() {
     if (cancelForm) cancelForm.hidden = true;
   };
 
+  source.addEventListener("queue", (e) => {
+    const q = JSON.parse(e.data);
+    const eta = q.eta_s ? `, done in about ${Math.round(q.eta_s)} s` : "";
+    showQueue(q.position ? `Position ${q.position} in the queue${eta}.` : "");
+  });
+  source.addEventListener("waiting", (e) => {
+    const w = JSON.parse(e.data);
+    const place = w.position ? ` (${w.position} ahead or waiting)` : "";
+    showQueue(`${WAITING[w.reason] || "Waiting"}${place}.`);
+  });
   source.addEventListener("delta", (e) => {
-    if (!started) { output.textContent = ""; started = true; setState("running", "Running"); }
+    if (!started) { output.textContent = ""; started = true; setState("running", "Running"); showQueue(""); }
     output.textContent += JSON.parse(e.data).text;
   });
-  source.addEventListener("restart", () => { output.textContent = ""; });
+  source.addEventListener("restart", () => { output.textContent = ""; started = false; });
   source.addEventListener("snapshot", (e) => { output.textContent = JSON.parse(e.data).text; });
   source.addEventListener("done", (e) => {
     const data = JSON.parse(e.data);

@@ -114,6 +114,14 @@ class KvAdmission:
             heapq.heappop(self._waiting)
             head.future.set_result(self._grant(head.request_id, head.tokens, head.priority))
 
+    def position(self, request_id: str) -> int:
+        """1-based place of a waiting request in admission order; 0 when it is not waiting."""
+        ahead = sorted(w for w in self._waiting if not w.future.done())
+        for index, waiter in enumerate(ahead, start=1):
+            if waiter.request_id == request_id:
+                return index
+        return 0
+
     def snapshot(self) -> dict[str, int]:
         return {
             "kv_capacity_tokens": self.capacity_tokens,

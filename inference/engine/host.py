@@ -16,14 +16,17 @@ import os
 import platform
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from inference.engine.admission import AdmissionRefused, KvAdmission
-from inference.engine.protocol import MAX_LINE_BYTES, GenerateRequest, ProtocolError, decode, encode
+from inference.engine.protocol import MAX_LINE_BYTES, GenerateRequest, Priority, ProtocolError, decode, encode
+from inference.engine.scheduling import PrefillLane, Scheduling, round_to_block
 
 logger = logging.getLogger(__name__)
+
+WAITING_REPORT_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     gpu_memory_utilization: float = 0.85
     cpu_kv_cache_gib: int = 2
+    kv_block_size: int | None = None  # None: vLLM's default for the device
+    kv_capacity_tokens: int | None = None  # None: all the KV cache vLLM finds room for
     kv_safety_factor: float = 0.9
     kv_decode_reserve_fraction: float = 0.1
+    scheduling: Scheduling = Scheduling.APPLIANCE
+    prefill_slice_tokens: int | None = None  # None: 128 on a CPU, 512 on a GPU
+    prefill_max_pause_s: float = 5.0
 
     @classmethod
     def from_settings(cls) -> EngineConfig:
@@ -56,7 +64,31 @@ class EngineConfig:
             max_num_batched_tokens=settings.APPLIANCE_MAX_NUM_BATCHED_TOKENS,
             gpu_memory_utilization=settings.APPLIANCE_GPU_MEMORY_UTILIZATION,
             cpu_kv_cache_gib=settings.APPLIANCE_CPU_KV_CACHE_GIB,
+            kv_block_size=settings.APPLIANCE_KV_BLOCK_SIZE,
+            kv_capacity_tokens=settings.APPLIANCE_KV_CAPACITY_TOKENS,
+            kv_safety_factor=settings.APPLIANCE_KV_SAFETY_FACTOR,
+            kv_decode_reserve_fraction=settings.APPLIANCE_KV_DECODE_RESERVE,
+            scheduling=Scheduling(settings.APPLIANCE_SCHEDULING),
+            prefill_slice_tokens=settings.APPLIANCE_PREFILL_SLICE_TOKENS,
+            prefill_max_pause_s=settings.APPLIANCE_PREFILL_MAX_PAUSE_S,
         )
+
+
+@dataclass
+class _Run:
+    """One generate request in the host, from arrival to its last token."""
+
+    request: GenerateRequest
+    prompt_ids: list[int]
+    scheduling: Scheduling
+    submitted_at: float = field(default_factory=time.time)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    waiting_for: str | None = None  # "kv_budget" or "prefill_lane" while it waits
+    engine_request_id: str = ""
+    sliced_tokens: int = 0  # prompt tokens already in the prefix cache by this request's slices
+    slices: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache, computed before this request
 
 
 class _EngineStats:
@@ -123,6 +155,9 @@ class EngineHost:
         self.engine = None
         self.tokenizer = None
         self.admission: KvAdmission | None = None
+        self.scheduling = config.scheduling
+        self.lane = PrefillLane(max_pause_s=config.prefill_max_pause_s)
+        self.slice_tokens = 0
         self.stats = _EngineStats()
         self.info: dict[str, Any] = {}
         self.started_at = time.time()
@@ -137,6 +172,14 @@ class EngineHost:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         cfg = self.config
+        cache_args: dict[str, int] = {}
+        if cfg.kv_block_size:
+            cache_args["block_size"] = cfg.kv_block_size
+        if cfg.kv_capacity_tokens:
+            # vLLM counts in blocks: fix the block size so that the count means what it says.
+            block = cfg.kv_block_size or (16 if torch.cuda.is_available() else 128)
+            cache_args["block_size"] = block
+            cache_args["num_gpu_blocks_override"] = max(1, cfg.kv_capacity_tokens // block)
         args = AsyncEngineArgs(
             model=str(cfg.model),
             tokenizer=str(cfg.model),
@@ -150,6 +193,7 @@ class EngineHost:
             scheduling_policy="priority",
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             disable_log_stats=False,
+            **cache_args,
         )
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
         self.tokenizer = self.engine.get_tokenizer()
@@ -161,6 +205,9 @@ class EngineHost:
             safety_factor=cfg.kv_safety_factor,
             decode_reserve_fraction=cfg.kv_decode_reserve_fraction,
         )
+        device = _device_description()
+        default_slice = 128 if device["device"] == "cpu" else 512
+        self.slice_tokens = round_to_block(cfg.prefill_slice_tokens or default_slice, int(cache.block_size))
         self.info = {
             "model": cfg.model.name,
             "model_path": str(cfg.model),
@@ -176,10 +223,14 @@ class EngineHost:
             "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "prefix_caching": True,
-            "scheduling_policy": "priority",
+            "vllm_scheduling_policy": "priority",
+            "prefill_slice_tokens": self.slice_tokens,
+            "prefill_max_pause_s": cfg.prefill_max_pause_s,
+            "kv_safety_factor": cfg.kv_safety_factor,
+            "kv_decode_reserve_fraction": cfg.kv_decode_reserve_fraction,
             "vllm_version": vllm.__version__,
             "torch_version": torch.__version__,
-            **_device_description(),
+            **device,
         }
         logger.info("engine ready: %s", self.info)
 
@@ -197,7 +248,9 @@ class EngineHost:
             "preemptions": self.stats.preemptions,
             "requests_served": self.requests_served,
             "uptime_s": round(time.time() - self.started_at, 1),
+            "scheduling": str(self.scheduling),
             **self.admission.snapshot(),
+            **self.lane.snapshot(),
         }
 
     def prompt_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -220,6 +273,18 @@ class EngineHost:
             elif op == "abort":
                 await self.engine.abort(str(message.get("request_id")))
                 writer.write(encode({"type": "aborted"}))
+            elif op == "set_scheduling":
+                try:
+                    self.scheduling = Scheduling(str(message.get("scheduling")))
+                except ValueError:
+                    raise ProtocolError(f"unknown scheduling {message.get('scheduling')!r}") from None
+                logger.info("scheduling is now %s", self.scheduling)
+                writer.write(encode({"type": "scheduling", "scheduling": str(self.scheduling)}))
+            elif op == "reset_prefix_cache":
+                await self.engine.reset_prefix_cache()
+                writer.write(encode({"type": "reset"}))
+            elif op == "run_direct":
+                writer.write(encode({"type": "direct", **await self._run_direct(message)}))
             elif op == "generate":
                 await self._generate(GenerateRequest.from_message(message), reader, writer)
             else:
@@ -237,110 +302,219 @@ class EngineHost:
                 await writer.drain()
                 writer.close()
 
-    async def _generate(self, request: GenerateRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _generate(
+        self, request: GenerateRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        scheduling = self.scheduling
+        # A drafter counts from the moment it arrives: documents hold their prefill from now on.
+        drafting = scheduling.prefill_lane and request.priority <= Priority.DECODE
+        if drafting:
+            self.lane.drafting_started()
+        try:
+            # Tokenising a long document takes a while: off the loop, so that streams keep flowing.
+            prompt_ids = await asyncio.to_thread(self.prompt_token_ids, request.messages)
+            max_len = self.info["max_model_len"]
+            if len(prompt_ids) + request.max_tokens > max_len:
+                detail = (
+                    f"the prompt has {len(prompt_ids)} tokens and asks for {request.max_tokens} more; "
+                    f"the model's context holds {max_len}"
+                )
+                writer.write(encode({"type": "error", "code": "too_long", "detail": detail}))
+                return
+            # The connection is the request: when the client goes away, give everything back.
+            gone = asyncio.create_task(reader.read(1))
+            run = _Run(request=request, prompt_ids=prompt_ids, scheduling=scheduling)
+            work = asyncio.create_task(self._run(run, writer))
+            ticker = asyncio.create_task(self._report_waiting(run, writer))
+            try:
+                done, _ = await asyncio.wait({gone, work}, return_when=asyncio.FIRST_COMPLETED)
+                if work not in done:  # client gone
+                    work.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await work
+                    if run.engine_request_id:
+                        await self.engine.abort(run.engine_request_id)
+                else:
+                    work.result()
+            finally:
+                gone.cancel()
+                ticker.cancel()
+        finally:
+            if drafting:
+                self.lane.drafting_finished()
+
+    async def _run(self, run: _Run, writer: asyncio.StreamWriter) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         assert self.admission is not None
-        # Tokenising a long document takes a while: off the loop, so that streams keep flowing.
-        prompt_ids = await asyncio.to_thread(self.prompt_token_ids, request.messages)
-        max_len = self.info["max_model_len"]
-        if len(prompt_ids) + request.max_tokens > max_len:
+        request, prompt_ids = run.request, run.prompt_ids
+        kv_tokens = len(prompt_ids) + request.max_tokens
+        reservation = None
+        lane_held = False
+        try:
+            if run.scheduling.admission_control:
+                run.waiting_for = "kv_budget"
+                try:
+                    reservation = await self.admission.acquire(request.request_id, kv_tokens, request.priority)
+                except AdmissionRefused as exc:
+                    writer.write(encode({"type": "error", "code": "kv_budget", "detail": str(exc)}))
+                    return
+                finally:
+                    run.waiting_for = None
+            run.admitted_at = time.time()
             writer.write(
                 encode(
                     {
-                        "type": "error",
-                        "code": "too_long",
-                        "detail": f"the prompt has {len(prompt_ids)} tokens and asks for {request.max_tokens} more; "
-                        f"the model's context holds {max_len}",
+                        "type": "admitted",
+                        "prompt_tokens": len(prompt_ids),
+                        "kv_reservation_tokens": kv_tokens if reservation else 0,
+                        "admission_wait_ms": round((run.admitted_at - run.submitted_at) * 1000, 3),
+                        "engine": platform.node(),
+                        "model": self.info["model"],
+                        "scheduling": str(run.scheduling),
                     }
                 )
             )
-            return
-        kv_tokens = len(prompt_ids) + request.max_tokens
-        submitted = time.time()
-
-        # The connection is the request: when the client goes away, give everything back.
-        gone = asyncio.create_task(reader.read(1))
-        admit = asyncio.create_task(self.admission.acquire(request.request_id, kv_tokens, request.priority))
-        done, _ = await asyncio.wait({gone, admit}, return_when=asyncio.FIRST_COMPLETED)
-        if admit not in done:
-            admit.cancel()
-            with contextlib.suppress(asyncio.CancelledError, AdmissionRefused):
-                await admit
-            return
-        try:
-            reservation = admit.result()
-        except AdmissionRefused as exc:
-            gone.cancel()
-            writer.write(encode({"type": "error", "code": "kv_budget", "detail": str(exc)}))
-            return
-
-        admitted = time.time()
-        writer.write(
-            encode(
-                {
-                    "type": "admitted",
-                    "prompt_tokens": len(prompt_ids),
-                    "kv_reservation_tokens": kv_tokens,
-                    "admission_wait_ms": round((admitted - submitted) * 1000, 3),
-                    "engine": platform.node(),
-                    "model": self.info["model"],
-                }
+            await writer.drain()
+            priority = request.priority if run.scheduling.priorities else Priority.DECODE
+            if run.scheduling.prefill_lane and request.priority > Priority.DECODE:
+                await self._prefill_in_slices(run, priority)
+                run.waiting_for = "prefill_lane"
+                await self.lane.acquire()
+                run.waiting_for = None
+                lane_held = True
+            params = SamplingParams(
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=request.seed,
+                stop=request.stop or None,
+                ignore_eos=request.ignore_eos,
+                output_kind=RequestOutputKind.DELTA,
             )
-        )
-        await writer.drain()
-        params = SamplingParams(
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            stop=request.stop or None,
-            output_kind=RequestOutputKind.DELTA,
-        )
-        generation = self._stream(request, prompt_ids, params, writer)
-        stream = asyncio.create_task(generation)
-        try:
-            done, _ = await asyncio.wait({gone, stream}, return_when=asyncio.FIRST_COMPLETED)
-            if stream not in done:  # client gone mid-stream
-                stream.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stream
-                await self.engine.abort(request.request_id)
-            else:
-                gone.cancel()
-                stream.result()
+            run.engine_request_id = request.request_id
+            outputs = self.engine.generate(
+                {"prompt_token_ids": prompt_ids}, params, request.request_id, priority=priority
+            )
+            output_tokens = 0
+            # aclosing: if the client leaves mid-stream, vLLM's generator is closed (and the
+            # request aborted) now, not whenever it is garbage-collected.
+            async with contextlib.aclosing(outputs):
+                async for output in outputs:
+                    if lane_held:  # the prompt is in: the next document may prefill
+                        self.lane.release()
+                        lane_held = False
+                    if run.first_token_at is None:
+                        run.first_token_at = time.time()
+                        run.cached_tokens += max(0, int(output.num_cached_tokens or 0) - run.sliced_tokens)
+                    completion = output.outputs[0]
+                    output_tokens += len(completion.token_ids)
+                    if completion.text or completion.token_ids:
+                        writer.write(
+                            encode({"type": "delta", "text": completion.text, "tokens": len(completion.token_ids)})
+                        )
+                        await writer.drain()
+                    if output.finished:
+                        self.requests_served += 1
+                        writer.write(encode(self._done_message(run, output, completion, output_tokens)))
         finally:
-            self.admission.release(reservation)
+            if lane_held:
+                self.lane.release()
+            if reservation is not None:
+                self.admission.release(reservation)
 
-    async def _stream(self, request: GenerateRequest, prompt_ids: list[int], params, writer: asyncio.StreamWriter) -> None:
-        output_tokens = 0
-        outputs = self.engine.generate(
-            {"prompt_token_ids": prompt_ids}, params, request.request_id, priority=request.priority
-        )
-        # aclosing: if the client leaves mid-stream, vLLM's generator is closed (and the request
-        # aborted) now, not whenever it is garbage-collected.
-        async with contextlib.aclosing(outputs):
-            async for output in outputs:
-                completion = output.outputs[0]
-                output_tokens += len(completion.token_ids)
-                if completion.text or completion.token_ids:
-                    writer.write(encode({"type": "delta", "text": completion.text, "tokens": len(completion.token_ids)}))
-                    await writer.drain()
-                if output.finished:
-                    self.requests_served += 1
-                    writer.write(encode(self._done_message(output, completion, len(prompt_ids), output_tokens)))
+    async def _prefill_in_slices(self, run: _Run, priority: int) -> None:
+        """Prefill all of a document's prompt but its last slice, one lane turn per slice.
+
+        Each slice is a request for the next block-aligned prefix with one output token; the
+        prefix cache keeps it for the next slice and the final request. A slice that was already
+        cached (the same document read by an earlier job) costs nothing, so the next one is
+        twice as long."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        size = self.slice_tokens
+        total = len(run.prompt_ids)
+        while run.sliced_tokens + size + 1 < total:
+            end = run.sliced_tokens + size
+            run.waiting_for = "prefill_lane"
+            await self.lane.acquire()
+            run.waiting_for = None
+            try:
+                run.engine_request_id = f"{run.request.request_id}-slice{run.slices}"
+                found = 0
+                # One token past the block boundary: vLLM always computes a prompt's last token,
+                # so only then does a fully cached slice show as cached up to ``end``.
+                outputs = self.engine.generate(
+                    {"prompt_token_ids": run.prompt_ids[: end + 1]}, params, run.engine_request_id, priority=priority
+                )
+                async with contextlib.aclosing(outputs):
+                    async for output in outputs:
+                        found = int(output.num_cached_tokens or 0)
+            finally:
+                self.lane.release()
+            run.cached_tokens += max(0, found - run.sliced_tokens)
+            size = size * 2 if found >= end else self.slice_tokens
+            run.sliced_tokens = end
+            run.slices += 1
+
+    async def _report_waiting(self, run: _Run, writer: asyncio.StreamWriter) -> None:
+        """While a request waits (for KV budget or its prefill turn), say so once a second: the
+        worker shows it to the user and uses it to notice a cancel."""
+        assert self.admission is not None
+        while True:
+            await asyncio.sleep(WAITING_REPORT_INTERVAL_S)
+            reason = run.waiting_for
+            if reason is None:
+                continue
+            position = self.admission.position(run.request.request_id) if reason == "kv_budget" else self.lane.waiting
+            writer.write(encode({"type": "waiting", "reason": reason, "position": position}))
+            await writer.drain()
 
     @staticmethod
-    def _done_message(output, completion, prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
+    def _done_message(run: _Run, output, completion, output_tokens: int) -> dict[str, Any]:
         metrics = getattr(output, "metrics", None)
+        prefill_ms = (run.first_token_at - run.admitted_at) * 1000 if run.first_token_at and run.admitted_at else None
         return {
             "type": "done",
             "finish_reason": completion.finish_reason,
-            "prompt_tokens": prompt_tokens,
+            "prompt_tokens": len(run.prompt_ids),
             "output_tokens": output_tokens,
-            "cached_prompt_tokens": int(output.num_cached_tokens or 0),
+            "cached_prompt_tokens": run.cached_tokens,
+            "prefill_ms": round(prefill_ms, 3) if prefill_ms is not None else None,
+            "prefill_slices": run.slices,
             "preemptions": int(getattr(metrics, "num_preemptions", 0) or 0),
+        }
+
+    async def _run_direct(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Benchmarks: run requests straight on ``AsyncLLM``, all at once, with no admission, lane,
+        socket streaming or worker in between: the baseline the appliance's path is compared to."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        requests = [GenerateRequest.from_message({"op": "generate", **m}) for m in message.get("requests", [])]
+        prompts = await asyncio.to_thread(lambda: [self.prompt_token_ids(r.messages) for r in requests])
+
+        async def one(request: GenerateRequest, prompt_ids: list[int]) -> tuple[int, float, float]:
+            params = SamplingParams(
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                ignore_eos=request.ignore_eos,
+                output_kind=RequestOutputKind.DELTA,
+            )
+            start, first, tokens = time.perf_counter(), None, 0
+            async for output in self.engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
+                tokens += len(output.outputs[0].token_ids)
+                first = first or time.perf_counter()
+            return tokens, (first or start) - start, time.perf_counter() - start
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(one(r, p) for r, p in zip(requests, prompts, strict=True)))
+        return {
+            "output_tokens": sum(r[0] for r in results),
+            "ttft_s": [round(r[1], 4) for r in results],
+            "elapsed_s": round(time.perf_counter() - started, 4),
         }
 
     # --- serving -----------------------------------------------------------------------------

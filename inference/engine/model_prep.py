@@ -126,7 +126,9 @@ def convert_gguf(gguf_path: Path, model_dir: Path) -> None:
     tokenizer.save_pretrained(tmp_dir)
 
     files = {
-        path.name: sha256_file(path) for path in sorted(tmp_dir.iterdir()) if path.is_file() and path.name != MANIFEST_NAME
+        path.name: sha256_file(path)
+        for path in sorted(tmp_dir.iterdir())
+        if path.is_file() and path.name != MANIFEST_NAME
     }
     manifest = {
         "conversion_version": CONVERSION_VERSION,

@@ -51,6 +51,7 @@ class GenerateRequest:
     seed: int | None = None
     queue: str = "prefill"
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False  # benchmarks: always write max_tokens
 
     def to_message(self) -> dict[str, Any]:
         return {"op": "generate", **asdict(self)}
@@ -68,6 +69,7 @@ class GenerateRequest:
                 seed=None if message.get("seed") is None else int(message["seed"]),
                 queue=str(message.get("queue", "prefill")),
                 stop=[str(s) for s in message.get("stop", [])],
+                ignore_eos=bool(message.get("ignore_eos", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"bad generate request: {exc!r}") from None

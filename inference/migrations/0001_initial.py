@@ -7,70 +7,111 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('documents', '0001_initial'),
+        ("documents", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('kind', models.CharField(choices=[('summarise', 'Summary'), ('extract_clauses', 'Clause extraction'), ('draft', 'Drafted reply')], max_length=32)),
-                ('queue', models.CharField(choices=[('prefill', 'prefill'), ('decode', 'decode')], max_length=16)),
-                ('state', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Done'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='queued', max_length=16)),
-                ('options', models.JSONField(blank=True, default=dict)),
-                ('result_text', models.TextField(blank=True)),
-                ('result_note', models.TextField(blank=True)),
-                ('error', models.TextField(blank=True)),
-                ('attempts', models.PositiveSmallIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('document', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='jobs', to='documents.document')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='jobs', to=settings.AUTH_USER_MODEL)),
+                ("id", models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("summarise", "Summary"),
+                            ("extract_clauses", "Clause extraction"),
+                            ("draft", "Drafted reply"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                ("queue", models.CharField(choices=[("prefill", "prefill"), ("decode", "decode")], max_length=16)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Done"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("options", models.JSONField(blank=True, default=dict)),
+                ("result_text", models.TextField(blank=True)),
+                ("result_note", models.TextField(blank=True)),
+                ("error", models.TextField(blank=True)),
+                ("attempts", models.PositiveSmallIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "document",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="jobs",
+                        to="documents.document",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="jobs", to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='RequestMetrics',
+            name="RequestMetrics",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('queue', models.CharField(choices=[('prefill', 'prefill'), ('decode', 'decode')], max_length=16)),
-                ('engine', models.CharField(blank=True, max_length=255)),
-                ('model', models.CharField(blank=True, max_length=255)),
-                ('queue_wait_ms', models.FloatField(help_text='job created -> a worker started it')),
-                ('admission_wait_ms', models.FloatField(help_text='waiting for KV budget in the engine host')),
-                ('ttft_ms', models.FloatField(help_text='job created -> first token reached the worker')),
-                ('itl_mean_ms', models.FloatField(blank=True, null=True)),
-                ('itl_p95_ms', models.FloatField(blank=True, null=True)),
-                ('prompt_tokens', models.PositiveIntegerField()),
-                ('cached_prompt_tokens', models.PositiveIntegerField(default=0)),
-                ('output_tokens', models.PositiveIntegerField()),
-                ('decode_tokens_per_s', models.FloatField(blank=True, null=True)),
-                ('kv_reservation_tokens', models.PositiveIntegerField()),
-                ('preemptions', models.PositiveIntegerField(default=0)),
-                ('engine_requests', models.PositiveSmallIntegerField(default=1)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('job', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='metrics', to='inference.job')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("queue", models.CharField(choices=[("prefill", "prefill"), ("decode", "decode")], max_length=16)),
+                ("engine", models.CharField(blank=True, max_length=255)),
+                ("model", models.CharField(blank=True, max_length=255)),
+                ("queue_wait_ms", models.FloatField(help_text="job created -> a worker started it")),
+                ("admission_wait_ms", models.FloatField(help_text="waiting for KV budget in the engine host")),
+                ("ttft_ms", models.FloatField(help_text="job created -> first token reached the worker")),
+                ("itl_mean_ms", models.FloatField(blank=True, null=True)),
+                ("itl_p95_ms", models.FloatField(blank=True, null=True)),
+                ("prompt_tokens", models.PositiveIntegerField()),
+                ("cached_prompt_tokens", models.PositiveIntegerField(default=0)),
+                ("output_tokens", models.PositiveIntegerField()),
+                ("decode_tokens_per_s", models.FloatField(blank=True, null=True)),
+                ("kv_reservation_tokens", models.PositiveIntegerField()),
+                ("preemptions", models.PositiveIntegerField(default=0)),
+                ("engine_requests", models.PositiveSmallIntegerField(default=1)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "job",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="metrics", to="inference.job"
+                    ),
+                ),
             ],
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['owner', '-created_at'], name='inference_j_owner_i_28d557_idx'),
+            model_name="job",
+            index=models.Index(fields=["owner", "-created_at"], name="inference_j_owner_i_28d557_idx"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['queue', 'state'], name='inference_j_queue_995f4f_idx'),
+            model_name="job",
+            index=models.Index(fields=["queue", "state"], name="inference_j_queue_995f4f_idx"),
         ),
         migrations.AddIndex(
-            model_name='requestmetrics',
-            index=models.Index(fields=['queue', '-created_at'], name='inference_r_queue_f1bbe2_idx'),
+            model_name="requestmetrics",
+            index=models.Index(fields=["queue", "-created_at"], name="inference_r_queue_f1bbe2_idx"),
         ),
     ]

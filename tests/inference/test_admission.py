@@ -318,3 +318,24 @@ def test_snapshot_numbers():
         assert admission.snapshot()["waiting_for_admission"] == 0
 
     run(body)
+
+
+def test_position_reports_place_in_admission_order():
+    async def body():
+        admission = make()
+        await admission.acquire("big", 900, PREFILL)
+        doc = asyncio.create_task(admission.acquire("doc", 500, PREFILL))
+        draft = asyncio.create_task(admission.acquire("draft", 500, DECODE))
+        await settle()
+        # The drafter is ahead of the document that arrived before it: priority first.
+        assert admission.position("draft") == 1
+        assert admission.position("doc") == 2
+        assert admission.position("big") == 0  # admitted, not waiting
+        admission.release(Reservation("big", 900, PREFILL))
+        await settle()
+        assert draft.done() and admission.position("draft") == 0
+        # 500 + 500 is over the 900 a document may fill: it moves up to first place and waits.
+        assert admission.position("doc") == 1 and not doc.done()
+        doc.cancel()
+
+    run(body)

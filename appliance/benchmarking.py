@@ -1,0 +1,131 @@
+"""What the appliance's benchmarks share: progress lines, the embedded services they need,
+a user of their own, synthetic contract-like text and a description of the machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.core.management.base import CommandError
+
+
+@dataclass
+class Progress:
+    write: Callable[[str], None]
+    started: float = field(default_factory=time.perf_counter)
+
+    def __call__(self, message: str) -> None:
+        self.write(f"[{time.perf_counter() - self.started:7.1f} s] {message}")
+
+
+def ensure_embedded_database(progress):
+    """Start the embedded Postgres if the appliance uses it and it is not running."""
+    if settings.DATABASE_URL != settings.EMBEDDED_DATABASE_URL:
+        return None
+    from appliance.embedded import embedded_services
+
+    postgres, _ = embedded_services(settings.VAR_DIR, settings.EMBEDDED_PG_PORT, settings.EMBEDDED_REDIS_PORT)
+    if postgres.is_running():
+        return None
+    progress(f"starting the embedded Postgres on 127.0.0.1:{postgres.port}")
+    return postgres if postgres.start() else None
+
+
+def ensure_embedded_broker(progress):
+    """Start the embedded Valkey if the appliance uses it and it is not running."""
+    if settings.REDIS_URL != settings.EMBEDDED_REDIS_URL:
+        return None
+    from appliance.embedded import embedded_services
+
+    _, valkey = embedded_services(settings.VAR_DIR, settings.EMBEDDED_PG_PORT, settings.EMBEDDED_REDIS_PORT)
+    if valkey.is_running():
+        return None
+    progress(f"starting the embedded Valkey on 127.0.0.1:{valkey.port}")
+    return valkey if valkey.start() else None
+
+
+def check_migrated() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+        raise CommandError("The database has unapplied migrations: run `manage.py migrate` first.")
+
+
+def bench_user(username: str):
+    """An inactive user that owns a benchmark's rows (it cannot sign in)."""
+    from django.contrib.auth import get_user_model
+
+    owner, created = get_user_model().objects.get_or_create(username=username, defaults={"is_active": False})
+    if created:
+        owner.set_unusable_password()
+        owner.save(update_fields=["password"])
+    return owner
+
+
+def machine() -> dict:
+    import torch
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('server_version'), (SELECT extversion FROM pg_extension WHERE extname = 'vector')"
+        )
+        server_version, pgvector_version = cursor.fetchone()
+    return {
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "postgres": server_version,
+        "pgvector": pgvector_version,
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+# --- synthetic text ---------------------------------------------------------------------------
+
+_SUBJECTS = (
+    "The supplier", "The customer", "Each party", "The contractor", "The landlord", "The tenant", "The employer",
+    "The auditor", "The board", "The licensee", "The service provider", "The purchaser", "The agent", "Staff",
+)  # fmt: skip
+_VERBS = (
+    "shall deliver", "may terminate", "must notify", "will invoice", "agrees to maintain", "shall keep",
+    "may review", "must pay", "will provide", "shall insure", "may assign", "must return", "shall publish",
+    "will reconcile", "may inspect", "shall renew",
+)  # fmt: skip
+_OBJECTS = (
+    "the quarterly report", "all outstanding invoices", "the premises", "any confidential information",
+    "the payroll software", "the delivery schedule", "the service credits", "the escrow deposit", "written notice",
+    "the annual budget", "the data processing records", "the insurance certificate", "the spare parts inventory",
+    "the migration plan", "the training material", "the safety inspection results", "the licence keys",
+)  # fmt: skip
+_CONDITIONS = (
+    "within thirty days", "before the end of each month", "unless agreed otherwise in writing", "at its own cost",
+    "in accordance with clause {n}", "during the initial term", "after the renewal date", "without undue delay",
+    "no later than {n} working days after a request", "as set out in schedule {n}", "subject to clause {n}",
+    "for a period of {n} years", "to the reasonable satisfaction of the customer", "on the first of each quarter",
+)  # fmt: skip
+
+
+def synthetic_rng(seed: int) -> random.Random:
+    # Synthetic text for a benchmark, reproducible from the seed: nothing secret depends on it.
+    return random.Random(seed)  # noqa: S311
+
+
+def synthetic_sentence(rng: random.Random) -> str:
+    condition = rng.choice(_CONDITIONS).format(n=rng.randint(2, 24))
+    return f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {condition}."
+
+
+def synthetic_text(rng: random.Random, words: int) -> str:
+    sentences = []
+    while sum(len(s.split()) for s in sentences) < words:
+        sentences.append(synthetic_sentence(rng))
+    return " ".join(sentences)

@@ -1,0 +1,121 @@
+"""inference/engine/scheduling.py: the policies and the prefill lane (plain asyncio, no vLLM)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from inference.engine.scheduling import PrefillLane, Scheduling, round_to_block, slice_ends
+
+
+def run(coro_fn):
+    async def bounded():
+        return await asyncio.wait_for(coro_fn(), timeout=5)
+
+    return asyncio.run(bounded())
+
+
+async def settle():
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_policies_switch_on_exactly_their_parts():
+    assert Scheduling.APPLIANCE.admission_control and Scheduling.APPLIANCE.prefill_lane and Scheduling.APPLIANCE.priorities
+    assert not Scheduling.ENGINE.admission_control and not Scheduling.ENGINE.prefill_lane and Scheduling.ENGINE.priorities
+    assert not (Scheduling.FIFO.admission_control or Scheduling.FIFO.prefill_lane or Scheduling.FIFO.priorities)
+    assert Scheduling("fifo") is Scheduling.FIFO
+
+
+def test_slice_ends_are_block_multiples_strictly_inside_the_prompt():
+    assert slice_ends(2500, 128) == list(range(128, 2500, 128))
+    assert slice_ends(2500, 128)[-1] == 2432  # the final request reads the last 68 tokens
+    assert slice_ends(256, 128) == [128]  # never the whole prompt: the final request computes the end
+    assert slice_ends(100, 128) == []
+    assert slice_ends(1000, 256, start=300) == [512, 768]
+    with pytest.raises(ValueError):
+        slice_ends(100, 0)
+
+
+def test_round_to_block():
+    assert round_to_block(100, 128) == 128
+    assert round_to_block(128, 128) == 128
+    assert round_to_block(129, 32) == 160
+    assert round_to_block(0, 16) == 16
+
+
+def test_documents_take_turns_one_slice_at_a_time():
+    async def body():
+        lane = PrefillLane()
+        order = []
+
+        async def document(name):
+            for index in range(2):
+                await lane.acquire()
+                order.append((name, index))
+                await asyncio.sleep(0)
+                lane.release()
+
+        await asyncio.gather(document("a"), document("b"))
+        # Round robin by slice: b's first slice does not wait for all of a.
+        assert order.index(("b", 0)) < order.index(("a", 1))
+        assert lane.slices == 4
+
+    run(body)
+
+
+def test_no_document_slice_starts_while_drafting_and_the_lane_reopens_after():
+    async def body():
+        lane = PrefillLane(max_pause_s=60)
+        lane.drafting_started()
+        turn = asyncio.create_task(lane.acquire())
+        await asyncio.sleep(0.05)
+        assert not turn.done()
+        assert lane.snapshot()["prefill_lane_waiting"] == 1
+        lane.drafting_started()
+        lane.drafting_finished()
+        await settle()
+        assert not turn.done()  # one drafter is still streaming
+        lane.drafting_finished()
+        await settle()
+        assert turn.done()
+        lane.release()
+
+    run(body)
+
+
+def test_a_document_gets_a_slice_after_max_pause_even_under_continuous_drafting():
+    async def body():
+        lane = PrefillLane(max_pause_s=0.2)
+        lane.drafting_started()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await lane.acquire()
+        waited = loop.time() - started
+        assert 0.15 <= waited < 2
+        lane.release()
+        # The pause counts again from the end of that slice.
+        started = loop.time()
+        await lane.acquire()
+        assert loop.time() - started >= 0.15
+        lane.release()
+
+    run(body)
+
+
+def test_a_cancelled_waiter_gives_its_turn_back():
+    async def body():
+        lane = PrefillLane(max_pause_s=60)
+        lane.drafting_started()
+        turn = asyncio.create_task(lane.acquire())
+        await settle()
+        turn.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+        lane.drafting_finished()
+        await asyncio.wait_for(lane.acquire(), timeout=1)  # not deadlocked by the cancelled one
+        lane.release()
+        assert lane.snapshot()["prefill_lane_waiting"] == 0
+
+    run(body)
