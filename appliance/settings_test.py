@@ -13,6 +13,8 @@ os.environ.setdefault("APPLIANCE_PG_PORT", "54339")
 os.environ.setdefault("APPLIANCE_REDIS_PORT", "63809")
 os.environ.setdefault("APPLIANCE_CPU_KV_CACHE_GIB", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# A worker killed by a test is noticed in seconds, not a minute.
+os.environ.setdefault("APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S", "8")
 
 from appliance.settings import *  # noqa: E402,F403
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-import time
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -28,7 +29,6 @@ logger = logging.getLogger(__name__)
 
 PRIORITY_FOR_QUEUE = {Queue.PREFILL: Priority.PREFILL, Queue.DECODE: Priority.DECODE}
 CANCEL_CHECK_INTERVAL_S = 0.25
-HEARTBEAT_INTERVAL_S = 5.0
 MAX_ATTEMPTS = 4  # times a worker may start a job before it is failed (a job that kills workers)
 CHAT_MAX_TOKENS_LIMIT = 4096
 
@@ -217,34 +217,68 @@ def _run_engine(job: Job, request: GenerateRequest, client: EngineClient) -> Eng
     run = EngineRun()
     parts: list[str] = []
     next_cancel_check = 0.0
-    next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL_S
     events = client.generate(request, idle_timeout_s=settings.APPLIANCE_JOB_TIME_LIMIT_S)
-    try:
-        for event in events:
-            if event.type == "admitted":
-                run.admitted = event.data
-            elif event.type == "waiting":  # for KV budget or its prefill turn; once a second
-                streaming.publish(
-                    job.pk, "waiting", {"reason": event.data.get("reason"), "position": event.data.get("position")}
-                )
-            elif event.type == "delta":
-                parts.append(event.data["text"])
-                run.deltas.append(Delta(at=event.received_at, tokens=int(event.data.get("tokens", 0))))
-                streaming.publish(job.pk, "delta", {"text": event.data["text"]})
-            elif event.type == "done":
-                run.done = event.data
-            if time.monotonic() >= next_heartbeat:
-                next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL_S
-                job_heartbeat(job_id=job.pk)
-            if event.received_at >= next_cancel_check:
-                next_cancel_check = event.received_at + CANCEL_CHECK_INTERVAL_S
-                if streaming.cancel_requested(job.pk):
-                    run.cancelled = True
-                    break  # closing the stream makes the engine host abort the request
-    finally:
-        events.close()
+    with _heartbeat(job.pk):
+        try:
+            for event in events:
+                if event.type == "admitted":
+                    run.admitted = event.data
+                elif event.type == "waiting":  # for KV budget or its prefill turn; once a second
+                    streaming.publish(
+                        job.pk, "waiting", {"reason": event.data.get("reason"), "position": event.data.get("position")}
+                    )
+                elif event.type == "prefill":  # reading the prompt; once a second
+                    streaming.publish(
+                        job.pk,
+                        "progress",
+                        {
+                            "prompt_tokens_done": event.data.get("tokens_done"),
+                            "prompt_tokens": event.data.get("prompt_tokens"),
+                        },
+                    )
+                elif event.type == "delta":
+                    parts.append(event.data["text"])
+                    run.deltas.append(Delta(at=event.received_at, tokens=int(event.data.get("tokens", 0))))
+                    streaming.publish(job.pk, "delta", {"text": event.data["text"]})
+                elif event.type == "done":
+                    run.done = event.data
+                if event.received_at >= next_cancel_check:
+                    next_cancel_check = event.received_at + CANCEL_CHECK_INTERVAL_S
+                    if streaming.cancel_requested(job.pk):
+                        run.cancelled = True
+                        break  # closing the stream makes the engine host abort the request
+        finally:
+            events.close()
     run.text = "".join(parts)
     return run
+
+
+@contextmanager
+def _heartbeat(job_id):
+    """While the body runs, mark the job alive every quarter of the heartbeat timeout, from a
+    thread of its own: a long prefill sends no tokens, but the worker is alive all the same."""
+    from django.db import connection
+
+    stop = threading.Event()
+    interval_s = settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S / 4
+
+    def beat() -> None:
+        try:
+            while not stop.wait(interval_s):
+                try:
+                    job_heartbeat(job_id=job_id)
+                except Exception:  # the next beat tries again; the watchdog is patient
+                    logger.warning("job %s: heartbeat failed", job_id, exc_info=True)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{job_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def job_heartbeat(*, job_id) -> None:

@@ -65,6 +65,10 @@ function streamJob() {
     const place = w.position ? ` (${w.position} ahead or waiting)` : "";
     showQueue(`${WAITING[w.reason] || "Waiting"}${place}.`);
   });
+  source.addEventListener("progress", (e) => {
+    const p = JSON.parse(e.data);
+    if (p.prompt_tokens) showQueue(`Reading: ${Math.round((100 * p.prompt_tokens_done) / p.prompt_tokens)} % of ${p.prompt_tokens} tokens.`);
+  });
   source.addEventListener("delta", (e) => {
     if (!started) { output.textContent = ""; started = true; setState("running", "Running"); showQueue(""); }
     output.textContent += JSON.parse(e.data).text;

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -61,46 +62,80 @@ def _stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
     process.wait()
 
 
-@pytest.fixture(scope="session")
-def engine_host():
-    """The real engine host, on the test socket. Yields a client of it."""
-    from inference.engine.client import EngineClient, EngineUnavailable
+class EngineHosts:
+    """Starts the real engine host on the test socket when none answers there, and can kill it
+    (with vLLM's engine core) and start it again, as `make run`'s supervisor would."""
 
-    client = EngineClient.from_settings()
+    def __init__(self) -> None:
+        from inference.engine.client import EngineClient
+
+        self.client = EngineClient.from_settings()
+        self.process: subprocess.Popen | None = None
+        self.log_path = Path(settings.VAR_DIR) / "engine-host.log"
+
+    def answers(self) -> bool:
+        from inference.engine.client import EngineUnavailable
+
+        try:
+            self.client.stats(timeout_s=2)
+        except EngineUnavailable:
+            return False
+        return True
+
+    def ensure_running(self) -> None:
+        if self.answers():
+            return  # one is running already (a developer's earlier session, or started here)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(BASE_DIR / "manage.py"), "engine_host"],
+                cwd=BASE_DIR,
+                env=_child_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,  # no stray processes if the test run is killed
+            )
+        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+        while not self.answers():
+            if self.process.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-4000:]
+                pytest.fail(f"the engine host exited with code {self.process.returncode}:\n{tail}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"the engine host did not become ready in {ENGINE_START_TIMEOUT_S} s; see {self.log_path}")
+            time.sleep(1)
+
+    def kill(self) -> None:
+        """SIGKILL the engine host and everything it started: a crash, not a shutdown."""
+        import psutil
+
+        host = psutil.Process(int(self.client.stats()["pid"]))
+        for process in [*host.children(recursive=True), host]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs([host], timeout=30)
+        if self.process is not None:
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+
+
+@pytest.fixture(scope="session")
+def engine_hosts():
+    hosts = EngineHosts()
     try:
-        client.stats(timeout_s=2)
-        yield client  # one is running already (a developer's earlier session)
-        return
-    except EngineUnavailable:
-        pass
-    log_path = Path(settings.VAR_DIR) / "engine-host.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, str(BASE_DIR / "manage.py"), "engine_host"],
-            cwd=BASE_DIR,
-            env=_child_env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # no stray processes if the test run is killed
-        )
-    deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-    try:
-        while True:
-            if process.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-4000:]
-                pytest.fail(f"the engine host exited with code {process.returncode}:\n{tail}")
-            try:
-                client.stats(timeout_s=2)
-                break
-            except EngineUnavailable:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the engine host did not become ready in {ENGINE_START_TIMEOUT_S} s; see {log_path}")
-                time.sleep(1)
-        yield client
+        yield hosts
     finally:
-        _stop(process)
+        hosts.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_host(engine_hosts):
+    """The real engine host, on the test socket. Yields a client of it."""
+    engine_hosts.ensure_running()
+    return engine_hosts.client
 
 
 def _test_database_url() -> str:

@@ -81,9 +81,7 @@ def test_sign_in_upload_and_watch_a_summary_stream(page, live_appliance, workers
     output = page.locator("#job-output")
     page.wait_for_function("() => document.getElementById('job-output').textContent.trim().length > 0", timeout=600_000)
     page.screenshot(path=str(SCREENSHOTS / "summary-streaming.png"), full_page=True)
-    page.wait_for_function(
-        "() => document.getElementById('job-state').textContent.trim() === 'Done'", timeout=600_000
-    )
+    page.wait_for_function("() => document.getElementById('job-state').textContent.trim() === 'Done'", timeout=600_000)
     page.screenshot(path=str(SCREENSHOTS / "summary-done.png"), full_page=True)
     assert len(output.inner_text().split()) >= 5
     # The text grew in several steps while the job was running: it streamed.

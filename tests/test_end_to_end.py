@@ -167,7 +167,9 @@ def test_another_user_cannot_see_or_summarise_my_document(browser, alice, worker
 def test_cancelling_a_running_summary_aborts_it_in_the_engine(browser, alice, workers, engine_host):
     from inference import streaming
 
-    long_text = [f"Clause {i}. The parties agree to meet every week and to write minutes of each meeting." for i in range(40)]
+    long_text = [
+        f"Clause {i}. The parties agree to meet every week and to write minutes of each meeting." for i in range(40)
+    ]
     _upload(browser, "long.pdf", make_pdf(["\n".join(long_text[:20]), "\n".join(long_text[20:])]))
     document = Document.objects.get(owner=alice)
     wait_until(lambda: _document_finished(document.pk), timeout_s=120, message="ingestion")

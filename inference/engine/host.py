@@ -228,6 +228,7 @@ class EngineHost:
             "prefill_max_pause_s": cfg.prefill_max_pause_s,
             "kv_safety_factor": cfg.kv_safety_factor,
             "kv_decode_reserve_fraction": cfg.kv_decode_reserve_fraction,
+            "pid": os.getpid(),
             "vllm_version": vllm.__version__,
             "torch_version": torch.__version__,
             **device,
@@ -460,16 +461,26 @@ class EngineHost:
             run.slices += 1
 
     async def _report_waiting(self, run: _Run, writer: asyncio.StreamWriter) -> None:
-        """While a request waits (for KV budget or its prefill turn), say so once a second: the
-        worker shows it to the user and uses it to notice a cancel."""
+        """Until the first token, say once a second what the request is doing (waiting for KV
+        budget or its prefill turn, or reading its prompt): the worker shows it to the user and
+        uses it to notice a cancel."""
         assert self.admission is not None
-        while True:
+        while run.first_token_at is None:
             await asyncio.sleep(WAITING_REPORT_INTERVAL_S)
             reason = run.waiting_for
-            if reason is None:
+            if reason == "kv_budget":
+                message = {
+                    "type": "waiting",
+                    "reason": reason,
+                    "position": self.admission.position(run.request.request_id),
+                }
+            elif reason is not None:
+                message = {"type": "waiting", "reason": reason, "position": self.lane.waiting}
+            elif run.admitted_at is not None and run.first_token_at is None:
+                message = {"type": "prefill", "tokens_done": run.sliced_tokens, "prompt_tokens": len(run.prompt_ids)}
+            else:
                 continue
-            position = self.admission.position(run.request.request_id) if reason == "kv_budget" else self.lane.waiting
-            writer.write(encode({"type": "waiting", "reason": reason, "position": position}))
+            writer.write(encode(message))
             await writer.drain()
 
     @staticmethod

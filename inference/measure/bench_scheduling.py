@@ -78,8 +78,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--overhead-requests", type=int, default=8)
     parser.add_argument("--overhead-output", type=int, default=128)
     parser.add_argument("--peak-factor", type=float, default=4.0, help="burst KV demand / KV capacity")
-    parser.add_argument("--peak-prompt-tokens", type=int, default=384)
-    parser.add_argument("--peak-output", type=int, default=128)
+    # Long enough that the engine's max_num_seqs requests at once overflow the KV cache: without
+    # admission control vLLM must preempt; with it, nothing is.
+    parser.add_argument("--peak-prompt-tokens", type=int, default=768)
+    parser.add_argument("--peak-output", type=int, default=256)
     parser.add_argument("--peak-modes", default="appliance", help="policies the peak runs under")
     parser.add_argument("--prefix-tokens", type=int, default=6000, help="prompt tokens of the prefix-reuse document")
     parser.add_argument(

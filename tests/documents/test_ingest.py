@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 def upload(browser, name: str, data: bytes, content_type: str = "application/octet-stream"):
-    response = browser.post(reverse("documents:library"), {"files": [SimpleUploadedFile(name, data, content_type=content_type)]})
+    response = browser.post(
+        reverse("documents:library"), {"files": [SimpleUploadedFile(name, data, content_type=content_type)]}
+    )
     assert response.status_code == 302
     return Document.objects.filter(filename=name, parent__isnull=True).order_by("-pk").first()
 

@@ -68,8 +68,7 @@ def _document(owner, title: str, pages: list[str], embedder, *, state=Document.S
     # Small chunks, so that each page here is a passage of its own.
     spans = chunk_pages(page_texts, embedder.tokenizer, max_tokens=48, overlap_tokens=8)
     vectors = embed_spans(embedder, spans)
-    Chunk.objects.bulk_create(chunk_rows(document, spans, vectors, embedder.model_name)
-    )
+    Chunk.objects.bulk_create(chunk_rows(document, spans, vectors, embedder.model_name))
     Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
     return document
 

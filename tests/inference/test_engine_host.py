@@ -82,3 +82,117 @@ def test_disconnecting_aborts_the_request_and_frees_its_reservation(engine_host)
         time.sleep(0.2)
     assert stats["kv_reserved_tokens"] == 0
     assert stats["admitted_requests"] == 0
+
+
+def _document_request(tokens_of_text: int = 700, **overrides) -> GenerateRequest:
+    """A document job's request: a unique text (no prefix-cache hits from other tests)."""
+    unique = uuid.uuid4().hex
+    body = " ".join(
+        f"Clause {i} of contract {unique}: the supplier delivers the goods by Friday."
+        for i in range(tokens_of_text // 20)
+    )
+    fields = {
+        "messages": [{"role": "user", "content": f"<document>{body}</document>\nSummarise the document."}],
+        "max_tokens": 8,
+        "priority": Priority.PREFILL,
+        "queue": "prefill",
+    }
+    fields.update(overrides)
+    return _request(**fields)
+
+
+def _done(events):
+    return next(e for e in events if e.type == "done")
+
+
+def test_documents_prefill_in_slices_and_a_second_read_hits_the_prefix_cache(engine_host):
+    request = _document_request()
+    first = _done(list(engine_host.generate(request)))
+    slice_tokens = engine_host.stats()["prefill_slice_tokens"]
+    assert first.data["prompt_tokens"] > 3 * slice_tokens
+    assert first.data["prefill_slices"] == (first.data["prompt_tokens"] - 2) // slice_tokens
+    assert first.data["cached_prompt_tokens"] == 0  # nobody read this text before
+
+    again = GenerateRequest(**{**request.__dict__, "request_id": f"test-{uuid.uuid4()}"})
+    second = _done(list(engine_host.generate(again)))
+    # The same document again: found in the prefix cache, and the slices grew while they hit it.
+    assert second.data["cached_prompt_tokens"] >= second.data["prompt_tokens"] - slice_tokens
+    assert second.data["prefill_slices"] < first.data["prefill_slices"]
+
+
+def test_a_document_waits_for_its_prefill_turn_while_a_drafter_streams(engine_host):
+    import threading
+
+    drafter_events: list = []
+    drafter_started = threading.Event()
+
+    def drafter():
+        for event in engine_host.generate(_request(max_tokens=48, ignore_eos=True)):
+            drafter_events.append(event)
+            if event.type == "delta":
+                drafter_started.set()
+
+    thread = threading.Thread(target=drafter)
+    thread.start()
+    assert drafter_started.wait(60)
+    document_events = list(engine_host.generate(_document_request()))
+    thread.join(60)
+    drafter_done = _done(drafter_events)
+    waiting = [e for e in document_events if e.type == "waiting"]
+    first_document_token = next(e for e in document_events if e.type == "delta")
+    assert waiting and waiting[0].data["reason"] == "prefill_lane"
+    # Not one token of the document before the drafter finished: its prefill waited.
+    assert first_document_token.received_at >= drafter_done.received_at
+    assert drafter_done.data["output_tokens"] == 48
+
+
+def test_leaving_while_waiting_for_a_prefill_turn_gives_everything_back(engine_host):
+    import threading
+
+    drafter_started = threading.Event()
+
+    def drafter():
+        for event in engine_host.generate(_request(max_tokens=64, ignore_eos=True)):
+            if event.type == "delta":
+                drafter_started.set()
+
+    thread = threading.Thread(target=drafter)
+    thread.start()
+    assert drafter_started.wait(60)
+    stream = engine_host.generate(_document_request())
+    for event in stream:
+        if event.type == "waiting":
+            break
+    stream.close()  # cancelled while it waits
+    thread.join(60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = engine_host.stats()
+        if stats["kv_reserved_tokens"] == 0 and stats["prefill_lane_waiting"] == 0 and stats["running"] == 0:
+            break
+        time.sleep(0.2)
+    assert stats["kv_reserved_tokens"] == 0
+    assert stats["prefill_lane_waiting"] == 0
+    assert stats["drafting_requests"] == 0
+
+
+def test_the_baseline_policies_skip_admission_and_the_lane(engine_host):
+    try:
+        engine_host._call({"op": "set_scheduling", "scheduling": "engine"}, timeout_s=5)
+        assert engine_host.stats()["scheduling"] == "engine"
+        events = list(engine_host.generate(_document_request()))
+        assert events[0].data["kv_reservation_tokens"] == 0  # no admission control
+        assert _done(events).data["prefill_slices"] == 0  # the whole prompt at once
+    finally:
+        engine_host._call({"op": "set_scheduling", "scheduling": "appliance"}, timeout_s=5)
+    assert engine_host.stats()["scheduling"] == "appliance"
+    with pytest.raises(EngineRequestError) as error:
+        engine_host._call({"op": "set_scheduling", "scheduling": "round-robin"}, timeout_s=5)
+    assert error.value.code == "protocol"
+
+
+def test_run_direct_runs_requests_straight_on_the_engine(engine_host):
+    requests = [_request(max_tokens=6, ignore_eos=True).to_message() for _ in range(2)]
+    result = engine_host._call({"op": "run_direct", "requests": requests}, timeout_s=120)
+    assert result["output_tokens"] == 12
+    assert len(result["ttft_s"]) == 2 and result["elapsed_s"] > 0

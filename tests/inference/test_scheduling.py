@@ -22,8 +22,12 @@ async def settle():
 
 
 def test_policies_switch_on_exactly_their_parts():
-    assert Scheduling.APPLIANCE.admission_control and Scheduling.APPLIANCE.prefill_lane and Scheduling.APPLIANCE.priorities
-    assert not Scheduling.ENGINE.admission_control and not Scheduling.ENGINE.prefill_lane and Scheduling.ENGINE.priorities
+    assert (
+        Scheduling.APPLIANCE.admission_control and Scheduling.APPLIANCE.prefill_lane and Scheduling.APPLIANCE.priorities
+    )
+    assert (
+        not Scheduling.ENGINE.admission_control and not Scheduling.ENGINE.prefill_lane and Scheduling.ENGINE.priorities
+    )
     assert not (Scheduling.FIFO.admission_control or Scheduling.FIFO.prefill_lane or Scheduling.FIFO.priorities)
     assert Scheduling("fifo") is Scheduling.FIFO
 

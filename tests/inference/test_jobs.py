@@ -1,0 +1,119 @@
+"""Jobs through the real queues, workers and engine host: chat on the decode queue, a worker killed
+mid-job, and an engine host that crashes and comes back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from django.conf import settings
+
+from inference import services, streaming
+from inference.models import Job, Queue
+from tests.conftest import BASE_DIR, _child_env, _stop, _test_database_url, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+LETTER = [{"role": "user", "content": "Write a reply to a supplier who asks when the invoice will be paid."}]
+
+
+def _finished(job_id):
+    job = Job.objects.get(pk=job_id)
+    return job if job.is_finished else None
+
+
+def _events(job_id) -> list[str]:
+    return [fields[b"event"].decode() for _, fields in streaming.sync_client().xrange(streaming.stream_key(job_id))]
+
+
+def test_a_chat_job_runs_on_the_decode_queue_with_drafting_priority(alice, workers, engine_host):
+    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=20, ignore_eos=True)
+    job = wait_until(lambda: _finished(job.pk), timeout_s=300, message="the chat job")
+    assert job.state == Job.State.SUCCEEDED, job.error
+    assert job.result_text
+    metrics = job.metrics
+    assert metrics.queue == Queue.DECODE
+    assert metrics.scheduling == "appliance"
+    assert metrics.output_tokens == 20  # ignore_eos: exactly max_tokens
+    assert metrics.prefill_ms is not None and metrics.prefill_ms > 0
+    assert metrics.ttft_ms >= metrics.queue_wait_ms
+    assert not metrics.preempted
+    assert _events(job.pk).count("delta") >= 2
+
+
+@pytest.fixture
+def victim_decode_worker(workers):
+    """A decode worker of its own, the only one consuming the decode queue while it lives; the
+    session's decode worker consumes again afterwards."""
+    from appliance.celery import app
+
+    session_decode = [
+        name
+        for name, queues in (app.control.inspect(timeout=1.0).active_queues() or {}).items()
+        if name.startswith("decode@")
+    ]
+    app.control.cancel_consumer("decode", destination=session_decode, reply=True)
+    log = (settings.VAR_DIR / "logs" / "victim-worker.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "appliance", "worker", "-Q", "decode", "-n", "decode@victim.%h",
+         "--pool", "threads", "-c", "2", "--without-gossip", "--without-mingle"],
+        cwd=BASE_DIR, env=_child_env(DATABASE_URL=_test_database_url()), stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+
+    def victim_serves():
+        replies = app.control.inspect(timeout=1.0).active_queues() or {}
+        return any(name.startswith("decode@victim") for name in replies)
+
+    wait_until(victim_serves, timeout_s=60, message="the victim worker")
+    try:
+        yield SimpleNamespace(process=process, session_decode=session_decode)
+    finally:
+        _stop(process)  # already dead after the test, or stopped here if it failed early
+        log.close()
+        app.control.add_consumer("decode", destination=session_decode, reply=True)
+
+
+def test_a_job_whose_worker_is_killed_is_handed_on_and_finished(alice, victim_decode_worker, engine_host):
+    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=400, ignore_eos=True)
+    wait_until(lambda: "delta" in _events(job.pk), timeout_s=300, message="the victim to start streaming")
+    os.killpg(victim_decode_worker.process.pid, signal.SIGKILL)  # no warm shutdown, no ack: a crash
+    victim_decode_worker.process.wait()
+    from appliance.celery import app
+
+    # The session's decode worker takes over; its watchdog hands the job on.
+    app.control.add_consumer("decode", destination=victim_decode_worker.session_decode, reply=True)
+    job = wait_until(lambda: _finished(job.pk), timeout_s=600, message="the job to be finished by another worker")
+    assert job.state == Job.State.SUCCEEDED, job.error
+    assert job.attempts == 2
+    assert job.metrics.output_tokens == 400
+    events = _events(job.pk)
+    assert "restart" in events  # the browser drops the first attempt's text
+    # What the browser shows after the restart is exactly the stored result.
+    after_restart = streaming.sync_client().xrange(streaming.stream_key(job.pk))
+    last_restart = max(i for i, (_, fields) in enumerate(after_restart) if fields[b"event"] == b"restart")
+    import json
+
+    text = "".join(json.loads(f[b"data"])["text"] for _, f in after_restart[last_restart:] if f[b"event"] == b"delta")
+    assert text.strip() == job.result_text
+
+
+def test_jobs_in_flight_when_the_engine_host_crashes_finish_after_it_is_back(alice, workers, engine_hosts, engine_host):
+    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=300, ignore_eos=True)
+    wait_until(lambda: "delta" in _events(job.pk), timeout_s=300, message="the job to start streaming")
+    engine_hosts.kill()
+    wait_until(
+        lambda: Job.objects.get(pk=job.pk).state == Job.State.QUEUED,
+        timeout_s=60,
+        message="the job to wait for the engine",
+    )
+    assert "waiting" in _events(job.pk)
+    engine_hosts.ensure_running()  # what make run's supervisor does
+    job = wait_until(lambda: _finished(job.pk), timeout_s=600, message="the job to finish after the restart")
+    assert job.state == Job.State.SUCCEEDED, job.error
+    assert job.metrics.output_tokens == 300
+    assert job.attempts == 1  # the engine's outage did not count against the job

@@ -1,0 +1,141 @@
+"""Queue depth limits (429), queue position and ETA, and the watchdog for jobs whose worker died.
+Database only: the broker is replaced by a recorder where a job would be sent (named below)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from documents.models import Document
+from inference import selectors, services
+from inference.models import Job, JobKind, Queue
+
+pytestmark = pytest.mark.django_db
+
+
+def _document(owner) -> Document:
+    return Document.objects.create(
+        owner=owner, title="Lease", filename="lease.txt", size_bytes=10, sha256="0" * 64, state=Document.State.READY
+    )
+
+
+def _job(owner, *, state=Job.State.QUEUED, queue=Queue.PREFILL, **fields) -> Job:
+    kind = JobKind.SUMMARISE if queue == Queue.PREFILL else JobKind.CHAT
+    return Job.objects.create(owner=owner, kind=kind, queue=queue, state=state, **fields)
+
+
+def test_a_full_queue_refuses_new_jobs_with_429_and_retry_after(browser, alice):
+    document = _document(alice)
+    _job(alice)
+    _job(alice)
+    with override_settings(APPLIANCE_MAX_QUEUE_DEPTH=2):
+        response = browser.post(reverse("inference:summarise", args=[document.pk]), {"length": "short"})
+    assert response.status_code == 429
+    assert 5 <= int(response["Retry-After"]) <= 600
+    assert b"2 jobs are already waiting" in response.content
+    assert Job.objects.count() == 2  # nothing was created
+    with override_settings(APPLIANCE_MAX_QUEUE_DEPTH=3):
+        response = browser.post(reverse("inference:summarise", args=[document.pk]), {"length": "short"})
+    assert response.status_code == 302 and Job.objects.count() == 3
+
+
+def test_the_depth_limit_counts_only_the_jobs_queue(alice):
+    _job(alice, queue=Queue.DECODE)
+    with override_settings(APPLIANCE_MAX_QUEUE_DEPTH=1):
+        with pytest.raises(services.QueueFull):
+            services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "hi"}])
+        services.job_create_summary(owner=alice, document=_document(alice))  # the prefill queue is empty
+
+
+def test_queue_position_and_eta_from_this_queues_recent_jobs(alice):
+    now = timezone.now()
+    jobs = [_job(alice) for _ in range(3)]
+    assert [selectors.queue_position(job) for job in jobs] == [1, 2, 3]
+    assert selectors.queue_eta_s(queue=Queue.PREFILL, position=3) is None  # nothing measured yet
+    # Two finished prefill jobs that took 10 s and 20 s; a decode job that must not count.
+    _job(
+        alice,
+        state=Job.State.SUCCEEDED,
+        started_at=now - timedelta(seconds=30),
+        finished_at=now - timedelta(seconds=20),
+    )
+    _job(
+        alice, state=Job.State.SUCCEEDED, started_at=now - timedelta(seconds=25), finished_at=now - timedelta(seconds=5)
+    )
+    _job(alice, state=Job.State.SUCCEEDED, queue=Queue.DECODE, started_at=now - timedelta(seconds=500), finished_at=now)
+    with override_settings(APPLIANCE_PREFILL_CONCURRENCY=2):
+        # Position 3 with 2 at a time: two rounds of 15 s.
+        assert selectors.queue_eta_s(queue=Queue.PREFILL, position=3) == pytest.approx(30.0)
+        assert selectors.job_queue_status(jobs[0]) == {"position": 1, "eta_s": pytest.approx(15.0)}
+    jobs[0].state = Job.State.RUNNING
+    assert selectors.queue_position(jobs[0]) == 0
+
+
+def test_the_job_page_shows_its_place_in_the_queue(browser, alice):
+    _job(alice)
+    mine = _job(alice)
+    page = browser.get(reverse("inference:job", args=[mine.pk])).content.decode()
+    assert "Position 2 in the prefill queue" in page
+
+
+def test_chat_jobs_check_their_input(alice):
+    with pytest.raises(services.JobRejected, match="non-empty list"):
+        services.job_create_chat(owner=alice, messages=[])
+    with pytest.raises(services.JobRejected, match="role"):
+        services.job_create_chat(owner=alice, messages=[{"role": "tool", "content": "x"}])
+    with pytest.raises(services.JobRejected, match="max_tokens"):
+        services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "x"}], max_tokens=0)
+    job = services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "x"}], max_tokens=5)
+    assert job.queue == Queue.DECODE and job.options["max_tokens"] == 5
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """A recorder in place of the broker: which jobs the watchdog sends to which queue."""
+    recorded: list[tuple[str, str]] = []
+    monkeypatch.setattr(services, "job_enqueue", lambda *, job_id, queue: recorded.append((str(job_id), str(queue))))
+    return recorded
+
+
+def test_the_watchdog_sends_a_dead_workers_job_again(alice, sent):
+    stale = timezone.now() - timedelta(seconds=600)
+    dead = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=stale, heartbeat_at=stale)
+    alive = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=stale, heartbeat_at=timezone.now())
+    assert services.jobs_recover_stale() == (1, 0)
+    dead.refresh_from_db()
+    alive.refresh_from_db()
+    assert dead.state == Job.State.QUEUED and dead.heartbeat_at is None
+    assert alive.state == Job.State.RUNNING
+    assert sent == [(str(dead.pk), "prefill")]
+    assert services.jobs_recover_stale() == (0, 0)  # sent once, not at every sweep
+
+
+def test_a_job_that_keeps_killing_workers_fails_with_a_reason(alice, sent):
+    stale = timezone.now() - timedelta(seconds=600)
+    job = _job(alice, state=Job.State.RUNNING, attempts=services.MAX_ATTEMPTS, started_at=stale, heartbeat_at=stale)
+    assert services.jobs_recover_stale() == (0, 1)
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED
+    assert f"stopped {services.MAX_ATTEMPTS} times" in job.error
+    assert sent == []
+
+
+def test_a_redelivered_task_leaves_a_job_running_elsewhere_alone(alice):
+    job = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=timezone.now(), heartbeat_at=timezone.now())
+    result = services.job_run(job_id=job.pk, client=object())  # never reaches the engine
+    assert result.state == Job.State.RUNNING and result.attempts == 1
+
+
+def test_a_job_whose_row_is_gone_is_dropped_quietly():
+    assert services.job_run(job_id="00000000-0000-0000-0000-000000000000", client=object()) is None
+
+
+def test_an_engine_outage_puts_the_job_back_without_counting_an_attempt(alice):
+    job = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=timezone.now(), heartbeat_at=timezone.now())
+    assert services.job_requeue(job_id=job.pk)
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED and job.attempts == 0
