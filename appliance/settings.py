@@ -166,6 +166,9 @@ APPLIANCE_KV_CACHE_DTYPE = env_choice("APPLIANCE_KV_CACHE_DTYPE", "auto", ("auto
 APPLIANCE_MAX_MODEL_LEN = env_int("APPLIANCE_MAX_MODEL_LEN", 8192, minimum=256)
 APPLIANCE_MAX_NUM_SEQS = env_int("APPLIANCE_MAX_NUM_SEQS", 32, minimum=1)
 APPLIANCE_MAX_NUM_BATCHED_TOKENS = env_int("APPLIANCE_MAX_NUM_BATCHED_TOKENS", 2048, minimum=64)
+# vLLM's cap on prompt tokens one request may prefill per step while others run (0: off). The
+# prefill lane already slices documents; this bounds long drafting prompts (a pasted letter).
+APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD = env_int("APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD", 0, minimum=0)
 APPLIANCE_GPU_MEMORY_UTILIZATION = env_float("APPLIANCE_GPU_MEMORY_UTILIZATION", 0.85, minimum=0.1, maximum=0.99)
 # CPU build only: the KV cache size in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE).
 APPLIANCE_CPU_KV_CACHE_GIB = env_int("APPLIANCE_CPU_KV_CACHE_GIB", 2, minimum=1)

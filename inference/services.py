@@ -28,7 +28,7 @@ from inference.timing import Delta, request_timing
 logger = logging.getLogger(__name__)
 
 PRIORITY_FOR_QUEUE = {Queue.PREFILL: Priority.PREFILL, Queue.DECODE: Priority.DECODE}
-CANCEL_CHECK_INTERVAL_S = 0.25
+PUBLISH_INTERVAL_S = 0.1  # token batches to the browser; also how soon a cancel is seen
 MAX_ATTEMPTS = 4  # times a worker may start a job before it is failed (a job that kills workers)
 CHAT_MAX_TOKENS_LIMIT = 4096
 
@@ -214,39 +214,49 @@ class EngineRun:
 
 
 def _run_engine(job: Job, request: GenerateRequest, client: EngineClient) -> EngineRun:
+    """Stream one request's events to the job's Redis stream. The first token is published at
+    once; later ones in batches of at most ``PUBLISH_INTERVAL_S`` (one broker round trip per
+    batch, which also checks for a cancel): the worker shares the machine with the engine."""
     run = EngineRun()
     parts: list[str] = []
-    next_cancel_check = 0.0
+    pending: list[str] = []
+    last_publish = 0.0
+
+    def flush(now: float) -> bool:
+        nonlocal last_publish
+        last_publish = now
+        text, pending[:] = "".join(pending), []
+        return streaming.publish_and_check_cancel(job.pk, "delta", {"text": text})
+
     events = client.generate(request, idle_timeout_s=settings.APPLIANCE_JOB_TIME_LIMIT_S)
     with _heartbeat(job.pk):
         try:
             for event in events:
+                cancelled = False
                 if event.type == "admitted":
                     run.admitted = event.data
                 elif event.type == "waiting":  # for KV budget or its prefill turn; once a second
-                    streaming.publish(
-                        job.pk, "waiting", {"reason": event.data.get("reason"), "position": event.data.get("position")}
-                    )
+                    data = {"reason": event.data.get("reason"), "position": event.data.get("position")}
+                    cancelled = streaming.publish_and_check_cancel(job.pk, "waiting", data)
                 elif event.type == "prefill":  # reading the prompt; once a second
-                    streaming.publish(
-                        job.pk,
-                        "progress",
-                        {
-                            "prompt_tokens_done": event.data.get("tokens_done"),
-                            "prompt_tokens": event.data.get("prompt_tokens"),
-                        },
-                    )
+                    data = {
+                        "prompt_tokens_done": event.data.get("tokens_done"),
+                        "prompt_tokens": event.data.get("prompt_tokens"),
+                    }
+                    cancelled = streaming.publish_and_check_cancel(job.pk, "progress", data)
                 elif event.type == "delta":
                     parts.append(event.data["text"])
+                    pending.append(event.data["text"])
                     run.deltas.append(Delta(at=event.received_at, tokens=int(event.data.get("tokens", 0))))
-                    streaming.publish(job.pk, "delta", {"text": event.data["text"]})
+                    if len(run.deltas) == 1 or event.received_at - last_publish >= PUBLISH_INTERVAL_S:
+                        cancelled = flush(event.received_at)
                 elif event.type == "done":
                     run.done = event.data
-                if event.received_at >= next_cancel_check:
-                    next_cancel_check = event.received_at + CANCEL_CHECK_INTERVAL_S
-                    if streaming.cancel_requested(job.pk):
-                        run.cancelled = True
-                        break  # closing the stream makes the engine host abort the request
+                    if pending:
+                        cancelled = flush(event.received_at)
+                if cancelled:
+                    run.cancelled = True
+                    break  # closing the stream makes the engine host abort the request
         finally:
             events.close()
     run.text = "".join(parts)

@@ -40,13 +40,26 @@ def sync_client() -> redis.Redis:
 
 
 def publish(job_id: Any, event: str, data: dict[str, Any]) -> str:
+    return _publish(job_id, event, data, check_cancel=False)[0]
+
+
+def publish_and_check_cancel(job_id: Any, event: str, data: dict[str, Any]) -> bool:
+    """Append an event and say whether the job was cancelled, in one round trip to the broker
+    (a worker does this for every batch of tokens)."""
+    return _publish(job_id, event, data, check_cancel=True)[1]
+
+
+def _publish(job_id: Any, event: str, data: dict[str, Any], *, check_cancel: bool) -> tuple[str, bool]:
     client = sync_client()
     key = stream_key(job_id)
     with client.pipeline(transaction=False) as pipe:
         pipe.xadd(key, {"event": event, "data": json.dumps(data)}, maxlen=STREAM_MAXLEN, approximate=True)
         pipe.expire(key, settings.APPLIANCE_STREAM_RETENTION_S)
-        entry_id = pipe.execute()[0]
-    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        if check_cancel:
+            pipe.exists(cancel_key(job_id))
+        replies = pipe.execute()
+    entry_id = replies[0]
+    return (entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)), bool(check_cancel and replies[2])
 
 
 def request_cancel(job_id: Any) -> None:

@@ -100,6 +100,18 @@ class EngineClient:
     def abort(self, request_id: str, *, timeout_s: float = 5.0) -> None:
         self._call({"op": "abort", "request_id": request_id}, timeout_s=timeout_s)
 
+    def set_scheduling(self, scheduling: str, *, timeout_s: float = 5.0) -> str:
+        """Switch the running host's policy (``appliance``, ``engine`` or ``fifo``)."""
+        return str(self._call({"op": "set_scheduling", "scheduling": scheduling}, timeout_s=timeout_s)["scheduling"])
+
+    def reset_prefix_cache(self, *, timeout_s: float = 30.0) -> None:
+        self._call({"op": "reset_prefix_cache"}, timeout_s=timeout_s)
+
+    def run_direct(self, requests: list[GenerateRequest], *, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Benchmarks: run requests straight on the host's ``AsyncLLM``, all at once, and return
+        the output tokens, each one's time to first token and the elapsed time."""
+        return self._call({"op": "run_direct", "requests": [r.to_message() for r in requests]}, timeout_s=timeout_s)
+
     def generate(self, request: GenerateRequest, *, idle_timeout_s: float | None = None) -> Iterator[StreamEvent]:
         """Stream the events of one request. Closing the iterator (or leaving a ``for`` loop
         early) closes the connection, and the engine host then aborts the request."""

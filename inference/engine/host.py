@@ -39,6 +39,7 @@ class EngineConfig:
     max_model_len: int = 8192
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0
     gpu_memory_utilization: float = 0.85
     cpu_kv_cache_gib: int = 2
     kv_block_size: int | None = None  # None: vLLM's default for the device
@@ -62,6 +63,7 @@ class EngineConfig:
             max_model_len=settings.APPLIANCE_MAX_MODEL_LEN,
             max_num_seqs=settings.APPLIANCE_MAX_NUM_SEQS,
             max_num_batched_tokens=settings.APPLIANCE_MAX_NUM_BATCHED_TOKENS,
+            long_prefill_token_threshold=settings.APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD,
             gpu_memory_utilization=settings.APPLIANCE_GPU_MEMORY_UTILIZATION,
             cpu_kv_cache_gib=settings.APPLIANCE_CPU_KV_CACHE_GIB,
             kv_block_size=settings.APPLIANCE_KV_BLOCK_SIZE,
@@ -188,6 +190,7 @@ class EngineHost:
             max_model_len=cfg.max_model_len,
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
+            long_prefill_token_threshold=cfg.long_prefill_token_threshold,
             enable_chunked_prefill=True,
             enable_prefix_caching=True,
             scheduling_policy="priority",
@@ -222,6 +225,7 @@ class EngineHost:
             "kv_block_size": int(cache.block_size),
             "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
             "prefix_caching": True,
             "vllm_scheduling_policy": "priority",
             "prefill_slice_tokens": self.slice_tokens,
@@ -382,7 +386,7 @@ class EngineHost:
             if run.scheduling.prefill_lane and request.priority > Priority.DECODE:
                 await self._prefill_in_slices(run, priority)
                 run.waiting_for = "prefill_lane"
-                await self.lane.acquire()
+                await self.lane.acquire(len(prompt_ids) - run.sliced_tokens)
                 run.waiting_for = None
                 lane_held = True
             params = SamplingParams(
@@ -440,7 +444,7 @@ class EngineHost:
         while run.sliced_tokens + size + 1 < total:
             end = run.sliced_tokens + size
             run.waiting_for = "prefill_lane"
-            await self.lane.acquire()
+            await self.lane.acquire(total - run.sliced_tokens)
             run.waiting_for = None
             try:
                 run.engine_request_id = f"{run.request.request_id}-slice{run.slices}"

@@ -5,7 +5,7 @@ how ``bench scheduling`` compares them in one run):
 
 - ``appliance`` (the default): KV-budget admission; drafting before documents in the engine
   (vLLM's ``priority`` policy); and documents prefill through the *prefill lane*: in slices of
-  ``slice_tokens``, one slice in the engine at a time, and none while a drafting request waits or
+  ``slice_tokens``, one slice in the engine at a time (shortest remaining prefill first), and none while a drafting request waits or
   streams. A step of the engine is atomic and a prefill step costs time in proportion to its
   tokens, so a drafter never waits behind more than one slice, and its tokens are not slowed by
   document prefill at all. Slices cost almost nothing (each is a request for the next block-
@@ -20,6 +20,8 @@ how ``bench scheduling`` compares them in one run):
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from enum import StrEnum
 
@@ -61,22 +63,33 @@ def round_to_block(tokens: int, block_size: int) -> int:
 class PrefillLane:
     """One document prefill slice in the engine at a time, and none while drafting is active.
 
-    Documents take turns slice by slice (``asyncio.Lock`` wakes waiters in arrival order), so a
-    short document is not stuck behind a long one. ``drafting_started`` / ``drafting_finished``
-    bracket every drafting request from its arrival at the host to its end.
+    The turn goes to the waiting document with the fewest prompt tokens left to prefill (ties in
+    arrival order): shortest remaining work first, so a one-page letter does not wait behind a
+    long contract, and documents finish one after another rather than all at the end (a finished
+    prefill decodes while the next document's slices run, nearly for free). The inference
+    workers' concurrency cap bounds how many documents can be waiting, so none starves.
+    ``drafting_started`` / ``drafting_finished`` bracket every drafting request from its arrival
+    at the host to its end.
     """
 
     def __init__(self, *, max_pause_s: float = 5.0, clock=time.monotonic) -> None:
         self.max_pause_s = max_pause_s
         self._clock = clock
-        self._turn = asyncio.Lock()
+        self._busy = False
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._seq = itertools.count()
         self._quiet = asyncio.Event()
         self._quiet.set()
         self.drafting = 0
-        self.waiting = 0
         self.slices = 0
+        self._holding_for_quiet = 0
         self._last_slice_end = clock()
         self._drafting_since = clock()
+
+    @property
+    def waiting(self) -> int:
+        """Documents waiting: for the lane, or holding it until drafting is over."""
+        return sum(1 for *_, future in self._waiters if not future.done()) + self._holding_for_quiet
 
     # --- drafting activity ------------------------------------------------------------------
 
@@ -93,25 +106,53 @@ class PrefillLane:
 
     # --- documents --------------------------------------------------------------------------
 
-    async def acquire(self) -> None:
-        """Wait for this document's turn: the lane free, and no drafting (or waited long enough)."""
-        self.waiting += 1
-        try:
-            await self._turn.acquire()
+    async def acquire(self, remaining_tokens: int = 0) -> None:
+        """Wait for this document's turn: the lane free and its turn by remaining work, and no
+        drafting (or documents have waited ``max_pause_s``)."""
+        if self._busy or self._waiters:
+            future = asyncio.get_running_loop().create_future()
+            entry = (remaining_tokens, next(self._seq), future)
+            heapq.heappush(self._waiters, entry)
             try:
-                await self._wait_for_quiet()
-            except BaseException:
-                self._turn.release()
+                await future
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled():
+                    self._hand_on()  # granted just as it was cancelled: pass the turn on
+                else:
+                    self._waiters.remove(entry)
+                    heapq.heapify(self._waiters)
                 raise
-        finally:
-            self.waiting -= 1
+        else:
+            self._busy = True
+        try:
+            await self._wait_for_quiet()
+        except BaseException:
+            self._hand_on()
+            raise
 
     def release(self) -> None:
+        """End a slice. The turn is handed on at the loop's next iteration, so that a document
+        that asks again at once (its next slice) competes for it with what it has left."""
         self.slices += 1
         self._last_slice_end = self._clock()
-        self._turn.release()
+        asyncio.get_running_loop().call_soon(self._hand_on)
+
+    def _hand_on(self) -> None:
+        while self._waiters:
+            *_, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)  # the lane stays busy: it is this waiter's now
+                return
+        self._busy = False
 
     async def _wait_for_quiet(self) -> None:
+        self._holding_for_quiet += 1
+        try:
+            await self._wait_for_quiet_inner()
+        finally:
+            self._holding_for_quiet -= 1
+
+    async def _wait_for_quiet_inner(self) -> None:
         while not self._quiet.is_set():
             paused_since = max(self._last_slice_end, self._drafting_since)
             remaining = self.max_pause_s - (self._clock() - paused_since)
@@ -126,6 +167,6 @@ class PrefillLane:
         return {
             "drafting_requests": self.drafting,
             "prefill_lane_waiting": self.waiting,
-            "prefill_lane_busy": int(self._turn.locked()),
+            "prefill_lane_busy": int(self._busy),
             "prefill_slices": self.slices,
         }

@@ -178,21 +178,20 @@ def test_leaving_while_waiting_for_a_prefill_turn_gives_everything_back(engine_h
 
 def test_the_baseline_policies_skip_admission_and_the_lane(engine_host):
     try:
-        engine_host._call({"op": "set_scheduling", "scheduling": "engine"}, timeout_s=5)
+        assert engine_host.set_scheduling("engine") == "engine"
         assert engine_host.stats()["scheduling"] == "engine"
         events = list(engine_host.generate(_document_request()))
         assert events[0].data["kv_reservation_tokens"] == 0  # no admission control
         assert _done(events).data["prefill_slices"] == 0  # the whole prompt at once
     finally:
-        engine_host._call({"op": "set_scheduling", "scheduling": "appliance"}, timeout_s=5)
+        engine_host.set_scheduling("appliance")
     assert engine_host.stats()["scheduling"] == "appliance"
     with pytest.raises(EngineRequestError) as error:
-        engine_host._call({"op": "set_scheduling", "scheduling": "round-robin"}, timeout_s=5)
+        engine_host.set_scheduling("round-robin")
     assert error.value.code == "protocol"
 
 
 def test_run_direct_runs_requests_straight_on_the_engine(engine_host):
-    requests = [_request(max_tokens=6, ignore_eos=True).to_message() for _ in range(2)]
-    result = engine_host._call({"op": "run_direct", "requests": requests}, timeout_s=120)
+    result = engine_host.run_direct([_request(max_tokens=6, ignore_eos=True) for _ in range(2)], timeout_s=120)
     assert result["output_tokens"] == 12
     assert len(result["ttft_s"]) == 2 and result["elapsed_s"] > 0

@@ -117,3 +117,33 @@ def test_jobs_in_flight_when_the_engine_host_crashes_finish_after_it_is_back(ali
     assert job.state == Job.State.SUCCEEDED, job.error
     assert job.metrics.output_tokens == 300
     assert job.attempts == 1  # the engine's outage did not count against the job
+
+
+def test_cancelling_a_document_job_while_it_waits_for_its_prefill_turn_frees_it_at_once(alice, workers, engine_host):
+    from documents.models import Document, Page
+
+    document = Document.objects.create(
+        owner=alice,
+        title="Supply contract",
+        filename="supply.txt",
+        size_bytes=1,
+        sha256="1" * 64,
+        state=Document.State.READY,
+    )
+    text = " ".join(f"Clause {i}: the supplier delivers the goods to the customer every Friday." for i in range(60))
+    Page.objects.create(document=document, number=1, text=text)
+    drafter = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=300, ignore_eos=True)
+    wait_until(lambda: "delta" in _events(drafter.pk), timeout_s=300, message="the drafter to stream")
+    summary = services.job_create_summary(owner=alice, document=document, length="short")
+    wait_until(lambda: "waiting" in _events(summary.pk), timeout_s=120, message="the summary to wait for its turn")
+    assert services.job_cancel(job=summary)
+
+    def released():
+        stats = engine_host.stats()
+        return stats["prefill_lane_waiting"] == 0 and stats["admitted_requests"] == 1  # the drafter's alone
+
+    wait_until(released, timeout_s=10, message="the engine host to drop the waiting summary")
+    drafter = wait_until(lambda: _finished(drafter.pk), timeout_s=300, message="the drafter")
+    assert drafter.state == Job.State.SUCCEEDED
+    summary.refresh_from_db()
+    assert summary.state == Job.State.CANCELLED and "delta" not in _events(summary.pk)

@@ -49,22 +49,55 @@ def test_round_to_block():
     assert round_to_block(0, 16) == 16
 
 
-def test_documents_take_turns_one_slice_at_a_time():
+def test_the_turn_goes_to_the_document_with_the_least_prefill_left():
     async def body():
         lane = PrefillLane()
         order = []
 
-        async def document(name):
-            for index in range(2):
-                await lane.acquire()
-                order.append((name, index))
-                await asyncio.sleep(0)
-                lane.release()
+        async def slice_of(name, remaining):
+            await lane.acquire(remaining)
+            order.append(name)
 
-        await asyncio.gather(document("a"), document("b"))
-        # Round robin by slice: b's first slice does not wait for all of a.
-        assert order.index(("b", 0)) < order.index(("a", 1))
+        await lane.acquire(512)  # a long document holds the lane
+        short = asyncio.create_task(slice_of("short", 256))
+        middle = asyncio.create_task(slice_of("middle", 384))
+        await settle()
+        assert lane.waiting == 2
+
+        async def next_slice_of_the_long_one():
+            lane.release()
+            await lane.acquire(100)  # at once, as the engine host does: 100 tokens left
+            order.append("long")
+
+        await next_slice_of_the_long_one()  # the least left: it keeps its turn
+        lane.release()  # the long one is done
+        await settle()
+        assert order == ["long", "short"] and not middle.done()
+        lane.release()
+        await settle()
+        assert order == ["long", "short", "middle"]
+        lane.release()
+        await settle()
+        assert lane.snapshot()["prefill_lane_busy"] == 0
         assert lane.slices == 4
+        await asyncio.gather(short, middle)
+
+    run(body)
+
+
+def test_only_one_slice_holds_the_lane():
+    async def body():
+        lane = PrefillLane()
+        await lane.acquire(100)
+        second = asyncio.create_task(lane.acquire(1))
+        await settle()
+        assert not second.done() and lane.waiting == 1
+        lane.release()
+        await settle()
+        assert second.done() and lane.snapshot()["prefill_lane_busy"] == 1
+        lane.release()
+        await settle()
+        assert lane.snapshot()["prefill_lane_busy"] == 0
 
     run(body)
 
