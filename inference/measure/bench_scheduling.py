@@ -30,7 +30,6 @@ command means the same workload on a GPU box with a real model.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import subprocess
@@ -575,16 +574,20 @@ class _Bench:
         stats = self.engine_stats()
         capacity = int(stats["kv_capacity_tokens"])
         prompt, output = self._tokens(self.options["peak_prompt_tokens"]), self._tokens(self.options["peak_output"])
-        demand_each = prompt + 40 + output  # the chat template adds a few tokens
-        n = math.ceil(self.options["peak_factor"] * capacity / demand_each)
+        # Requests until their reservations (prompt as the engine counts it + max output) add up
+        # to the factor times the capacity.
+        wanted = self.options["peak_factor"] * capacity
+        messages, demand = [], 0
+        while demand < wanted:
+            message = [{"role": "user", "content": f"Draft a reply to this letter. {self._text(prompt)}"}]
+            demand += self.client().count_tokens([message])[0] + output
+            messages.append(message)
+        n = len(messages)
         self.progress(
             f"peak [{mode}]: {n} requests of ~{prompt} + {output} tokens at once against {capacity} KV tokens"
         )
         self._workers("split", decode_concurrency=n)
         self._set_mode(mode)
-        messages = [
-            [{"role": "user", "content": f"Draft a reply to this letter. {self._text(prompt)}"}] for _ in range(n)
-        ]
         before = self.engine_stats()
         usage: list[float] = []
         stop = threading.Event()
@@ -615,7 +618,7 @@ class _Bench:
             stop.set()
             watcher.join()
         after = self.engine_stats()
-        demand = sum(job.metrics.prompt_tokens + output for job in outcome.jobs) if outcome else n * demand_each
+        demand = sum(job.metrics.prompt_tokens + output for job in outcome.jobs) if outcome else demand
         result = {
             "requests": n,
             "kv_capacity_tokens": capacity,

@@ -101,6 +101,13 @@ def _document_request(tokens_of_text: int = 700, **overrides) -> GenerateRequest
     return _request(**fields)
 
 
+def _until_waiting(stream):
+    for event in stream:
+        yield event
+        if event.type == "waiting":
+            return
+
+
 def _done(events):
     return next(e for e in events if e.type == "done")
 
@@ -127,7 +134,7 @@ def test_a_document_waits_for_its_prefill_turn_while_a_drafter_streams(engine_ho
     drafter_started = threading.Event()
 
     def drafter():
-        for event in engine_host.generate(_request(max_tokens=48, ignore_eos=True)):
+        for event in engine_host.generate(_request(max_tokens=96, ignore_eos=True)):
             drafter_events.append(event)
             if event.type == "delta":
                 drafter_started.set()
@@ -143,7 +150,7 @@ def test_a_document_waits_for_its_prefill_turn_while_a_drafter_streams(engine_ho
     assert waiting and waiting[0].data["reason"] == "prefill_lane"
     # Not one token of the document before the drafter finished: its prefill waited.
     assert first_document_token.received_at >= drafter_done.received_at
-    assert drafter_done.data["output_tokens"] == 48
+    assert drafter_done.data["output_tokens"] == 96
 
 
 def test_leaving_while_waiting_for_a_prefill_turn_gives_everything_back(engine_host):
@@ -152,7 +159,7 @@ def test_leaving_while_waiting_for_a_prefill_turn_gives_everything_back(engine_h
     drafter_started = threading.Event()
 
     def drafter():
-        for event in engine_host.generate(_request(max_tokens=64, ignore_eos=True)):
+        for event in engine_host.generate(_request(max_tokens=150, ignore_eos=True)):
             if event.type == "delta":
                 drafter_started.set()
 
@@ -160,10 +167,9 @@ def test_leaving_while_waiting_for_a_prefill_turn_gives_everything_back(engine_h
     thread.start()
     assert drafter_started.wait(60)
     stream = engine_host.generate(_document_request())
-    for event in stream:
-        if event.type == "waiting":
-            break
+    seen = [event.type for event in _until_waiting(stream)]
     stream.close()  # cancelled while it waits
+    assert seen[-1] == "waiting" and "delta" not in seen
     thread.join(60)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -1,0 +1,232 @@
+"""Clause extraction: the taxonomy, the JSON schema the engine must follow, and quote
+verification. Pure: no ORM, no engine.
+
+A model can invent a quote. Every quote it returns is looked for in the stored text of the page
+it names (then of the other pages it was shown): exactly, then with whitespace, quotes and
+hyphenation normalised, then as a close match of the same words. A quote found nowhere is
+dropped and counted; one found is returned with the exact span of the page text it matched, so
+the UI highlights what the document says, not what the model wrote.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from dataclasses import dataclass
+
+# The 41 categories of CUAD (Hendrycks et al., 2021, CC BY 4.0), then five that offices ask for.
+CUAD_CATEGORIES = (
+    "Document Name", "Parties", "Agreement Date", "Effective Date", "Expiration Date", "Renewal Term",
+    "Notice Period To Terminate Renewal", "Governing Law", "Most Favored Nation", "Non-Compete", "Exclusivity",
+    "No-Solicit Of Customers", "Competitive Restriction Exception", "No-Solicit Of Employees", "Non-Disparagement",
+    "Termination For Convenience", "Rofr/Rofo/Rofn", "Change Of Control", "Anti-Assignment",
+    "Revenue/Profit Sharing", "Price Restrictions", "Minimum Commitment", "Volume Restriction",
+    "Ip Ownership Assignment", "Joint Ip Ownership", "License Grant", "Non-Transferable License",
+    "Affiliate License-Licensor", "Affiliate License-Licensee", "Unlimited/All-You-Can-Eat-License",
+    "Irrevocable Or Perpetual License", "Source Code Escrow", "Post-Termination Services", "Audit Rights",
+    "Uncapped Liability", "Cap On Liability", "Liquidated Damages", "Warranty Duration", "Insurance",
+    "Covenant Not To Sue", "Third Party Beneficiary",
+)  # fmt: skip
+OFFICE_CATEGORIES = ("Confidentiality", "Payment Terms", "Termination", "Indemnification", "Limitation Of Liability")
+
+TAXONOMIES: dict[str, tuple[str, ...]] = {
+    "cuad": CUAD_CATEGORIES + OFFICE_CATEGORIES,
+    "office": OFFICE_CATEGORIES,
+}
+DEFAULT_TAXONOMY = "office"
+
+FUZZY_MIN_RATIO = 0.9
+QUOTE_MAX_CHARS = 1200
+NOTE_MAX_CHARS = 300
+
+
+def categories_for(taxonomy: str, selected: list[str] | None = None) -> tuple[str, ...]:
+    """The categories a job asks for: a named taxonomy, optionally narrowed to some of it."""
+    if taxonomy not in TAXONOMIES:
+        raise ValueError(f"unknown taxonomy {taxonomy!r}; choose one of {', '.join(TAXONOMIES)}")
+    allowed = TAXONOMIES[taxonomy]
+    if not selected:
+        return allowed
+    unknown = [c for c in selected if c not in allowed]
+    if unknown:
+        raise ValueError(f"not in the {taxonomy} taxonomy: {', '.join(unknown)}")
+    return tuple(c for c in allowed if c in selected)
+
+
+def clause_schema(categories: tuple[str, ...], pages: list[int]) -> dict:
+    """The JSON schema the engine's guided decoding holds the model to."""
+    return {
+        "type": "object",
+        "properties": {
+            "clauses": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "category": {"type": "string", "enum": list(categories)},
+                        "quote": {"type": "string", "minLength": 1, "maxLength": QUOTE_MAX_CHARS},
+                        "page": {"type": "integer", "enum": list(pages)},
+                        "note": {"type": "string", "maxLength": NOTE_MAX_CHARS},
+                    },
+                    "required": ["category", "quote", "page", "note"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["clauses"],
+        "additionalProperties": False,
+    }
+
+
+@dataclass(frozen=True)
+class Match:
+    page: int
+    start: int  # character offsets in that page's stored text
+    end: int
+    how: str  # "exact", "normalised" or "fuzzy"
+    ratio: float = 1.0
+
+
+_QUOTES = str.maketrans(
+    {"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-", "\u2014": "-", "\u00a0": " "}
+)
+
+
+def _normalise_with_map(text: str) -> tuple[str, list[int]]:
+    """Lower-cased text with quotes, dashes and runs of whitespace unified and words broken by
+    a hyphen at a line end joined, plus each output character's offset in ``text``."""
+    out: list[str] = []
+    offsets: list[int] = []
+    i = 0
+    text = unicodedata.normalize("NFC", text)
+    while i < len(text):
+        char = text[i].translate(_QUOTES)
+        if char == "-" and i + 1 < len(text) and text[i + 1] == "\n" and out and out[-1].isalpha():
+            i += 2  # "termi-\nnation" -> "termination"
+            while i < len(text) and text[i] in " \t":
+                i += 1
+            continue
+        if char.isspace():
+            if out and out[-1] != " ":
+                out.append(" ")
+                offsets.append(i)
+            i += 1
+            continue
+        out.append(char.lower())
+        offsets.append(i)
+        i += 1
+    while out and out[-1] == " ":
+        out.pop()
+        offsets.pop()
+    return "".join(out), offsets
+
+
+def _normalise(text: str) -> str:
+    return _normalise_with_map(text)[0].strip()
+
+
+def _find_in_page(quote: str, page_text: str) -> Match | None:
+    start = page_text.find(quote)
+    if start >= 0:
+        return Match(0, start, start + len(quote), "exact")
+    needle = _normalise(quote)
+    if not needle:
+        return None
+    haystack, offsets = _normalise_with_map(page_text)
+    start = haystack.find(needle)
+    if start >= 0:
+        end = start + len(needle) - 1
+        return Match(0, offsets[start], offsets[end] + 1, "normalised")
+    return _fuzzy(needle, haystack, offsets)
+
+
+_WORD = re.compile(r"\S+")
+
+
+def _fuzzy(needle: str, haystack: str, offsets: list[int]) -> Match | None:
+    """The window of the page's words most like the quote's, if at least ``FUZZY_MIN_RATIO``."""
+    quote_words = needle.split()
+    spans = [(m.start(), m.end()) for m in _WORD.finditer(haystack)]
+    words = [haystack[a:b] for a, b in spans]
+    n = len(quote_words)
+    if n < 4 or not words:
+        return None  # too short to tell a near miss from a different phrase
+    best: tuple[float, int, int] | None = None
+    first_words = {w for w in quote_words[:3]}
+    for size in sorted({max(1, n - n // 10), n, n + n // 10}):
+        for i in range(0, max(1, len(words) - size + 1)):
+            if words[i] not in first_words and i + 1 < len(words) and words[i + 1] not in first_words:
+                continue  # cheap pre-filter: a match starts near one of the quote's first words
+            ratio = difflib.SequenceMatcher(None, quote_words, words[i : i + size], autojunk=False).ratio()
+            if best is None or ratio > best[0]:
+                best = (ratio, i, i + size)
+    if best is None or best[0] < FUZZY_MIN_RATIO:
+        return None
+    ratio, i, j = best
+    start, end = spans[i][0], spans[min(j, len(spans)) - 1][1] - 1
+    return Match(0, offsets[start], offsets[end] + 1, "fuzzy", round(ratio, 3))
+
+
+def verify_quote(quote: str, page: int, pages: dict[int, str]) -> Match | None:
+    """Where ``quote`` is in the stored text: on ``page`` first, then on the other pages given.
+    None when it is in none of them (the model made it up or rewrote it beyond recognition)."""
+    quote = quote.strip()
+    if not quote:
+        return None
+    order = [page] + [p for p in pages if p != page] if page in pages else list(pages)
+    for number in order:
+        found = _find_in_page(quote, pages[number])
+        if found is not None:
+            return Match(number, found.start, found.end, found.how, found.ratio)
+    return None
+
+
+@dataclass(frozen=True)
+class Clause:
+    category: str
+    quote: str  # the page's own text of the match, not the model's wording
+    page: int
+    start: int
+    end: int
+    note: str
+    match: str
+
+
+@dataclass(frozen=True)
+class Verified:
+    clauses: list[Clause]
+    dropped: list[dict]  # what the model claimed and the text does not contain
+
+
+def verify_clauses(raw: list[dict], pages: dict[int, str], categories: tuple[str, ...]) -> Verified:
+    kept: list[Clause] = []
+    dropped: list[dict] = []
+    seen: set[tuple[str, int, int]] = set()
+    for item in raw:
+        category, quote = str(item.get("category", "")), str(item.get("quote", ""))
+        try:
+            page = int(item.get("page", 0))
+        except (TypeError, ValueError):
+            page = 0
+        match = verify_quote(quote, page, pages) if category in categories else None
+        if match is None:
+            dropped.append({"category": category, "quote": quote[:QUOTE_MAX_CHARS], "page": page})
+            continue
+        key = (category, match.page, match.start)
+        if key in seen:
+            continue  # the same clause found twice (overlapping sections)
+        seen.add(key)
+        text = pages[match.page][match.start : match.end]
+        kept.append(
+            Clause(
+                category,
+                text,
+                match.page,
+                match.start,
+                match.end,
+                str(item.get("note", ""))[:NOTE_MAX_CHARS],
+                match.how,
+            )
+        )
+    return Verified(kept, dropped)

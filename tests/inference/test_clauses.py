@@ -1,0 +1,107 @@
+"""inference/clauses.py: taxonomy, schema and quote verification (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.clauses import (
+    CUAD_CATEGORIES,
+    TAXONOMIES,
+    categories_for,
+    clause_schema,
+    verify_clauses,
+    verify_quote,
+)
+
+PAGES = {
+    1: "MASTER SERVICES AGREEMENT\nThis Agreement is made between Acme Ltd (the \u201cSupplier\u201d) and Beta plc.",
+    2: "7. Confidentiality. Each party shall keep the other party\u2019s Confidential Information secret and shall not "
+    "disclose it to any third party without prior written consent.\n8. Payment. The Customer shall pay each invoice "
+    "within thirty (30) days of receipt. Late pay-\nments bear interest at 4% above base rate.",
+    3: "12. Termination. Either party may terminate this Agreement on ninety days\u2019 written notice.",
+}
+
+
+def test_the_taxonomies():
+    assert len(CUAD_CATEGORIES) == 41
+    assert len(TAXONOMIES["cuad"]) == 46
+    assert "Confidentiality" in TAXONOMIES["cuad"] and "Cap On Liability" in TAXONOMIES["cuad"]
+    assert categories_for("cuad", ["Termination", "Governing Law"]) == ("Governing Law", "Termination")
+    with pytest.raises(ValueError, match="not in the office taxonomy"):
+        categories_for("office", ["Governing Law"])
+    with pytest.raises(ValueError, match="unknown taxonomy"):
+        categories_for("nonsense")
+
+
+def test_the_schema_limits_categories_and_pages():
+    schema = clause_schema(("Confidentiality", "Termination"), [2, 3])
+    item = schema["properties"]["clauses"]["items"]
+    assert item["properties"]["category"]["enum"] == ["Confidentiality", "Termination"]
+    assert item["properties"]["page"]["enum"] == [2, 3]
+    assert set(item["required"]) == {"category", "quote", "page", "note"}
+    assert item["additionalProperties"] is False
+
+
+def test_an_exact_quote_is_found_with_its_span():
+    quote = "Either party may terminate this Agreement"
+    match = verify_quote(quote, 3, PAGES)
+    assert match.page == 3 and match.how == "exact"
+    assert PAGES[3][match.start : match.end] == quote
+
+
+def test_curly_quotes_whitespace_and_hyphenation_are_normalised():
+    quote = "keep the other party's  Confidential\nInformation secret"
+    match = verify_quote(quote, 2, PAGES)
+    assert match.how == "normalised"
+    assert PAGES[2][match.start : match.end] == "keep the other party\u2019s Confidential Information secret"
+    late = verify_quote("Late payments bear interest", 2, PAGES)
+    assert late is not None and PAGES[2][late.start : late.end].startswith("Late pay-")
+
+
+def test_a_quote_on_another_page_is_found_there():
+    match = verify_quote("The Customer shall pay each invoice within thirty (30) days", 1, PAGES)
+    assert match.page == 2
+
+
+def test_a_close_paraphrase_of_the_same_words_is_a_fuzzy_match():
+    quote = "The Customer shall pay every invoice within thirty (30) days of receipt."
+    match = verify_quote(quote, 2, PAGES)
+    assert match is not None and match.how == "fuzzy" and match.ratio >= 0.9
+    assert "pay each invoice" in PAGES[2][match.start : match.end]
+
+
+def test_an_invented_quote_is_rejected():
+    assert verify_quote("The Supplier shall indemnify the Customer against all losses.", 2, PAGES) is None
+    assert verify_quote("Either party may terminate immediately for any reason at all.", 3, PAGES) is None
+    assert verify_quote("", 2, PAGES) is None
+
+
+def test_verify_clauses_keeps_the_texts_own_words_and_counts_what_it_drops():
+    raw = [
+        {
+            "category": "Termination",
+            "quote": "Either party may terminate this Agreement on ninety days' written notice",
+            "page": 3,
+            "note": "90 days",
+        },
+        {
+            "category": "Indemnification",
+            "quote": "The Supplier indemnifies the Customer for everything.",
+            "page": 2,
+            "note": "invented",
+        },
+        {"category": "Governing Law", "quote": "This Agreement is made between", "page": 1, "note": "not selected"},
+        {
+            "category": "Termination",
+            "quote": "Either party may terminate this Agreement on ninety days' written notice",
+            "page": 3,
+            "note": "twice",
+        },
+    ]
+    result = verify_clauses(raw, PAGES, ("Termination", "Indemnification"))
+    assert [c.category for c in result.clauses] == ["Termination"]
+    clause = result.clauses[0]
+    assert clause.quote == PAGES[3][clause.start : clause.end]
+    assert "\u2019" in clause.quote  # the page's apostrophe, not the model's
+    assert len(result.dropped) == 2
+    assert {d["category"] for d in result.dropped} == {"Indemnification", "Governing Law"}
