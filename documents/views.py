@@ -10,6 +10,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from documents import selectors, services
 from documents.models import Document
+from inference.clauses import TAXONOMIES
 from inference.models import Job
 from inference.prompts import SUMMARY_LENGTHS
 
@@ -91,6 +92,7 @@ def detail(request, document_id: int):
             "jobs": jobs,
             "children": selectors.documents_readable_by(request.user).filter(parent=document),
             "summary_lengths": list(SUMMARY_LENGTHS),
+            "clause_categories": TAXONOMIES["cuad"],
             "is_owner": document.owner_id == request.user.pk,
             "groups": request.user.groups.order_by("name"),
             "shared_ids": set(document.shared_with.values_list("pk", flat=True)),

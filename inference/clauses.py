@@ -11,6 +11,7 @@ the UI highlights what the document says, not what the model wrote.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -37,8 +38,12 @@ TAXONOMIES: dict[str, tuple[str, ...]] = {
 DEFAULT_TAXONOMY = "office"
 
 FUZZY_MIN_RATIO = 0.9
-QUOTE_MAX_CHARS = 1200
-NOTE_MAX_CHARS = 300
+# Bounds that keep a whole answer inside the request's token limit, whatever the model does
+# (a small model can repeat one string until it runs out of tokens).
+QUOTE_MAX_CHARS = 400
+NOTE_MAX_CHARS = 200
+ITEMS_PER_CATEGORY = 2
+MAX_ITEMS = 20
 
 
 def categories_for(taxonomy: str, selected: list[str] | None = None) -> tuple[str, ...]:
@@ -61,6 +66,7 @@ def clause_schema(categories: tuple[str, ...], pages: list[int]) -> dict:
         "properties": {
             "clauses": {
                 "type": "array",
+                "maxItems": min(MAX_ITEMS, ITEMS_PER_CATEGORY * len(categories)),
                 "items": {
                     "type": "object",
                     "properties": {
@@ -77,6 +83,32 @@ def clause_schema(categories: tuple[str, ...], pages: list[int]) -> dict:
         "required": ["clauses"],
         "additionalProperties": False,
     }
+
+
+def parse_answer(text: str) -> tuple[list[dict], bool]:
+    """The clause objects of an answer, and whether it was complete. An answer cut off by its
+    token limit still yields the objects it finished."""
+    try:
+        found = json.loads(text)["clauses"]
+        if isinstance(found, list):
+            return [item for item in found if isinstance(item, dict)], True
+    except (ValueError, KeyError, TypeError):
+        pass
+    start = text.find("[")
+    if start < 0:
+        return [], False
+    decoder = json.JSONDecoder()
+    items: list[dict] = []
+    position = start + 1
+    while True:
+        while position < len(text) and text[position] in " \t\r\n,":
+            position += 1
+        try:
+            item, position = decoder.raw_decode(text, position)
+        except ValueError:
+            return items, False
+        if isinstance(item, dict):
+            items.append(item)
 
 
 @dataclass(frozen=True)

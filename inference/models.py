@@ -47,6 +47,7 @@ class Job(models.Model):
     options = models.JSONField(default=dict, blank=True)
     result_text = models.TextField(blank=True)
     result_note = models.TextField(blank=True)  # e.g. what part of a document the result covers
+    result_data = models.JSONField(default=dict, blank=True)  # clauses, a long document's partial summaries
     error = models.TextField(blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)

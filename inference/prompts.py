@@ -35,19 +35,64 @@ def render_document(title: str, pages: list[PageText]) -> str:
     return f'<document title="{_attr(title)}">\n{body}\n</document>'
 
 
+def section_messages(*, title: str, pages: list[PageText], instruction: str) -> list[dict[str, str]]:
+    """A document section first, the task's instruction last: every task on the same section
+    shares the prefix up to the end of the document text."""
+    content = render_document(title, pages)
+    if instruction:
+        content += f"\n\n{instruction}"
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+
+
+def summary_instruction(*, length: str = DEFAULT_SUMMARY_LENGTH, focus: str = "", part: str = "") -> str:
+    """The summary instruction. ``part`` ("pages 3-7") marks a section of a longer document:
+    its partial summary is combined with the others later."""
+    if length not in SUMMARY_LENGTHS:
+        raise ValueError(f"unknown summary length {length!r}")
+    if part:
+        instruction = (
+            f"The text above is {part} of a longer document. Summarise this part as 3 to 6 bullet points "
+            "of its main facts, obligations, dates and amounts."
+        )
+    else:
+        instruction = f"Summarise the document above {SUMMARY_LENGTHS[length]}."
+    if focus.strip():
+        instruction += f" Focus on: {focus.strip()}."
+    return instruction + " Mention the page numbers your statements come from, like (p. 2)."
+
+
+def combine_messages(
+    *, title: str, partials: list[tuple[str, str]], length: str = DEFAULT_SUMMARY_LENGTH, focus: str = ""
+) -> list[dict[str, str]]:
+    """Reduce: partial summaries (each with the pages it covers) into one summary."""
+    if length not in SUMMARY_LENGTHS:
+        raise ValueError(f"unknown summary length {length!r}")
+    body = "\n\n".join(f"[{label}]\n{text.strip()}" for label, text in partials)
+    instruction = (
+        "Above are summaries of consecutive parts of the document, in order. Combine them into one summary "
+        f"of the whole document {SUMMARY_LENGTHS[length]}. Keep the page references, like (p. 2)."
+    )
+    if focus.strip():
+        instruction += f" Focus on: {focus.strip()}."
+    content = f'<summaries document="{_attr(title)}">\n{body}\n</summaries>\n\n{instruction}'
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+
+
+def clause_instruction(categories: tuple[str, ...]) -> str:
+    listed = "; ".join(categories)
+    return (
+        "Find the clauses of the document above that belong to these categories: "
+        f"{listed}. For each one, answer with its category, its quote copied word for word from the "
+        "document (one sentence or a few, not a paraphrase), the page number shown in the [page N] marker "
+        "before it, and a short plain-language note of what it means for the reader. Leave out categories "
+        'the document does not contain. Answer only with JSON of the form {"clauses": [...]}.'
+    )
+
+
 def summary_messages(
     *, title: str, pages: list[PageText], length: str = DEFAULT_SUMMARY_LENGTH, focus: str = ""
 ) -> list[dict[str, str]]:
-    if length not in SUMMARY_LENGTHS:
-        raise ValueError(f"unknown summary length {length!r}")
-    instruction = f"Summarise the document above {SUMMARY_LENGTHS[length]}."
-    if focus.strip():
-        instruction += f" Focus on: {focus.strip()}."
-    instruction += " Mention the page numbers your statements come from, like (p. 2)."
-    return [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"{render_document(title, pages)}\n\n{instruction}"},
-    ]
+    return section_messages(title=title, pages=pages, instruction=summary_instruction(length=length, focus=focus))
 
 
 def _attr(value: str) -> str:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import redis
@@ -17,18 +14,15 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from documents.models import Document
-from inference import streaming
+from inference import running, streaming
+from inference.clauses import DEFAULT_TAXONOMY, categories_for
 from inference.engine.client import EngineClient, EngineRequestError
-from inference.engine.protocol import GenerateRequest, Priority
 from inference.models import QUEUE_FOR_KIND, Job, JobKind, Queue, RequestMetrics
-from inference.prompts import DEFAULT_SUMMARY_LENGTH, SUMMARY_LENGTHS, PageText
-from inference.summarise import plan_summary
-from inference.timing import Delta, request_timing
+from inference.prompts import DEFAULT_SUMMARY_LENGTH, SUMMARY_LENGTHS
+from inference.timing import request_timing
 
 logger = logging.getLogger(__name__)
 
-PRIORITY_FOR_QUEUE = {Queue.PREFILL: Priority.PREFILL, Queue.DECODE: Priority.DECODE}
-PUBLISH_INTERVAL_S = 0.1  # token batches to the browser; also how soon a cancel is seen
 MAX_ATTEMPTS = 4  # times a worker may start a job before it is failed (a job that kills workers)
 CHAT_MAX_TOKENS_LIMIT = 4096
 
@@ -68,6 +62,25 @@ def job_create_summary(
     if ignore_eos:
         options["ignore_eos"] = True
     return _job_create(owner=owner, document=document, kind=JobKind.SUMMARISE, options=options)
+
+
+def job_create_clauses(
+    *,
+    owner: AbstractBaseUser,
+    document: Document,
+    taxonomy: str = DEFAULT_TAXONOMY,
+    categories: list[str] | None = None,
+) -> Job:
+    """Clause extraction on the prefill queue: the categories of a named taxonomy (all of it, or
+    those chosen)."""
+    if document.state != Document.State.READY:
+        raise JobRejected("This document is not ready yet: its text is still being extracted, or extraction failed.")
+    try:
+        chosen = categories_for(taxonomy, categories)
+    except ValueError as exc:
+        raise JobRejected(f"{exc}.") from None
+    options = {"taxonomy": taxonomy, "categories": list(chosen)}
+    return _job_create(owner=owner, document=document, kind=JobKind.EXTRACT_CLAUSES, options=options)
 
 
 def job_create_chat(
@@ -204,142 +217,6 @@ def job_fail(*, job_id, reason: str) -> None:
         streaming.publish(job_id, "failed", {"detail": reason})
 
 
-@dataclass
-class EngineRun:
-    text: str = ""
-    deltas: list[Delta] = field(default_factory=list)
-    admitted: dict = field(default_factory=dict)
-    done: dict = field(default_factory=dict)
-    cancelled: bool = False
-
-
-def _run_engine(job: Job, request: GenerateRequest, client: EngineClient) -> EngineRun:
-    """Stream one request's events to the job's Redis stream. The first token is published at
-    once; later ones in batches of at most ``PUBLISH_INTERVAL_S`` (one broker round trip per
-    batch, which also checks for a cancel): the worker shares the machine with the engine."""
-    run = EngineRun()
-    parts: list[str] = []
-    pending: list[str] = []
-    last_publish = 0.0
-
-    def flush(now: float) -> bool:
-        nonlocal last_publish
-        last_publish = now
-        text, pending[:] = "".join(pending), []
-        return streaming.publish_and_check_cancel(job.pk, "delta", {"text": text})
-
-    events = client.generate(request, idle_timeout_s=settings.APPLIANCE_JOB_TIME_LIMIT_S)
-    with _heartbeat(job.pk):
-        try:
-            for event in events:
-                cancelled = False
-                if event.type == "admitted":
-                    run.admitted = event.data
-                elif event.type == "waiting":  # for KV budget or its prefill turn; once a second
-                    data = {"reason": event.data.get("reason"), "position": event.data.get("position")}
-                    cancelled = streaming.publish_and_check_cancel(job.pk, "waiting", data)
-                elif event.type == "prefill":  # reading the prompt; once a second
-                    data = {
-                        "prompt_tokens_done": event.data.get("tokens_done"),
-                        "prompt_tokens": event.data.get("prompt_tokens"),
-                    }
-                    cancelled = streaming.publish_and_check_cancel(job.pk, "progress", data)
-                elif event.type == "delta":
-                    parts.append(event.data["text"])
-                    pending.append(event.data["text"])
-                    run.deltas.append(Delta(at=event.received_at, tokens=int(event.data.get("tokens", 0))))
-                    if len(run.deltas) == 1 or event.received_at - last_publish >= PUBLISH_INTERVAL_S:
-                        cancelled = flush(event.received_at)
-                elif event.type == "done":
-                    run.done = event.data
-                    if pending:
-                        cancelled = flush(event.received_at)
-                if cancelled:
-                    run.cancelled = True
-                    break  # closing the stream makes the engine host abort the request
-        finally:
-            events.close()
-    run.text = "".join(parts)
-    return run
-
-
-@contextmanager
-def _heartbeat(job_id):
-    """While the body runs, mark the job alive every quarter of the heartbeat timeout, from a
-    thread of its own: a long prefill sends no tokens, but the worker is alive all the same."""
-    from django.db import connection
-
-    stop = threading.Event()
-    interval_s = settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S / 4
-
-    def beat() -> None:
-        try:
-            while not stop.wait(interval_s):
-                try:
-                    job_heartbeat(job_id=job_id)
-                except Exception:  # the next beat tries again; the watchdog is patient
-                    logger.warning("job %s: heartbeat failed", job_id, exc_info=True)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=beat, name=f"heartbeat-{job_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-
-
-def job_heartbeat(*, job_id) -> None:
-    Job.objects.filter(pk=job_id, state=Job.State.RUNNING).update(heartbeat_at=timezone.now())
-
-
-def _summary_request(job: Job, client: EngineClient) -> tuple[GenerateRequest, str]:
-    document = job.document
-    pages = [PageText(p.number, p.text) for p in document.pages.order_by("number").only("number", "text")]
-    max_tokens = settings.APPLIANCE_SUMMARY_MAX_TOKENS
-    context = int(client.stats()["max_model_len"])
-    plan = plan_summary(
-        title=document.title,
-        pages=pages,
-        length=job.options.get("length", DEFAULT_SUMMARY_LENGTH),
-        focus=job.options.get("focus", ""),
-        context_tokens=context,
-        max_output_tokens=max_tokens,
-        count_tokens=lambda messages: client.count_tokens([messages])[0],
-    )
-    request = GenerateRequest(
-        request_id=f"{job.pk}-{job.attempts}",
-        messages=plan.messages,
-        max_tokens=int(job.options.get("max_tokens") or max_tokens),
-        priority=PRIORITY_FOR_QUEUE[Queue(job.queue)],
-        queue=job.queue,
-        ignore_eos=bool(job.options.get("ignore_eos", False)),
-    )
-    return request, plan.note
-
-
-def _chat_request(job: Job) -> tuple[GenerateRequest, str]:
-    options = job.options
-    request = GenerateRequest(
-        request_id=f"{job.pk}-{job.attempts}",
-        messages=options["messages"],
-        max_tokens=int(options["max_tokens"]),
-        priority=PRIORITY_FOR_QUEUE[Queue(job.queue)],
-        queue=job.queue,
-        temperature=float(options.get("temperature", 0.0)),
-        ignore_eos=bool(options.get("ignore_eos", False)),
-    )
-    return request, ""
-
-
-REQUEST_BUILDERS = {
-    JobKind.SUMMARISE: lambda job, client: _summary_request(job, client),
-    JobKind.CHAT: lambda job, client: _chat_request(job),
-}
-
-
 def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
     """Run one job through the engine host, streaming its text, then store result and metrics.
 
@@ -374,13 +251,12 @@ def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
     if started_before:  # whatever an earlier attempt streamed is replaced
         streaming.publish(job.pk, "restart", {"attempt": job.attempts})
 
-    builder = REQUEST_BUILDERS.get(JobKind(job.kind))
-    if builder is None:
+    runner = running.RUNNERS.get(JobKind(job.kind))
+    if runner is None:
         job_fail(job_id=job.pk, reason=f"{job.get_kind_display()} is not available yet.")
         return Job.objects.get(pk=job.pk)
     try:
-        request, note = builder(job, client)
-        run = _run_engine(job, request, client)
+        result = runner(job, client)
     except EngineRequestError as exc:
         job_fail(job_id=job.pk, reason=f"The engine refused this job: {exc.detail}")
         return Job.objects.get(pk=job.pk)
@@ -388,41 +264,52 @@ def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
         job_fail(job_id=job.pk, reason=str(exc))
         return Job.objects.get(pk=job.pk)
 
-    if run.cancelled:
+    if result.cancelled:
         return Job.objects.get(pk=job.pk)
-    timing = request_timing(
-        created_at=job.created_at.timestamp(), started_at=job.started_at.timestamp(), deltas=run.deltas
-    )
     with transaction.atomic():
         updated = Job.objects.filter(pk=job.pk, state=Job.State.RUNNING).update(
-            state=Job.State.SUCCEEDED, result_text=run.text.strip(), result_note=note, finished_at=timezone.now()
+            state=Job.State.SUCCEEDED,
+            result_text=result.text.strip(),
+            result_note=result.note,
+            result_data=result.data,
+            finished_at=timezone.now(),
         )
         if not updated:  # cancelled while the last tokens arrived
             return Job.objects.get(pk=job.pk)
-        RequestMetrics.objects.update_or_create(
-            job=job,
-            defaults={
-                "queue": job.queue,
-                "engine": run.admitted.get("engine", ""),
-                "model": run.admitted.get("model", ""),
-                "scheduling": run.admitted.get("scheduling", ""),
-                "prefill_ms": run.done.get("prefill_ms"),
-                "queue_wait_ms": timing.queue_wait_ms,
-                "admission_wait_ms": float(run.admitted.get("admission_wait_ms", 0.0)),
-                "ttft_ms": timing.ttft_ms if timing.ttft_ms is not None else 0.0,
-                "itl_mean_ms": timing.itl_mean_ms,
-                "itl_p95_ms": timing.itl_p95_ms,
-                "prompt_tokens": int(run.done.get("prompt_tokens", run.admitted.get("prompt_tokens", 0))),
-                "cached_prompt_tokens": int(run.done.get("cached_prompt_tokens", 0)),
-                "output_tokens": int(run.done.get("output_tokens", timing.output_tokens)),
-                "decode_tokens_per_s": timing.decode_tokens_per_s,
-                "kv_reservation_tokens": int(run.admitted.get("kv_reservation_tokens", 0)),
-                "preemptions": int(run.done.get("preemptions", 0)),
-            },
-        )
+        RequestMetrics.objects.update_or_create(job=job, defaults=_metrics_fields(job, result))
     job = Job.objects.select_related("metrics").get(pk=job.pk)
     streaming.publish(job.pk, "done", metrics_summary(job))
     return job
+
+
+def _metrics_fields(job: Job, result: running.TaskResult) -> dict:
+    """One row per job: latency from the request the user watched (or the first), tokens and
+    prefill time summed over every engine request the job made."""
+    source = running.timing_source(result)
+    timing = request_timing(
+        created_at=job.created_at.timestamp(), started_at=job.started_at.timestamp(), deltas=source.deltas
+    )
+    runs = result.runs
+    prefills = [run.done.get("prefill_ms") for run in runs if run.done.get("prefill_ms") is not None]
+    return {
+        "queue": job.queue,
+        "engine": source.admitted.get("engine", ""),
+        "model": source.admitted.get("model", ""),
+        "scheduling": source.admitted.get("scheduling", ""),
+        "prefill_ms": sum(prefills) if prefills else None,
+        "queue_wait_ms": timing.queue_wait_ms,
+        "admission_wait_ms": sum(float(run.admitted.get("admission_wait_ms", 0.0)) for run in runs),
+        "ttft_ms": timing.ttft_ms if timing.ttft_ms is not None else 0.0,
+        "itl_mean_ms": timing.itl_mean_ms,
+        "itl_p95_ms": timing.itl_p95_ms,
+        "prompt_tokens": sum(int(run.done.get("prompt_tokens", run.admitted.get("prompt_tokens", 0))) for run in runs),
+        "cached_prompt_tokens": sum(int(run.done.get("cached_prompt_tokens", 0)) for run in runs),
+        "output_tokens": sum(int(run.done.get("output_tokens", len(run.deltas))) for run in runs),
+        "decode_tokens_per_s": timing.decode_tokens_per_s,
+        "kv_reservation_tokens": max(int(run.admitted.get("kv_reservation_tokens", 0)) for run in runs),
+        "preemptions": sum(int(run.done.get("preemptions", 0)) for run in runs),
+        "engine_requests": len(runs),
+    }
 
 
 def metrics_summary(job: Job) -> dict:

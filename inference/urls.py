@@ -6,7 +6,9 @@ app_name = "inference"
 
 urlpatterns = [
     path("documents/<int:document_id>/summarise", views.summarise, name="summarise"),
+    path("documents/<int:document_id>/clauses", views.extract_clauses, name="extract_clauses"),
     path("jobs/<uuid:job_id>/", views.job_detail, name="job"),
+    path("jobs/<uuid:job_id>/clauses.<str:fmt>", views.clauses_export, name="clauses_export"),
     path("jobs/<uuid:job_id>/events", views.job_events, name="job_events"),
     path("jobs/<uuid:job_id>/cancel", views.job_cancel, name="job_cancel"),
 ]

@@ -67,7 +67,9 @@ function streamJob() {
   });
   source.addEventListener("progress", (e) => {
     const p = JSON.parse(e.data);
-    if (p.prompt_tokens) showQueue(`Reading: ${Math.round((100 * p.prompt_tokens_done) / p.prompt_tokens)} % of ${p.prompt_tokens} tokens.`);
+    if (!started) setState("running", "Running");
+    if (p.step) showQueue(`${p.step}…`);
+    else if (p.prompt_tokens) showQueue(`Reading: ${Math.round((100 * p.prompt_tokens_done) / p.prompt_tokens)} % of ${p.prompt_tokens} tokens.`);
   });
   source.addEventListener("delta", (e) => {
     if (!started) { output.textContent = ""; started = true; setState("running", "Running"); showQueue(""); }
@@ -77,6 +79,7 @@ function streamJob() {
   source.addEventListener("snapshot", (e) => { output.textContent = JSON.parse(e.data).text; });
   source.addEventListener("done", (e) => {
     const data = JSON.parse(e.data);
+    if (output.dataset.reloadOnDone) { finish(); window.location.reload(); return; }  // results are laid out by the server
     setState("succeeded", "Done");
     if (data.note) { noteEl.textContent = data.note; noteEl.hidden = false; }
     if (data.ttft_ms !== undefined) {

@@ -350,7 +350,7 @@ class EngineHost:
 
     async def _run(self, run: _Run, writer: asyncio.StreamWriter) -> None:
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         assert self.admission is not None
         request, prompt_ids = run.request, run.prompt_ids
@@ -397,6 +397,7 @@ class EngineHost:
                 stop=request.stop or None,
                 ignore_eos=request.ignore_eos,
                 output_kind=RequestOutputKind.DELTA,
+                structured_outputs=StructuredOutputsParams(json=request.json_schema) if request.json_schema else None,
             )
             run.engine_request_id = request.request_id
             outputs = self.engine.generate(

@@ -52,6 +52,7 @@ class GenerateRequest:
     queue: str = "prefill"
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # benchmarks: always write max_tokens
+    json_schema: dict[str, Any] | None = None  # guided decoding: the output must match this schema
 
     def to_message(self) -> dict[str, Any]:
         return {"op": "generate", **asdict(self)}
@@ -70,6 +71,7 @@ class GenerateRequest:
                 queue=str(message.get("queue", "prefill")),
                 stop=[str(s) for s in message.get("stop", [])],
                 ignore_eos=bool(message.get("ignore_eos", False)),
+                json_schema=message.get("json_schema"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"bad generate request: {exc!r}") from None
@@ -79,4 +81,6 @@ class GenerateRequest:
             raise ProtocolError("bad generate request: max_tokens must be at least 1")
         if not request.messages:
             raise ProtocolError("bad generate request: no messages")
+        if request.json_schema is not None and not isinstance(request.json_schema, dict):
+            raise ProtocolError("bad generate request: json_schema must be an object")
         return request

@@ -201,3 +201,32 @@ def test_run_direct_runs_requests_straight_on_the_engine(engine_host):
     result = engine_host.run_direct([_request(max_tokens=6, ignore_eos=True) for _ in range(2)], timeout_s=120)
     assert result["output_tokens"] == 12
     assert len(result["ttft_s"]) == 2 and result["elapsed_s"] > 0
+
+
+def test_guided_decoding_holds_the_answer_to_the_clause_schema(engine_host):
+    import json
+
+    from inference.clauses import clause_schema
+
+    schema = clause_schema(("Termination", "Payment Terms"), [2, 3])
+    request = _request(
+        messages=[
+            {
+                "role": "user",
+                "content": "<document>[page 2]\nThe Customer pays each invoice within 30 days.\n[page 3]\nEither party may "
+                "terminate on 90 days' notice.</document>\nList the clauses as JSON.",
+            }
+        ],
+        max_tokens=400,
+        priority=Priority.PREFILL,
+        queue="prefill",
+        json_schema=schema,
+    )
+    events = list(engine_host.generate(request))
+    text = "".join(e.data["text"] for e in events if e.type == "delta")
+    answer = json.loads(text)  # a small model, and still valid JSON of the schema's shape
+    assert set(answer) == {"clauses"}
+    for clause in answer["clauses"]:
+        assert set(clause) == {"category", "quote", "page", "note"}
+        assert clause["category"] in {"Termination", "Payment Terms"}
+        assert clause["page"] in {2, 3}

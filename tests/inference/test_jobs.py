@@ -147,3 +147,68 @@ def test_cancelling_a_document_job_while_it_waits_for_its_prefill_turn_frees_it_
     assert drafter.state == Job.State.SUCCEEDED
     summary.refresh_from_db()
     assert summary.state == Job.State.CANCELLED and "delta" not in _events(summary.pk)
+
+
+def _ready_document(owner, title: str, pages: list[str]):
+    from documents.models import Document, Page
+
+    document = Document.objects.create(
+        owner=owner, title=title, filename=f"{title}.txt", size_bytes=1, sha256=title.encode().hex()[:64].ljust(64, "0"),
+        state=Document.State.READY, pages_total=len(pages), pages_done=len(pages),
+    )  # fmt: skip
+    Page.objects.bulk_create([Page(document=document, number=i, text=text) for i, text in enumerate(pages, start=1)])
+    return document
+
+
+def test_clause_extraction_returns_only_quotes_that_are_in_the_pages(alice, workers, engine_host, browser):
+    from tests.pdfs import CONTRACT_PAGES
+
+    document = _ready_document(alice, "Services agreement", CONTRACT_PAGES)
+    job = services.job_create_clauses(owner=alice, document=document, taxonomy="office")
+    job = wait_until(lambda: _finished(job.pk), timeout_s=600, message="the clause extraction")
+    assert job.state == Job.State.SUCCEEDED, job.error
+    data = job.result_data
+    assert data["sections"] == 1
+    assert data["proposed"] == len(data["clauses"]) + data["dropped"] + (
+        data["proposed"] - len(data["clauses"]) - data["dropped"]
+    )
+    texts = {n: t for n, t in enumerate(CONTRACT_PAGES, start=1)}
+    for clause in data["clauses"]:
+        # Whatever the small model wrote, what is kept is the page's own text at that place.
+        assert texts[clause["page"]][clause["start"] : clause["end"]] == clause["quote"]
+        assert clause["category"] in data["categories"]
+    assert f"{data['dropped']} quote(s)" in job.result_note
+    assert job.metrics.queue == Queue.PREFILL and job.metrics.engine_requests == 1
+
+    page = browser.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Export:" in page
+    exported = browser.get(f"/jobs/{job.pk}/clauses.csv")
+    assert exported.status_code == 200 and exported["Content-Type"].startswith("text/csv")
+    assert exported.content.decode().splitlines()[0] == "category,page,quote,note,match"
+    as_json = browser.get(f"/jobs/{job.pk}/clauses.json").json()
+    assert as_json["clauses"] == data["clauses"]
+
+
+def test_a_document_longer_than_the_context_is_summarised_section_by_section(alice, workers, engine_host):
+    # ~11,000 tokens over 12 pages: more than one section of an 8192-token context.
+    pages = [
+        " ".join(
+            f"Page {n}, clause {i}: the tenant pays rent of {n * 100 + i} pounds on day {i} of each month."
+            for i in range(45)
+        )
+        for n in range(1, 13)
+    ]
+    document = _ready_document(alice, "Long lease", pages)
+    job = services.job_create_summary(owner=alice, document=document, length="short")
+    job = wait_until(lambda: _finished(job.pk), timeout_s=1200, message="the long summary")
+    assert job.state == Job.State.SUCCEEDED, job.error
+    sections = job.result_data["sections"]
+    partials = job.result_data["partials"]
+    assert len(sections) >= 2 and [p["pages"] for p in partials] == sections
+    assert sections[0].startswith("pages 1-") and sections[-1].endswith("12")  # every page was read
+    assert job.metrics.engine_requests == len(sections) + 1
+    assert "read in" in job.result_note and job.result_text
+    events = _events(job.pk)
+    assert "progress" in events and events.index("progress") < events.index(
+        "delta"
+    )  # parts first, then the answer streams
