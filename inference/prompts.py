@@ -8,6 +8,7 @@ it is fenced and the instruction says so, and nothing in it decides which docume
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 SYSTEM = (
@@ -24,6 +25,59 @@ SUMMARY_LENGTHS = {
 DEFAULT_SUMMARY_LENGTH = "standard"
 
 
+DRAFT_TONES = {
+    "neutral": "a neutral, professional tone",
+    "formal": "a formal tone",
+    "friendly": "a warm, friendly tone",
+    "firm": "a polite but firm tone",
+}
+DRAFT_LENGTHS = {
+    "short": "in at most 4 sentences",
+    "standard": "in one or two short paragraphs",
+    "detailed": "in as many paragraphs as the question needs, covering each point raised",
+}
+DEFAULT_DRAFT_TONE = "neutral"
+DEFAULT_DRAFT_LENGTH = "standard"
+
+
+@dataclass(frozen=True)
+class Passage:
+    number: int  # 1-based, as cited: [1], [2], ...
+    chunk_id: int
+    document_id: int
+    document_title: str
+    page_start: int
+    page_end: int
+    text: str
+
+    @property
+    def where(self) -> str:
+        pages = (
+            f"p. {self.page_start}" if self.page_start == self.page_end else f"pp. {self.page_start}-{self.page_end}"
+        )
+        return f"{self.document_title}, {pages}"
+
+
+def draft_messages(
+    *, message: str, passages: Sequence[Passage], tone: str = DEFAULT_DRAFT_TONE, length: str = DEFAULT_DRAFT_LENGTH
+) -> list[dict[str, str]]:
+    if tone not in DRAFT_TONES:
+        raise ValueError(f"unknown tone {tone!r}; choose one of {', '.join(DRAFT_TONES)}")
+    if length not in DRAFT_LENGTHS:
+        raise ValueError(f"unknown length {length!r}; choose one of {', '.join(DRAFT_LENGTHS)}")
+    listed = "\n\n".join(
+        f'<passage n="{p.number}" source="{escape_attr(p.where)}">\n{p.text}\n</passage>' for p in passages
+    )
+    instruction = (
+        f"Write a reply to the message above, {DRAFT_LENGTHS[length]}, in {DRAFT_TONES[tone]}. Use only facts from the "
+        "passages, and put the number of the passage a sentence relies on in square brackets after it, like [2]. "
+        "If the passages do not answer something the message asks, say that it will be checked, and do not "
+        "invent an answer. Write only the reply."
+    )
+    content = f"<passages>\n{listed}\n</passages>\n\n<message>\n{message.strip()}\n</message>\n\n{instruction}"
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+
+
 @dataclass(frozen=True)
 class PageText:
     number: int
@@ -32,7 +86,7 @@ class PageText:
 
 def render_document(title: str, pages: list[PageText]) -> str:
     body = "\n\n".join(f"[page {page.number}]\n{page.text}" for page in pages)
-    return f'<document title="{_attr(title)}">\n{body}\n</document>'
+    return f'<document title="{escape_attr(title)}">\n{body}\n</document>'
 
 
 def section_messages(*, title: str, pages: list[PageText], instruction: str) -> list[dict[str, str]]:
@@ -74,7 +128,7 @@ def combine_messages(
     )
     if focus.strip():
         instruction += f" Focus on: {focus.strip()}."
-    content = f'<summaries document="{_attr(title)}">\n{body}\n</summaries>\n\n{instruction}'
+    content = f'<summaries document="{escape_attr(title)}">\n{body}\n</summaries>\n\n{instruction}'
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
 
 
@@ -95,5 +149,6 @@ def summary_messages(
     return section_messages(title=title, pages=pages, instruction=summary_instruction(length=length, focus=focus))
 
 
-def _attr(value: str) -> str:
+def escape_attr(value: str) -> str:
+    """Text safe inside a double-quoted attribute of the prompt's markup."""
     return value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")

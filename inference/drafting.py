@@ -1,0 +1,101 @@
+"""Drafted replies grounded in the user's documents: the prompt, the citations and the check of
+each sentence against what it cites. Pure: passages come in as arguments, embeddings through a
+callable.
+
+The model sees numbered passages (document title and page with each) as data, the incoming
+message as data, and an instruction to cite passages as [n] after the sentences that use them
+(``prompts.draft_messages``).
+Afterwards every citation is resolved to its passage (a number that names no passage is
+reported, never linked), and every sentence is checked against the passages it cites by
+embedding similarity: a sentence that cites nothing, or whose citations do not support it, is
+flagged for the person who sends the reply.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from inference.prompts import Passage
+
+SUPPORT_MIN_SIMILARITY = 0.5  # cosine similarity of a sentence to its best cited passage
+
+
+_CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
+_SENTENCE_END = re.compile(r"(?<=[.!?])(?:\s*(?:\[\d{1,3}(?:\s*,\s*\d{1,3})*\]))*\s+(?=[A-Z0-9\"'(])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of a reply, each keeping the citations that follow its full stop."""
+    sentences: list[str] = []
+    start = 0
+    for match in _SENTENCE_END.finditer(text):
+        end = match.start() + len(match.group(0).rstrip())
+        sentence = text[start:end].strip()
+        if sentence:
+            sentences.append(sentence)
+        start = end
+    rest = text[start:].strip()
+    if rest:
+        sentences.append(rest)
+    return sentences
+
+
+def cited_numbers(sentence: str) -> list[int]:
+    numbers: list[int] = []
+    for group in _CITATION.findall(sentence):
+        for part in group.split(","):
+            number = int(part.strip())
+            if number not in numbers:
+                numbers.append(number)
+    return numbers
+
+
+def strip_citations(sentence: str) -> str:
+    return _CITATION.sub("", sentence).strip()
+
+
+@dataclass(frozen=True)
+class SentenceCheck:
+    text: str
+    citations: list[int]  # numbers that name a passage
+    unknown_citations: list[int]  # numbers that name none
+    similarity: float | None  # to the best cited passage
+    supported: bool
+
+
+def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norm if norm else 0.0
+
+
+def check_support(
+    text: str,
+    passages: Sequence[Passage],
+    *,
+    embed: Callable[[list[str]], list[Sequence[float]]],
+    min_similarity: float = SUPPORT_MIN_SIMILARITY,
+) -> list[SentenceCheck]:
+    """Each sentence of a draft, with what it cites and whether the cited passages support it.
+    ``embed`` turns texts into vectors (the appliance's sentence-transformers model)."""
+    by_number = {p.number: p for p in passages}
+    sentences = split_sentences(text)
+    if not sentences:
+        return []
+    vectors = embed([strip_citations(s) for s in sentences] + [p.text for p in passages])
+    sentence_vectors, passage_vectors = vectors[: len(sentences)], vectors[len(sentences) :]
+    passage_vector = {p.number: v for p, v in zip(passages, passage_vectors, strict=True)}
+    checks = []
+    for sentence, vector in zip(sentences, sentence_vectors, strict=True):
+        numbers = cited_numbers(sentence)
+        known = [n for n in numbers if n in by_number]
+        unknown = [n for n in numbers if n not in by_number]
+        similarity = max((_cosine(vector, passage_vector[n]) for n in known), default=None)
+        supported = similarity is not None and similarity >= min_similarity
+        checks.append(
+            SentenceCheck(sentence, known, unknown, None if similarity is None else round(similarity, 3), supported)
+        )
+    return checks
