@@ -170,6 +170,7 @@ class EngineHost:
     def start_engine(self) -> None:
         import torch
         import vllm
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -197,6 +198,8 @@ class EngineHost:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             disable_log_stats=False,
             **cache_args,
+            # Compact JSON: a model may not spend its token budget on whitespace between fields.
+            structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         )
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
         self.tokenizer = self.engine.get_tokenizer()
