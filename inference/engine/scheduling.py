@@ -44,17 +44,6 @@ class Scheduling(StrEnum):
         return self is not Scheduling.FIFO
 
 
-def slice_ends(prompt_tokens: int, slice_tokens: int, start: int = 0) -> list[int]:
-    """Where the slices of a prompt end, before the final request that reads the whole prompt.
-
-    Every end is a multiple of ``slice_tokens`` (itself a multiple of the KV block size, so the
-    prefix cache keeps each slice whole) and strictly inside the prompt."""
-    if slice_tokens <= 0:
-        raise ValueError("slice_tokens must be positive")
-    first = (start // slice_tokens + 1) * slice_tokens
-    return list(range(first, prompt_tokens, slice_tokens))
-
-
 def round_to_block(tokens: int, block_size: int) -> int:
     """``tokens`` rounded up to a whole number of KV blocks (at least one)."""
     return max(block_size, -(-tokens // block_size) * block_size)

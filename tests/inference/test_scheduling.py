@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from inference.engine.scheduling import PrefillLane, Scheduling, round_to_block, slice_ends
+from inference.engine.scheduling import PrefillLane, Scheduling, round_to_block
 
 
 def run(coro_fn):
@@ -30,16 +30,6 @@ def test_policies_switch_on_exactly_their_parts():
     )
     assert not (Scheduling.FIFO.admission_control or Scheduling.FIFO.prefill_lane or Scheduling.FIFO.priorities)
     assert Scheduling("fifo") is Scheduling.FIFO
-
-
-def test_slice_ends_are_block_multiples_strictly_inside_the_prompt():
-    assert slice_ends(2500, 128) == list(range(128, 2500, 128))
-    assert slice_ends(2500, 128)[-1] == 2432  # the final request reads the last 68 tokens
-    assert slice_ends(256, 128) == [128]  # never the whole prompt: the final request computes the end
-    assert slice_ends(100, 128) == []
-    assert slice_ends(1000, 256, start=300) == [512, 768]
-    with pytest.raises(ValueError):
-        slice_ends(100, 0)
 
 
 def test_round_to_block():
