@@ -7,23 +7,9 @@ import asyncio
 import pytest
 
 from inference.engine.admission import AdmissionRefused, KvAdmission, Reservation
+from tests.inference.asyncio_bodies import run, settle
 
 DECODE, PREFILL = 0, 10
-
-
-def run(coro_fn):
-    """Run an async test body with a hard timeout, so that a bug cannot hang the suite."""
-
-    async def bounded():
-        return await asyncio.wait_for(coro_fn(), timeout=5)
-
-    return asyncio.run(bounded())
-
-
-async def settle():
-    """Let every ready task run."""
-    for _ in range(5):
-        await asyncio.sleep(0)
 
 
 def make(capacity=1000, **kwargs) -> KvAdmission:

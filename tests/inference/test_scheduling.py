@@ -7,18 +7,7 @@ import asyncio
 import pytest
 
 from inference.engine.scheduling import PrefillLane, Scheduling, round_to_block
-
-
-def run(coro_fn):
-    async def bounded():
-        return await asyncio.wait_for(coro_fn(), timeout=5)
-
-    return asyncio.run(bounded())
-
-
-async def settle():
-    for _ in range(5):
-        await asyncio.sleep(0)
+from tests.inference.asyncio_bodies import run, settle
 
 
 def test_policies_switch_on_exactly_their_parts():
