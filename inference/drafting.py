@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inference.prompts import Passage
+from inference.prompts import NumberedPassage
 
 SUPPORT_MIN_SIMILARITY = 0.5  # cosine similarity of a sentence to its best cited passage
 
@@ -74,7 +74,7 @@ def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
 
 def check_support(
     text: str,
-    passages: Sequence[Passage],
+    passages: Sequence[NumberedPassage],
     *,
     embed: Callable[[list[str]], list[Sequence[float]]],
     min_similarity: float = SUPPORT_MIN_SIMILARITY,

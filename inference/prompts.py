@@ -41,32 +41,33 @@ DEFAULT_DRAFT_LENGTH = "standard"
 
 
 @dataclass(frozen=True)
-class Passage:
+class NumberedPassage:
+    """A passage as the drafting prompt shows it. The drafting service numbers the passages
+    search found (``documents.search.Passage``) and keeps the number -> passage map for citations."""
+
     number: int  # 1-based, as cited: [1], [2], ...
-    chunk_id: int
-    document_id: int
-    document_title: str
-    page_start: int
-    page_end: int
+    source: str  # "Supply contract, p. 3": see passage_source
     text: str
 
-    @property
-    def where(self) -> str:
-        pages = (
-            f"p. {self.page_start}" if self.page_start == self.page_end else f"pp. {self.page_start}-{self.page_end}"
-        )
-        return f"{self.document_title}, {pages}"
+
+def passage_source(title: str, page_start: int, page_end: int) -> str:
+    pages = f"p. {page_start}" if page_start == page_end else f"pp. {page_start}-{page_end}"
+    return f"{title}, {pages}"
 
 
 def draft_messages(
-    *, message: str, passages: Sequence[Passage], tone: str = DEFAULT_DRAFT_TONE, length: str = DEFAULT_DRAFT_LENGTH
+    *,
+    message: str,
+    passages: Sequence[NumberedPassage],
+    tone: str = DEFAULT_DRAFT_TONE,
+    length: str = DEFAULT_DRAFT_LENGTH,
 ) -> list[dict[str, str]]:
     if tone not in DRAFT_TONES:
         raise ValueError(f"unknown tone {tone!r}; choose one of {', '.join(DRAFT_TONES)}")
     if length not in DRAFT_LENGTHS:
         raise ValueError(f"unknown length {length!r}; choose one of {', '.join(DRAFT_LENGTHS)}")
     listed = "\n\n".join(
-        f'<passage n="{p.number}" source="{escape_attr(p.where)}">\n{p.text}\n</passage>' for p in passages
+        f'<passage n="{p.number}" source="{escape_attr(p.source)}">\n{p.text}\n</passage>' for p in passages
     )
     instruction = (
         f"Write a reply to the message above, {DRAFT_LENGTHS[length]}, in {DRAFT_TONES[tone]}. Use only facts from the "

@@ -54,6 +54,7 @@ from appliance.benchmarking import (
     synthetic_rng,
     synthetic_sentence,
 )
+from inference.timing import percentile
 
 HELP = "drafting latency under a document backlog (appliance vs engine vs fifo), overhead, peak, prefix reuse"
 
@@ -163,12 +164,6 @@ def _refuse_if_appliance_running() -> None:
             f"Workers are serving the inference queues ({', '.join(busy)}): stop `make run` first; "
             "the benchmark starts its own workers and needs the engine to itself."
         )
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    from inference.timing import percentile as _percentile
-
-    return _percentile(values, q)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

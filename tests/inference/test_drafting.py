@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from inference.drafting import check_support, cited_numbers, split_sentences, strip_citations
-from inference.prompts import SYSTEM, Passage, draft_messages
+from inference.prompts import SYSTEM, NumberedPassage, draft_messages, passage_source
 
 PASSAGES = [
-    Passage(1, 11, 5, "Supply contract", 3, 3, "Invoices are payable within thirty days of receipt."),
-    Passage(2, 12, 5, "Supply contract", 7, 8, 'Either party may terminate on ninety days" notice.'),
+    NumberedPassage(1, passage_source("Supply contract", 3, 3), "Invoices are payable within thirty days of receipt."),
+    NumberedPassage(2, passage_source("Supply contract", 7, 8), 'Either party may terminate on ninety days" notice.'),
 ]
 
 
