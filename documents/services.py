@@ -119,6 +119,38 @@ def document_fail(*, document_id: int, reason: str) -> Document | None:
     return Document.objects.filter(pk=document_id).first()
 
 
+MESSAGE_UPLOAD_MAX_BYTES = 5 * 1024 * 1024
+MESSAGE_UPLOAD_MAX_PAGES = 10
+
+
+def text_of_message_upload(upload) -> str:
+    """The text of an incoming letter or e-mail uploaded to reply to (PDF, Word, text, .eml),
+    extracted in the sandbox like any document, but not stored: it is the job's input."""
+    from documents.sandbox import SandboxLimits, extract_in_sandbox
+
+    if upload.size > MESSAGE_UPLOAD_MAX_BYTES:
+        raise UploadRejected(
+            f"{upload.name}: a message to reply to can be at most {MESSAGE_UPLOAD_MAX_BYTES // (1024 * 1024)} MB."
+        )
+    data = b"".join(upload.chunks())
+    try:
+        extracted = extract_in_sandbox(
+            data,
+            filename=upload.name,
+            content_type=getattr(upload, "content_type", "") or "",
+            limits=ExtractionLimits(max_pages=MESSAGE_UPLOAD_MAX_PAGES, max_chars=200_000, max_attachments=0),
+            sandbox=SandboxLimits(
+                timeout_s=min(30.0, settings.APPLIANCE_EXTRACTION_TIMEOUT_S),
+                memory_bytes=settings.APPLIANCE_EXTRACTION_MEMORY_MB * 1024 * 1024,
+            ),
+            use_ocr=settings.APPLIANCE_OCR,
+        )
+    except ExtractionError as exc:
+        raise UploadRejected(f"{upload.name}: {exc}") from None
+    text = "\n\n".join(page.text for page in extracted.pages if page.text.strip()).strip()
+    if not text:
+        raise UploadRejected(f"{upload.name}: no text could be read from this file.")
+    return text
 
 
 def document_ingest(*, document_id: int) -> Document | None:

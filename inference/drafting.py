@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from inference.prompts import NumberedPassage
 
 SUPPORT_MIN_SIMILARITY = 0.5  # cosine similarity of a sentence to its best cited passage
+DRAFT_MAX_TOKENS = {"short": 192, "standard": 384, "detailed": 768}  # per DRAFT_LENGTHS
+DRAFT_PASSAGES = 6  # passages given to the model, best first
+MESSAGE_MAX_CHARS = 12_000  # an incoming letter or e-mail; longer ones are cut, with a note
+MAX_QUERIES = 5  # the whole message and up to four of its questions
+QUERY_MAX_CHARS = 1_000
 
 
 _CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
@@ -69,7 +74,7 @@ class SentenceCheck:
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b, strict=True))
     norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return dot / norm if norm else 0.0
+    return float(dot / norm) if norm else 0.0  # a plain float, even from numpy vectors
 
 
 def check_support(
@@ -99,3 +104,54 @@ def check_support(
             SentenceCheck(sentence, known, unknown, None if similarity is None else round(similarity, 3), supported)
         )
     return checks
+
+
+def retrieval_queries(message: str) -> list[str]:
+    """What to search for to answer ``message``: the message itself (its start, as the embedder
+    reads only so much), then each question it asks, so that a letter with three questions finds
+    passages for all three and not only for the one its wording leans on."""
+    text = " ".join(message.split())
+    if not text:
+        return []
+    queries = [text[:QUERY_MAX_CHARS]]
+    for sentence in split_sentences(text):
+        if sentence.endswith("?") and len(sentence) > 12 and sentence not in queries:
+            queries.append(sentence[:QUERY_MAX_CHARS])
+        if len(queries) >= MAX_QUERIES:
+            break
+    return queries
+
+
+def fuse_rankings(rankings: Sequence[Sequence[int]], *, k: int = 60) -> list[int]:
+    """Reciprocal-rank fusion of several ranked lists of ids, best first (ties: first seen)."""
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, item in enumerate(ranking, start=1):
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    return sorted(scores, key=lambda item: -scores[item])
+
+
+def sentence_parts(sentence: str) -> list[tuple[str, str | int]]:
+    """A sentence as ("text", str) and ("cite", number) pieces, for linking each citation."""
+    parts: list[tuple[str, str | int]] = []
+    position = 0
+    for match in _CITATION.finditer(sentence):
+        if match.start() > position:
+            parts.append(("text", sentence[position : match.start()]))
+        for number in cited_numbers(match.group(0)):
+            parts.append(("cite", number))
+        position = match.end()
+    if position < len(sentence):
+        parts.append(("text", sentence[position:]))
+    return parts
+
+
+def support_summary(checks: Sequence[SentenceCheck]) -> dict:
+    """Counts for the job's note and the API."""
+    return {
+        "sentences": len(checks),
+        "supported": sum(check.supported for check in checks),
+        "unsupported": sum(not check.supported for check in checks),
+        "uncited": sum(not check.citations for check in checks),
+        "unknown_citations": sorted({n for check in checks for n in check.unknown_citations}),
+    }

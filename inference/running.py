@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass, field
 from django.conf import settings
 from django.utils import timezone
 
-from inference import streaming
+from inference import grounding, streaming
 from inference.clauses import clause_schema, parse_answer, verify_clauses
+from inference.drafting import DRAFT_MAX_TOKENS, check_support, support_summary
 from inference.engine.client import EngineClient
 from inference.engine.protocol import GenerateRequest, Priority
 from inference.models import Job, JobKind, Queue
@@ -27,6 +28,7 @@ from inference.prompts import (
     PageText,
     clause_instruction,
     combine_messages,
+    draft_messages,
     section_messages,
     summary_instruction,
 )
@@ -308,6 +310,77 @@ def run_clauses(job: Job, client: EngineClient) -> TaskResult:
     return result
 
 
+# --- drafting --------------------------------------------------------------------------------
+
+
+def run_draft(job: Job, client: EngineClient) -> TaskResult:
+    """Search the owner's documents (as they may read them now) for passages that answer the
+    message, number them, stream the reply, then check each of its sentences against the
+    passages it cites."""
+    from documents.embeddings import get_embedder
+
+    options = job.options
+    scope = grounding.Scope(document_ids=tuple(options.get("document_ids") or ()), group_id=options.get("group_id"))
+    embedder = get_embedder()
+    _progress(job, "Finding the passages that answer the message")
+    passages = grounding.retrieve(user=job.owner, message=options["message"], scope=scope, embedder=embedder)
+    shown = grounding.numbered(passages)
+    max_tokens = DRAFT_MAX_TOKENS[options["length"]]
+    context = int(client.stats()["max_model_len"])
+    while True:  # the best passages that fit beside the message and the answer
+        messages = draft_messages(
+            message=options["message"], passages=shown, tone=options["tone"], length=options["length"]
+        )
+        prompt_tokens = client.count_tokens([messages])[0]
+        if prompt_tokens + max_tokens <= context or not shown:
+            break
+        shown.pop()
+    if prompt_tokens + max_tokens > context:
+        raise ValueError(
+            f"The incoming message is too long for the model: it takes {prompt_tokens} of the "
+            f"{context} tokens the model reads, with {max_tokens} more needed for the reply. Shorten it."
+        )
+    run = run_engine(job, engine_request(job, messages, max_tokens, part="draft"), client)
+    result = TaskResult(text=run.text, runs=[run], visible=run)
+    if run.cancelled:
+        return result
+    checks = check_support(run.text, shown, embed=embedder.encode)
+    support = support_summary(checks)
+    result.data = {
+        "message": options["message"],
+        "scope": scope.describe(),
+        "passages": [grounding.passage_record(p.number, passage) for p, passage in zip(shown, passages, strict=False)],
+        "sentences": [asdict(check) for check in checks],
+        "support": support,
+    }
+    result.note = draft_note(support, passages=len(shown), left_out=len(passages) - len(shown))
+    return result
+
+
+def draft_note(support: dict, *, passages: int, left_out: int = 0) -> str:
+    if not passages:
+        return (
+            "No passage of the documents in scope matched the message, so this draft rests on nothing: "
+            "every sentence is flagged. Choose other documents, or write the reply yourself."
+        )
+    note = (
+        f"Grounded on {passages} passage(s). {support['supported']} of {support['sentences']} sentence(s) are "
+        "supported by the passages they cite"
+    )
+    flagged = []
+    if support["uncited"]:
+        flagged.append(f"{support['uncited']} cite(s) no passage")
+    if support["unsupported"] - support["uncited"]:
+        flagged.append(f"{support['unsupported'] - support['uncited']} cite(s) passages that do not support them")
+    note += ("; " + " and ".join(flagged) + ", and are flagged for checking.") if flagged else "."
+    if support["unknown_citations"]:
+        listed = ", ".join(f"[{n}]" for n in support["unknown_citations"])
+        note += f" The citation(s) {listed} name no passage and are not linked."
+    if left_out:
+        note += f" {left_out} more passage(s) were found but did not fit in the model's context."
+    return note
+
+
 # --- chat ------------------------------------------------------------------------------------
 
 
@@ -320,6 +393,7 @@ def run_chat(job: Job, client: EngineClient) -> TaskResult:
 RUNNERS = {
     JobKind.SUMMARISE: run_summary,
     JobKind.EXTRACT_CLAUSES: run_clauses,
+    JobKind.DRAFT: run_draft,
     JobKind.CHAT: run_chat,
 }
 

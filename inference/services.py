@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from datetime import timedelta
 
 import redis
@@ -16,15 +17,26 @@ from django.utils import timezone
 from documents.models import Document
 from inference import running, streaming
 from inference.clauses import DEFAULT_TAXONOMY, categories_for
+from inference.drafting import MESSAGE_MAX_CHARS, check_support, support_summary
 from inference.engine.client import EngineClient, EngineRequestError
+from inference.grounding import ScopeRejected, draft_scope, passages_from_records
 from inference.models import QUEUE_FOR_KIND, Job, JobKind, Queue, RequestMetrics
-from inference.prompts import DEFAULT_SUMMARY_LENGTH, SUMMARY_LENGTHS
+from inference.prompts import (
+    DEFAULT_DRAFT_LENGTH,
+    DEFAULT_DRAFT_TONE,
+    DEFAULT_SUMMARY_LENGTH,
+    DRAFT_LENGTHS,
+    DRAFT_TONES,
+    SUMMARY_LENGTHS,
+)
 from inference.timing import request_timing
 
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 4  # times a worker may start a job before it is failed (a job that kills workers)
 CHAT_MAX_TOKENS_LIMIT = 4096
+REGENERATE_TEMPERATURE = 0.7  # a regenerated draft samples, so that it can differ from the first
+DRAFT_EDIT_MAX_CHARS = 20_000
 
 
 class JobRejected(ValueError):
@@ -107,6 +119,139 @@ def job_create_chat(
         "ignore_eos": bool(ignore_eos),
     }
     return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options)
+
+
+def job_create_draft(
+    *,
+    owner: AbstractBaseUser,
+    message: str,
+    document_ids: list[int] | tuple[int, ...] = (),
+    group_id: int | None = None,
+    tone: str = DEFAULT_DRAFT_TONE,
+    length: str = DEFAULT_DRAFT_LENGTH,
+    temperature: float = 0.0,
+    regenerated_from: Job | None = None,
+) -> Job:
+    """A reply to ``message`` on the decode queue, grounded on passages of the chosen documents,
+    of the documents shared with one of the owner's groups, or (neither chosen) of every document
+    the owner may read."""
+    message = (message or "").strip()
+    if not message:
+        raise JobRejected("Paste or upload the message to reply to.")
+    if len(message) > MESSAGE_MAX_CHARS:
+        raise JobRejected(
+            f"The message is {len(message):,} characters long; the limit is {MESSAGE_MAX_CHARS:,}. "
+            "Paste the part that needs an answer."
+        )
+    if tone not in DRAFT_TONES:
+        raise JobRejected(f"Unknown tone {tone!r}; choose one of {', '.join(DRAFT_TONES)}.")
+    if length not in DRAFT_LENGTHS:
+        raise JobRejected(f"Unknown length {length!r}; choose one of {', '.join(DRAFT_LENGTHS)}.")
+    if not 0.0 <= temperature <= 2.0:
+        raise JobRejected("temperature must be between 0 and 2.")
+    try:
+        scope = draft_scope(user=owner, document_ids=document_ids, group_id=group_id)
+    except ScopeRejected as exc:
+        raise JobRejected(str(exc)) from None
+    options = {
+        "message": message,
+        "document_ids": list(scope.document_ids),
+        "group_id": scope.group_id,
+        "tone": tone,
+        "length": length,
+        "temperature": float(temperature),
+    }
+    if regenerated_from is not None:
+        options["regenerated_from"] = str(regenerated_from.pk)
+    document = None
+    if len(scope.document_ids) == 1:  # listed with the document's jobs
+        document = Document.objects.get(pk=scope.document_ids[0])
+    return _job_create(owner=owner, document=document, kind=JobKind.DRAFT, options=options)
+
+
+def job_regenerate_draft(
+    *, job: Job, user: AbstractBaseUser, tone: str | None = None, length: str | None = None
+) -> Job:
+    """A new draft for the same message and documents (tone and length may change), sampled so
+    that it can differ from the one before."""
+    if job.kind != JobKind.DRAFT:
+        raise JobRejected("Only a drafted reply can be regenerated.")
+    options = job.options
+    return job_create_draft(
+        owner=user,
+        message=options["message"],
+        document_ids=options.get("document_ids") or (),
+        group_id=options.get("group_id"),
+        tone=tone or options["tone"],
+        length=length or options["length"],
+        temperature=REGENERATE_TEMPERATURE,
+        regenerated_from=job,
+    )
+
+
+def draft_edit(*, job: Job, text: str) -> Job:
+    """Keep the person's edits of a finished draft; the edited text is then checked against the
+    same passages (``tasks.check_draft``, in a worker that has the embedder)."""
+    if job.kind != JobKind.DRAFT or job.state != Job.State.SUCCEEDED:
+        raise JobRejected("Only a finished draft can be edited.")
+    text = (text or "").strip()
+    if not text:
+        raise JobRejected("The edited draft is empty.")
+    if len(text) > DRAFT_EDIT_MAX_CHARS:
+        raise JobRejected(f"The edited draft is longer than {DRAFT_EDIT_MAX_CHARS:,} characters.")
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        version = int(job.result_data.get("edit_version", 0)) + 1
+        job.result_data = {
+            **job.result_data,
+            "edited_text": text,
+            "edited_at": timezone.now().isoformat(),
+            "edit_version": version,
+            "edited_sentences": None,  # until the check below has run
+            "edited_support": None,
+        }
+        job.save(update_fields=["result_data"])
+        transaction.on_commit(lambda: _enqueue_draft_check(job.pk, version))
+    return job
+
+
+def _enqueue_draft_check(job_id, version: int) -> None:
+    from inference.tasks import check_draft
+
+    check_draft.apply_async(args=[str(job_id), version], queue=celery_queue_for(Queue.DECODE))
+
+
+def draft_check_edit(*, job_id, version: int) -> bool:
+    """Check an edited draft's sentences against the passages of the job; stored only if no
+    later edit came meanwhile. Runs in a decode worker."""
+    from documents.embeddings import get_embedder  # heavy: loaded by the workers that check
+
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None or job.result_data.get("edit_version") != version:
+        return False
+    passages = passages_from_records(job.result_data.get("passages", []))
+    checks = check_support(job.result_data["edited_text"], passages, embed=get_embedder().encode)
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.result_data.get("edit_version") != version:
+            return False
+        job.result_data = {
+            **job.result_data,
+            "edited_sentences": [asdict(check) for check in checks],
+            "edited_support": support_summary(checks),
+        }
+        job.save(update_fields=["result_data"])
+    return True
+
+
+def draft_check_failed(*, job_id, version: int) -> None:
+    """The page stops saying "checking" and says the check could not be made."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or job.result_data.get("edit_version") != version:
+            return
+        job.result_data = {**job.result_data, "edited_sentences": [], "edited_support": {"error": True}}
+        job.save(update_fields=["result_data"])
 
 
 def celery_queue_for(queue: Queue | str) -> str:
@@ -222,7 +367,7 @@ def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
 
     Safe to call again for the same job (a redelivered task): a finished job is left alone and an
     unfinished one starts over. ``EngineUnavailable`` propagates so that the task can retry."""
-    job = Job.objects.select_related("document").filter(pk=job_id).first()
+    job = Job.objects.select_related("document", "owner").filter(pk=job_id).first()
     if job is None or job.is_finished:
         return job  # a job whose row is gone is dropped quietly
     client = client or EngineClient.from_settings()

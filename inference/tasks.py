@@ -55,6 +55,16 @@ def run_job(self, job_id: str) -> None:
         )
 
 
+@shared_task(acks_late=True, ignore_result=True)
+def check_draft(job_id: str, version: int) -> None:
+    """Check an edited draft against its passages (the decode worker has the embedder)."""
+    try:
+        services.draft_check_edit(job_id=job_id, version=version)
+    except Exception:
+        logger.exception("job %s: the edited draft could not be checked", job_id)
+        services.draft_check_failed(job_id=job_id, version=version)
+
+
 _watchdog_stop = threading.Event()
 
 

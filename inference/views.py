@@ -1,5 +1,5 @@
-"""Staff browser views for jobs: start a summary or a clause extraction, watch it stream,
-cancel it, export clauses."""
+"""Staff browser views for jobs: start a summary, a clause extraction or a drafted reply, watch
+it stream, cancel it, export clauses, edit and regenerate a draft."""
 
 from __future__ import annotations
 
@@ -10,15 +10,20 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils.text import slugify
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from documents import selectors as document_selectors
-from inference import selectors, services, streaming
+from documents.search import readable_documents
+from documents.services import UploadRejected, text_of_message_upload
+from inference import grounding, selectors, services, streaming
 from inference.clauses import DEFAULT_TAXONOMY
+from inference.drafting import MESSAGE_MAX_CHARS, sentence_parts
 from inference.models import JobKind
+from inference.prompts import DEFAULT_DRAFT_LENGTH, DEFAULT_DRAFT_TONE, DRAFT_LENGTHS, DRAFT_TONES
 
 QUEUE_REPORT_MS = 2000  # how often a queued job's stream says where it stands
 CONTEXT_CHARS = 240  # page text shown around a clause
+DRAFT_DOCUMENT_CHOICES = 500  # the most recent documents offered to ground a reply on
 
 
 @login_required
@@ -49,6 +54,127 @@ def extract_clauses(request, document_id: int):
             categories=request.POST.getlist("categories"),
         ),
     )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def draft_new(request):
+    """The drafting form: the message (pasted or uploaded), the documents or group to ground the
+    reply on, tone and length. POST starts the job."""
+    values = {
+        "message": "",
+        "document_ids": [_int(v) for v in request.GET.getlist("document") if _int(v)],
+        "group_id": None,
+        "tone": DEFAULT_DRAFT_TONE,
+        "length": DEFAULT_DRAFT_LENGTH,
+    }
+    status = 200
+    if request.method == "POST":
+        values = {
+            "message": request.POST.get("message", ""),
+            "document_ids": [_int(v) for v in request.POST.getlist("documents") if _int(v)],
+            "group_id": _int(request.POST.get("group")),
+            "tone": request.POST.get("tone", DEFAULT_DRAFT_TONE),
+            "length": request.POST.get("length", DEFAULT_DRAFT_LENGTH),
+        }
+        try:
+            upload = request.FILES.get("message_file")
+            if upload is not None and not values["message"].strip():
+                values["message"] = text_of_message_upload(upload)
+            job = services.job_create_draft(owner=request.user, **values)
+        except services.QueueFull as exc:
+            return busy_response(request, exc)
+        except (services.JobRejected, UploadRejected) as exc:
+            messages.error(request, str(exc))
+            status = 400
+        else:
+            return redirect("inference:job", job_id=job.pk)
+    documents = readable_documents(request.user, ready_only=True).filter(parent=None)
+    return render(
+        request,
+        "inference/draft_new.html",
+        {
+            "values": values,
+            "documents": documents.only("pk", "title")[:DRAFT_DOCUMENT_CHOICES],
+            "groups": request.user.groups.order_by("name"),
+            "tones": list(DRAFT_TONES),
+            "lengths": list(DRAFT_LENGTHS),
+            "message_max_chars": MESSAGE_MAX_CHARS,
+        },
+        status=status,
+    )
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+@login_required
+@require_POST
+def draft_regenerate(request, job_id):
+    job = _draft_or_404(request, job_id)
+    try:
+        new = services.job_regenerate_draft(
+            job=job, user=request.user, tone=request.POST.get("tone"), length=request.POST.get("length")
+        )
+    except services.QueueFull as exc:
+        return busy_response(request, exc)
+    except services.JobRejected as exc:
+        messages.error(request, str(exc))
+        return redirect("inference:job", job_id=job.pk)
+    return redirect("inference:job", job_id=new.pk)
+
+
+@login_required
+@require_POST
+def draft_edit(request, job_id):
+    job = _draft_or_404(request, job_id)
+    try:
+        services.draft_edit(job=job, text=request.POST.get("text", ""))
+    except services.JobRejected as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Your edits are saved; they are being checked against the passages.")
+    return redirect("inference:job", job_id=job.pk)
+
+
+def _draft_or_404(request, job_id):
+    job = selectors.job_for_user(user=request.user, job_id=job_id)
+    if job is None or job.kind != JobKind.DRAFT:
+        raise Http404("No such draft.")
+    return job
+
+
+def draft_view(job, user) -> dict | None:
+    """A finished draft for its page: each sentence split into text and citations, flagged when
+    its citations do not support it; each passage with whether the viewer may still open it."""
+    if job.kind != JobKind.DRAFT or job.state != job.State.SUCCEEDED:
+        return None
+    data = job.result_data
+    edited = data.get("edited_text")
+    sentences = data.get("edited_sentences") if edited else data.get("sentences")
+    passages = data.get("passages", [])
+    readable = grounding.readable_ids(user, [p["document_id"] for p in passages])
+    numbers = {p["number"] for p in passages}
+    return {
+        "text": edited or job.result_text,
+        "edited": bool(edited),
+        "checking": bool(edited) and sentences is None,
+        "support": data.get("edited_support") if edited else data.get("support"),
+        "sentences": [
+            {**sentence, "parts": sentence_parts(sentence["text"]), "uncited": not sentence["citations"]}
+            for sentence in (sentences or [])
+        ],
+        "passages": [{**p, "readable": p["document_id"] in readable} for p in passages],
+        "numbers": numbers,
+        "message": data.get("message") or job.options.get("message", ""),
+        "scope": data.get("scope", ""),
+        "tones": list(DRAFT_TONES),
+        "lengths": list(DRAFT_LENGTHS),
+    }
 
 
 def _start_document_job(request, document_id: int, create):
@@ -143,6 +269,7 @@ def job_detail(request, job_id):
             "metrics": getattr(job, "metrics", None),
             "queue": selectors.job_queue_status(job),
             "clauses": clause_views(job),
+            "draft": draft_view(job, request.user),
         },
     )
 

@@ -6,16 +6,15 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.contrib.postgres.search import SearchVector
-from django.core.files.base import ContentFile
 from django.test import Client
 from django.urls import URLPattern, reverse
 
 from documents import services
 from documents import urls as document_urls
-from documents.models import Chunk, Document, Page
+from documents.models import Document
 from documents.search import search_passages
 from inference.models import Job
+from tests.factories import ready_document
 
 pytestmark = pytest.mark.django_db
 
@@ -34,26 +33,6 @@ def people():
     return alice, bob, carol, legal
 
 
-def _ready_document(owner, title: str, text: str) -> Document:
-    """A document as ingestion leaves it: pages and embedded chunks (the real embedder)."""
-    from documents.embeddings import get_embedder
-
-    document = Document(
-        owner=owner, title=title, filename=f"{title}.txt", kind=Document.Kind.TEXT, size_bytes=len(text),
-        sha256=title.ljust(64, "0")[:64], state=Document.State.READY, pages_total=1, pages_done=1,
-    )  # fmt: skip
-    document.file.save(f"{title}.txt", ContentFile(text.encode()), save=False)
-    document.save()
-    Page.objects.create(document=document, number=1, text=text, char_start=0)
-    embedder = get_embedder()
-    Chunk.objects.create(
-        document=document, index=0, page_start=1, page_end=1, char_start=0, char_end=len(text), text=text,
-        token_count=len(text.split()), embedding=embedder.encode([text])[0].tolist(), embedding_model=embedder.model_name,
-    )  # fmt: skip
-    Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
-    return document
-
-
 def _client(user) -> Client:
     client = Client()
     client.force_login(user)
@@ -70,7 +49,7 @@ def _document_routes():
 
 def test_a_stranger_reaches_nothing_of_a_private_document(people):
     alice, bob, _, _ = people
-    private = _ready_document(alice, "merger-memo", SECRET)
+    private = ready_document(alice, "merger-memo", SECRET)
     client = _client(bob)
 
     routes = list(_document_routes())
@@ -92,7 +71,7 @@ def test_a_stranger_reaches_nothing_of_a_private_document(people):
 
 def test_sharing_with_a_group_lets_its_members_read(people):
     alice, bob, carol, legal = people
-    memo = _ready_document(alice, "merger-memo", SECRET)
+    memo = ready_document(alice, "merger-memo", SECRET)
     assert search_passages(user=carol, query="BLUE-HERON-77") == []
 
     services.document_share(document=memo, user=alice, groups=[legal])
@@ -118,7 +97,7 @@ def test_sharing_with_a_group_lets_its_members_read(people):
 
 def test_an_owner_cannot_share_with_a_group_they_are_not_in(people):
     alice, bob, _, legal = people
-    notes = _ready_document(bob, "bob-notes", "Bob's notes on the quarterly figures.")
+    notes = ready_document(bob, "bob-notes", "Bob's notes on the quarterly figures.")
     with pytest.raises(services.NotAllowed):
         services.document_share(document=notes, user=bob, groups=[legal])
     assert not notes.shared_with.exists()

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from inference.drafting import check_support, cited_numbers, split_sentences, strip_citations
+from inference.drafting import (
+    check_support,
+    cited_numbers,
+    fuse_rankings,
+    retrieval_queries,
+    sentence_parts,
+    split_sentences,
+    strip_citations,
+    support_summary,
+)
+from inference.running import draft_note
 from inference.prompts import SYSTEM, NumberedPassage, draft_messages, passage_source
 
 PASSAGES = [
@@ -69,3 +79,60 @@ def test_each_sentence_is_checked_against_what_it_cites():
 
 def test_an_empty_draft_has_nothing_to_check():
     assert check_support("   ", PASSAGES, embed=fake_embed) == []
+
+
+def test_retrieval_searches_for_the_message_and_each_of_its_questions():
+    message = (
+        "Dear Sir,\n\nwe received your invoice 4411.   When is it payable? Also: can we end the contract early? Thanks."
+    )
+    queries = retrieval_queries(message)
+    assert queries[0].startswith("Dear Sir, we received")  # whitespace folded, the whole message first
+    assert queries[1:] == ["When is it payable?", "Also: can we end the contract early?"]
+    assert retrieval_queries("   ") == []
+    many = " ".join(f"Question number {i} is here?" for i in range(10))
+    assert len(retrieval_queries(many)) == 5
+
+
+def test_rankings_are_fused_by_reciprocal_rank():
+    # 7 is second in both lists, so it beats 1 and 9 that are first in one list and absent from the other.
+    assert fuse_rankings([[1, 7, 3], [9, 7]]) == [7, 1, 9, 3]
+    assert fuse_rankings([]) == []
+
+
+def test_a_sentence_splits_into_text_and_each_citation():
+    assert sentence_parts("Payable in 30 days [1, 3]. See [2]") == [
+        ("text", "Payable in 30 days "),
+        ("cite", 1),
+        ("cite", 3),
+        ("text", ". See "),
+        ("cite", 2),
+    ]
+    assert sentence_parts("No citation.") == [("text", "No citation.")]
+
+
+def test_the_support_summary_and_note_count_what_is_flagged():
+    checks = check_support(
+        "Invoices are payable within thirty days [1]. The weather was lovely at lunch [2]. We will look into it. "
+        "Payment is due in thirty days [7].",
+        PASSAGES,
+        embed=fake_embed,
+    )
+    summary = support_summary(checks)
+    assert summary == {"sentences": 4, "supported": 1, "unsupported": 3, "uncited": 2, "unknown_citations": [7]}
+    note = draft_note(summary, passages=2, left_out=1)
+    assert "1 of 4 sentence(s)" in note
+    assert "2 cite(s) no passage and 1 cite(s) passages that do not support them" in note
+    assert "[7] name no passage" in note and "1 more passage(s)" in note
+    assert "rests on nothing" in draft_note(support_summary([]), passages=0)
+
+
+def test_checks_from_numpy_vectors_are_plain_json():
+    import json
+
+    import numpy as np
+
+    checks = check_support(
+        "Invoices are payable within thirty days [1].", PASSAGES, embed=lambda t: np.array(fake_embed(t))
+    )
+    assert json.loads(json.dumps([c.__dict__ for c in checks]))[0]["supported"] is True
+    assert json.dumps(support_summary(checks))

@@ -1,0 +1,36 @@
+"""Test data built the way ingestion leaves it, without running ingestion."""
+
+from __future__ import annotations
+
+from django.contrib.postgres.search import SearchVector
+from django.core.files.base import ContentFile
+
+from documents.models import Chunk, Document, Page
+
+
+def ready_document(owner, title: str, text: str | list[str]) -> Document:
+    """A ready document: its pages, and one chunk a page embedded with the real embedder and
+    indexed for words, as search expects."""
+    from documents.embeddings import get_embedder
+
+    pages = [text] if isinstance(text, str) else list(text)
+    joined = "\n\n".join(pages)
+    document = Document(
+        owner=owner, title=title, filename=f"{title}.txt", kind=Document.Kind.TEXT, size_bytes=len(joined),
+        sha256=title.ljust(64, "0")[:64], state=Document.State.READY, pages_total=len(pages), pages_done=len(pages),
+    )  # fmt: skip
+    document.file.save(f"{title}.txt", ContentFile(joined.encode()), save=False)
+    document.save()
+    embedder = get_embedder()
+    vectors = embedder.encode(pages)
+    start = 0
+    for number, (page, vector) in enumerate(zip(pages, vectors, strict=True), start=1):
+        Page.objects.create(document=document, number=number, text=page, char_start=start)
+        Chunk.objects.create(
+            document=document, index=number - 1, page_start=number, page_end=number, char_start=start,
+            char_end=start + len(page), text=page, token_count=len(page.split()), embedding=vector.tolist(),
+            embedding_model=embedder.model_name,
+        )  # fmt: skip
+        start += len(page) + 2
+    Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
+    return document
