@@ -8,6 +8,7 @@ it is fenced and the instruction says so, and nothing in it decides which docume
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,7 +68,7 @@ def draft_messages(
     if length not in DRAFT_LENGTHS:
         raise ValueError(f"unknown length {length!r}; choose one of {', '.join(DRAFT_LENGTHS)}")
     listed = "\n\n".join(
-        f'<passage n="{p.number}" source="{escape_attr(p.source)}">\n{p.text}\n</passage>' for p in passages
+        f'<passage n="{p.number}" source="{escape_attr(p.source)}">\n{as_data(p.text)}\n</passage>' for p in passages
     )
     instruction = (
         f"Write a reply to the message above, {DRAFT_LENGTHS[length]}, in {DRAFT_TONES[tone]}. Use only facts from the "
@@ -75,7 +76,7 @@ def draft_messages(
         "If the passages do not answer something the message asks, say that it will be checked, and do not "
         "invent an answer. Write only the reply."
     )
-    content = f"<passages>\n{listed}\n</passages>\n\n<message>\n{message.strip()}\n</message>\n\n{instruction}"
+    content = f"<passages>\n{listed}\n</passages>\n\n<message>\n{as_data(message.strip())}\n</message>\n\n{instruction}"
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
 
 
@@ -86,7 +87,7 @@ class PageText:
 
 
 def render_document(title: str, pages: list[PageText]) -> str:
-    body = "\n\n".join(f"[page {page.number}]\n{page.text}" for page in pages)
+    body = "\n\n".join(f"[page {page.number}]\n{as_data(page.text)}" for page in pages)
     return f'<document title="{escape_attr(title)}">\n{body}\n</document>'
 
 
@@ -122,7 +123,7 @@ def combine_messages(
     """Reduce: partial summaries (each with the pages it covers) into one summary."""
     if length not in SUMMARY_LENGTHS:
         raise ValueError(f"unknown summary length {length!r}")
-    body = "\n\n".join(f"[{label}]\n{text.strip()}" for label, text in partials)
+    body = "\n\n".join(f"[{label}]\n{as_data(text.strip())}" for label, text in partials)
     instruction = (
         "Above are summaries of consecutive parts of the document, in order. Combine them into one summary "
         f"of the whole document {SUMMARY_LENGTHS[length]}. Keep the page references, like (p. 2)."
@@ -148,6 +149,16 @@ def summary_messages(
     *, title: str, pages: list[PageText], length: str = DEFAULT_SUMMARY_LENGTH, focus: str = ""
 ) -> list[dict[str, str]]:
     return section_messages(title=title, pages=pages, instruction=summary_instruction(length=length, focus=focus))
+
+
+_FENCE = re.compile(r"<(\s*/?\s*)(document|passages?|message|summaries)\b", re.IGNORECASE)
+
+
+def as_data(text: str) -> str:
+    """Text from a document, a message or the model, made unable to close or open the elements
+    that fence it in the prompt: a document that writes ``</document>`` followed by instructions
+    stays inside its own element (the angle bracket becomes ``&lt;``; nothing else changes)."""
+    return _FENCE.sub(lambda m: f"&lt;{m.group(1)}{m.group(2)}", text)
 
 
 def escape_attr(value: str) -> str:
