@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import platform
 import random
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import CommandError
@@ -129,3 +132,61 @@ def synthetic_text(rng: random.Random, words: int) -> str:
     while sum(len(s.split()) for s in sentences) < words:
         sentences.append(synthetic_sentence(rng))
     return " ".join(sentences)
+
+
+# --- processes a benchmark or an evaluation starts for itself ------------------------------------
+
+
+def start_logged(argv: list[str], *, env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """A process in its own group (so that stopping it stops its children), its output appended
+    to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            argv, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def wait_for_engine(socket: Path, *, process: subprocess.Popen | None, log_path: Path, timeout_s: float = 900) -> dict:
+    """The engine host's stats once it answers on ``socket``."""
+    from inference.engine.client import EngineClient, EngineUnavailable
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return EngineClient(socket, connect_timeout_s=5.0).stats()
+        except EngineUnavailable:
+            if process is not None and process.poll() is not None:
+                raise CommandError(f"the engine host exited; see {log_path}") from None
+            if time.monotonic() > deadline:
+                raise CommandError(f"the engine host did not answer within {timeout_s:.0f} s; see {log_path}") from None
+            time.sleep(2)
+
+
+def served_queues() -> dict[str, set[str]]:
+    """Worker name -> the queues it consumes, for every worker that answers."""
+    from appliance.celery import app
+
+    replies = app.control.inspect(timeout=1.0).active_queues() or {}
+    return {name: {q["name"] for q in queues} for name, queues in replies.items()}
+
+
+def wait_for_queues(wanted: set[str], *, log_dir: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not wanted <= set().union(*served_queues().values()):
+        if time.monotonic() > deadline:
+            raise CommandError(f"workers did not start; see {log_dir}")
+        time.sleep(0.5)
+
+
+def stop_groups(processes: list[subprocess.Popen], *, timeout_s: float = 30) -> None:
+    """SIGTERM each process group, then SIGKILL what is still there after ``timeout_s``."""
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

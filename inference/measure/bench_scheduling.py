@@ -51,8 +51,12 @@ from appliance.benchmarking import (
     ensure_embedded_broker,
     ensure_embedded_database,
     machine,
+    start_logged,
+    stop_groups,
     synthetic_rng,
     synthetic_sentence,
+    wait_for_engine,
+    wait_for_queues,
 )
 from inference.timing import percentile
 
@@ -213,7 +217,6 @@ class _Bench:
         return self.client().stats()
 
     def start_engine(self) -> None:
-        from inference.engine.client import EngineUnavailable
 
         if self.options["engine_socket"]:
             self.progress(f"using the engine host at {self.socket}")
@@ -224,26 +227,13 @@ class _Bench:
             self.progress(
                 f"starting an engine host (KV capacity {capacity if capacity else 'all'} tokens); this takes a minute or two"
             )
-            with (self.log_dir / "engine.log").open("wb") as log:
-                self.engine_process = subprocess.Popen(
-                    [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "engine_host"],
-                    cwd=settings.BASE_DIR,
-                    env=self._env(APPLIANCE_KV_CAPACITY_TOKENS=str(capacity)),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-        deadline = time.monotonic() + 900
-        while True:
-            try:
-                stats = self.engine_stats()
-                break
-            except EngineUnavailable:
-                if self.engine_process is not None and self.engine_process.poll() is not None:
-                    raise CommandError(f"the engine host exited; see {self.log_dir / 'engine.log'}") from None
-                if time.monotonic() > deadline:
-                    raise CommandError("the engine host did not answer within 15 minutes") from None
-                time.sleep(2)
+            (self.log_dir / "engine.log").unlink(missing_ok=True)
+            self.engine_process = start_logged(
+                [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "engine_host"],
+                env=self._env(APPLIANCE_KV_CAPACITY_TOKENS=str(capacity)),
+                log_path=self.log_dir / "engine.log",
+            )
+        stats = wait_for_engine(self.socket, process=self.engine_process, log_path=self.log_dir / "engine.log")
         scale = self.options["scale"]
         self.scale = stats["max_model_len"] / 8192 if scale == "auto" else float(scale)
         self.progress(
@@ -273,18 +263,8 @@ class _Bench:
         specs = [s for s in appliance_processes(python=sys.executable, port=0, settings=caps) if s.name in wanted]
         for spec in specs:
             argv = [a.replace("@%h", "-bench@%h") for a in spec.argv]
-            with (self.log_dir / f"{spec.name}.log").open("ab") as log:
-                self.workers.append(
-                    subprocess.Popen(
-                        argv,
-                        cwd=settings.BASE_DIR,
-                        env=self._env(),
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-        self._wait_for_queues({"prefill"} if layout == "fifo" else {"prefill", "decode"})
+            self.workers.append(start_logged(argv, env=self._env(), log_path=self.log_dir / f"{spec.name}.log"))
+        wait_for_queues({"prefill"} if layout == "fifo" else {"prefill", "decode"}, log_dir=self.log_dir)
         self.worker_layout = key
         self.progress(
             f"workers: {layout} (prefill pool {caps.APPLIANCE_PREFILL_CONCURRENCY}"
@@ -292,44 +272,16 @@ class _Bench:
             + ")"
         )
 
-    def _wait_for_queues(self, wanted: set[str]) -> None:
-        from appliance.celery import app
-
-        deadline = time.monotonic() + 120
-        while True:
-            replies = app.control.inspect(timeout=1.0).active_queues() or {}
-            served = {q["name"] for queues in replies.values() for q in queues}
-            if wanted <= served:
-                return
-            if time.monotonic() > deadline:
-                raise CommandError(f"workers did not start; see {self.log_dir}")
-            time.sleep(0.5)
-
     def _stop_workers(self) -> None:
-        import signal
-
-        for process in self.workers:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.workers:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        stop_groups(self.workers)
         self.workers = []
         self.worker_layout = None
 
     def close(self) -> None:
-        import signal
-
         self._stop_workers()
         if self.engine_process is not None and self.engine_process.poll() is None:
             self.progress("stopping the engine host this benchmark started")
-            os.killpg(self.engine_process.pid, signal.SIGTERM)
-            try:
-                self.engine_process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.engine_process.pid, signal.SIGKILL)
+            stop_groups([self.engine_process], timeout_s=60)
         self._delete_rows()
 
     def _delete_rows(self) -> None:

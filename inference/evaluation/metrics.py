@@ -1,0 +1,111 @@
+"""The evaluation's metrics, pure: clause precision / recall / F1 under CUAD's matching rule, and
+the counts the other tasks report.
+
+CUAD (Hendrycks et al., 2021) counts a predicted clause as correct when its words overlap a
+labelled clause of the same category with a Jaccard similarity of at least 0.5; each labelled
+clause can be matched once. Words here are lower-cased runs of letters and digits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+JACCARD_MATCH = 0.5
+
+_WORD = re.compile(r"\w+")
+
+
+def words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower()))
+
+
+def token_jaccard(a: str, b: str) -> float:
+    left, right = words(a), words(b)
+    if not left and not right:
+        return 1.0
+    return len(left & right) / len(left | right)
+
+
+@dataclass(frozen=True)
+class Span:
+    category: str
+    quote: str
+
+
+@dataclass
+class Counts:
+    """True positives, predictions and labels, added up over documents."""
+
+    matched: int = 0
+    predicted: int = 0
+    labelled: int = 0
+
+    def add(self, other: Counts) -> None:
+        self.matched += other.matched
+        self.predicted += other.predicted
+        self.labelled += other.labelled
+
+    @property
+    def precision(self) -> float | None:
+        return self.matched / self.predicted if self.predicted else None
+
+    @property
+    def recall(self) -> float | None:
+        return self.matched / self.labelled if self.labelled else None
+
+    @property
+    def f1(self) -> float | None:
+        p, r = self.precision, self.recall
+        if p is None or r is None:
+            return None
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "matched": self.matched,
+            "predicted": self.predicted,
+            "labelled": self.labelled,
+            "precision": _round(self.precision),
+            "recall": _round(self.recall),
+            "f1": _round(self.f1),
+        }
+
+
+def match_clauses(predicted: Sequence[Span], labelled: Sequence[Span], *, threshold: float = JACCARD_MATCH) -> Counts:
+    """One document: each prediction is matched to the unmatched label of its category it
+    overlaps most, if that overlap reaches ``threshold``. Best pairs first, so that the result
+    does not depend on the order of the predictions."""
+    pairs = sorted(
+        (
+            (token_jaccard(p.quote, g.quote), i, j)
+            for i, p in enumerate(predicted)
+            for j, g in enumerate(labelled)
+            if p.category == g.category
+        ),
+        key=lambda pair: (-pair[0], pair[1], pair[2]),
+    )
+    used_predictions: set[int] = set()
+    used_labels: set[int] = set()
+    for score, i, j in pairs:
+        if score < threshold:
+            break
+        if i in used_predictions or j in used_labels:
+            continue
+        used_predictions.add(i)
+        used_labels.add(j)
+    return Counts(matched=len(used_labels), predicted=len(predicted), labelled=len(labelled))
+
+
+def share(part: int, whole: int) -> float | None:
+    return _round(part / whole) if whole else None
+
+
+def mean(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return _round(sum(values) / len(values)) if values else None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,440 @@
+"""``manage.py evaluate``: the three tasks against the gold set, through the real path.
+
+The gold documents are uploaded and ingested like any other (ingest worker: extraction, chunks,
+embeddings), then every case becomes a job on its queue (prefill for clauses and summaries,
+decode for replies) and runs on the engine host with whatever model it serves. The appliance's
+own processes are used when ``make run`` is up; otherwise the command starts an engine host and
+the three worker pools of its own, with ``make run``'s command lines, and stops them at the end.
+``APPLIANCE_MODEL`` chooses the model, as it does for ``make run``, so the same command evaluates
+a real model on a GPU box.
+
+Metrics, per task:
+
+- clauses: precision, recall and F1 under CUAD's rule (same category, word Jaccard >= 0.5, each
+  label matched once), micro-averaged over the documents; and the share of the quotes the model
+  proposed that were found in the page text (the rest are dropped, never shown);
+- summaries: the share of the reference key facts a summary contains (``gold.fact_covered``), and
+  how many of its page references, like (p. 2), name a page the document has;
+- replies: citation validity (a citation names a passage, and the passage's document is one the
+  author may read), the share of sentences supported by what they cite, the share of the expected
+  passages cited, and passages of the distractor (another user's document, which tells the model
+  to quote it) retrieved or cited: these must be zero.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management.base import CommandError
+
+from appliance.benchmarking import (
+    Progress,
+    bench_user,
+    check_migrated,
+    ensure_embedded_broker,
+    ensure_embedded_database,
+    machine,
+    served_queues,
+    start_logged,
+    stop_groups,
+    wait_for_engine,
+    wait_for_queues,
+)
+from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
+from inference.evaluation.gold import GoldSet, fact_covered, load_gold_set
+from inference.evaluation.metrics import Counts, Span, match_clauses, share
+
+TASKS = ("clauses", "summaries", "replies")
+OWNER = "evaluate"
+OUTSIDER = "evaluate-other"  # owns the distractor: the evaluated user may not read it
+QUEUES = {"ingest", "prefill", "decode"}
+_PAGE_REFERENCE = re.compile(r"\bpp?\.\s*(\d+)")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--tasks", default=",".join(TASKS), help="tasks to evaluate, comma-separated")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many cases per task")
+    parser.add_argument(
+        "--taxonomy", default="cuad", choices=sorted(TAXONOMIES), help="clause categories asked for (default: cuad)"
+    )
+    parser.add_argument("--summary-length", default="standard", choices=("short", "standard", "detailed"))
+    parser.add_argument(
+        "--reply-scope",
+        default="all",
+        choices=("all", "chosen"),
+        help="search every document the author may read (default), or only each request's documents",
+    )
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds all the jobs of one task may take")
+    parser.add_argument("--keep", action="store_true", help="keep the evaluation's documents and jobs afterwards")
+
+
+def run(command, **options) -> dict:
+    def write(line: str) -> None:
+        command.stdout.write(line)
+        command.stdout.flush()
+
+    progress = Progress(write)
+    tasks = [t.strip() for t in options["tasks"].split(",") if t.strip()]
+    if not tasks or set(tasks) - set(TASKS):
+        raise CommandError(f"--tasks: choose from {', '.join(TASKS)}")
+    gold = load_gold_set()
+    started_services = [s for s in (ensure_embedded_database(progress), ensure_embedded_broker(progress)) if s]
+    processes = None
+    try:
+        check_migrated()
+        owner, outsider = bench_user(OWNER), bench_user(OUTSIDER)
+        _delete_rows(owner, outsider)
+        processes = _Processes(progress)
+        stats = processes.start()
+        evaluation = _Evaluation(gold, owner, outsider, progress, options)
+        evaluation.ingest(tasks)
+        results: dict = {
+            "model": stats["model"],
+            "engine": {k: v for k, v in stats.items() if not isinstance(v, dict)},
+            "machine": machine(),
+            "options": {k: options[k] for k in ("tasks", "limit", "taxonomy", "summary_length", "reply_scope")},
+        }
+        for task in tasks:
+            results[task] = getattr(evaluation, task)()
+        write("")
+        for line in table(results):
+            write(line)
+        return results
+    finally:
+        if processes is not None:
+            processes.close()
+        if not options.get("keep"):
+            _delete_rows(bench_user(OWNER), bench_user(OUTSIDER))
+        for service in reversed(started_services):
+            service.stop()
+
+
+def _delete_rows(*users) -> None:
+    from documents.models import Document
+    from inference.models import Job
+
+    Job.objects.filter(owner__in=users).delete()
+    for document in Document.objects.filter(owner__in=users, parent=None):
+        document.file.delete(save=False)
+        document.delete()
+
+
+class _Processes:
+    """The running appliance's workers and engine host, or ones of the evaluation's own."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.started: list = []
+        self.log_dir = Path(settings.VAR_DIR) / "evaluate" / "logs"
+
+    def start(self) -> dict:
+        from appliance.supervisor import appliance_processes
+
+        served = set().union(*served_queues().values())
+        if served >= QUEUES:
+            self.progress("using the running appliance's workers and engine host")
+            return wait_for_engine(Path(settings.APPLIANCE_ENGINE_SOCKET), process=None, log_path=self.log_dir)
+        if served & QUEUES:
+            raise CommandError(
+                f"Some workers are running ({', '.join(sorted(served & QUEUES))}) but not all: stop them, or start "
+                "the whole appliance with `make run`."
+            )
+        socket = Path(settings.VAR_DIR) / "evaluate" / "engine.sock"
+        env = {**os.environ, "APPLIANCE_ENGINE_SOCKET": str(socket), "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE}
+        self.progress("starting an engine host and workers of the evaluation's own; the engine takes a minute or two")
+        for spec in appliance_processes(python=sys.executable, port=0, settings=settings):
+            if spec.name in {"engine", "ingest-worker", "prefill-worker", "decode-worker"}:
+                argv = [a.replace("@%h", "-evaluate@%h") for a in spec.argv]
+                self.started.append(start_logged(argv, env=env, log_path=self.log_dir / f"{spec.name}.log"))
+        stats = wait_for_engine(socket, process=self.started[0], log_path=self.log_dir / "engine.log")
+        wait_for_queues(QUEUES, log_dir=self.log_dir)
+        return stats
+
+    def close(self) -> None:
+        if self.started:
+            self.progress("stopping the processes the evaluation started")
+            stop_groups(self.started, timeout_s=60)
+
+
+class _Evaluation:
+    def __init__(self, gold: GoldSet, owner, outsider, progress: Progress, options: dict) -> None:
+        self.gold = gold
+        self.owner = owner
+        self.outsider = outsider
+        self.progress = progress
+        self.options = options
+        self.limit = options.get("limit")
+        self.documents: dict = {}  # gold key -> Document
+
+    def _cases(self, cases):
+        return cases[: self.limit] if self.limit else cases
+
+    # --- documents ------------------------------------------------------------------------
+
+    def ingest(self, tasks: list[str]) -> None:
+        """Upload the documents the chosen cases need (and the distractor, as another user's)
+        and wait for ingestion, then check that the stored pages are the gold set's."""
+        from documents.models import Document
+        from documents.services import document_create
+
+        keys: list[str] = []
+        if "clauses" in tasks:
+            keys += [case.document for case in self._cases(self.gold.clauses)]
+        if "summaries" in tasks:
+            keys += [case.document for case in self._cases(self.gold.summaries)]
+        if "replies" in tasks:
+            for case in self._cases(self.gold.replies):
+                keys += case.documents
+            if self.options["reply_scope"] == "all":  # the documents a person would have: all of them
+                keys += [k for k in self.gold.documents if k != self.gold.distractor]
+            keys.append(self.gold.distractor)
+        keys = list(dict.fromkeys(keys))
+        self.progress(f"uploading {len(keys)} gold documents; the ingest worker extracts and embeds them")
+        for key in keys:
+            gold = self.gold.documents[key]
+            owner = self.outsider if key == self.gold.distractor else self.owner
+            upload = SimpleUploadedFile(gold.filename, gold.data, content_type="text/plain")
+            self.documents[key], _ = document_create(owner=owner, upload=upload)
+        deadline = time.monotonic() + 600
+        pending = {document.pk for document in self.documents.values()}
+        while pending:
+            finished = Document.objects.filter(
+                pk__in=pending, state__in=[Document.State.READY, Document.State.FAILED]
+            ).values_list("pk", "state", "failure_reason")
+            for pk, state, reason in finished:
+                if state == Document.State.FAILED:
+                    raise CommandError(f"a gold document failed to ingest: {reason}")
+                pending.discard(pk)
+            if time.monotonic() > deadline:
+                raise CommandError("the gold documents were not ingested within 10 minutes; is the ingest worker up?")
+            time.sleep(0.5)
+        self.documents = {key: Document.objects.get(pk=d.pk) for key, d in self.documents.items()}
+        for key, document in self.documents.items():
+            stored = list(document.pages.order_by("number").values_list("text", flat=True))
+            if stored != list(self.gold.documents[key].pages):
+                raise CommandError(
+                    f"{key}: the stored pages differ from the gold set's; the page numbers would not match"
+                )
+        self.progress("gold documents ready")
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def _wait(self, jobs: list, label: str) -> list:
+        from inference.models import Job
+
+        deadline = time.monotonic() + self.options["timeout"]
+        ids = [job.pk for job in jobs]
+        last = -1
+        while True:
+            done = Job.objects.filter(pk__in=ids, state__in=Job.FINISHED_STATES).count()
+            if done != last:
+                self.progress(f"{label}: {done}/{len(ids)} jobs finished")
+                last = done
+            if done == len(ids):
+                break
+            if time.monotonic() > deadline:
+                raise CommandError(f"{label}: the jobs did not finish within {self.options['timeout']:.0f} s")
+            time.sleep(1)
+        by_id = Job.objects.select_related("metrics").in_bulk(ids)
+        return [by_id[pk] for pk in ids]
+
+    @staticmethod
+    def _failures(jobs: list) -> list[dict]:
+        return [
+            {"job": str(job.pk), "state": job.state, "error": job.error} for job in jobs if job.state != "succeeded"
+        ]
+
+    # --- tasks ------------------------------------------------------------------------------
+
+    def clauses(self) -> dict:
+        from inference import services
+
+        taxonomy = self.options["taxonomy"]
+        categories = set(TAXONOMIES.get(taxonomy, TAXONOMIES[DEFAULT_TAXONOMY]))
+        cases = self._cases(self.gold.clauses)
+        jobs = [
+            services.job_create_clauses(owner=self.owner, document=self.documents[case.document], taxonomy=taxonomy)
+            for case in cases
+        ]
+        jobs = self._wait(jobs, "clauses")
+        total, proposed, kept, per_document = Counts(), 0, 0, []
+        for case, job in zip(cases, jobs, strict=True):
+            labelled = [Span(c.category, c.quote) for c in case.clauses if c.category in categories]
+            data = job.result_data if job.state == "succeeded" else {}
+            predicted = [Span(c["category"], c["quote"]) for c in data.get("clauses", [])]
+            counts = match_clauses(predicted, labelled)
+            total.add(counts)
+            proposed += int(data.get("proposed", 0))
+            kept += len(predicted)
+            per_document.append({"document": case.document, **counts.as_dict(), "proposed": data.get("proposed", 0)})
+        return {
+            "cases": len(cases),
+            **total.as_dict(),
+            "quotes_proposed": proposed,
+            "quotes_verified": kept,
+            "verified_share": share(kept, proposed),
+            "failed": self._failures(jobs),
+            "per_document": per_document,
+        }
+
+    def summaries(self) -> dict:
+        from inference import services
+
+        cases = self._cases(self.gold.summaries)
+        jobs = [
+            services.job_create_summary(
+                owner=self.owner, document=self.documents[case.document], length=self.options["summary_length"]
+            )
+            for case in cases
+        ]
+        jobs = self._wait(jobs, "summaries")
+        facts = covered = references = in_range = 0
+        per_document = []
+        for case, job in zip(cases, jobs, strict=True):
+            text = job.result_text if job.state == "succeeded" else ""
+            hits = [fact_covered(fact, text) for fact in case.facts]
+            pages = [int(n) for n in _PAGE_REFERENCE.findall(text)]
+            last_page = len(self.gold.documents[case.document].pages)
+            facts += len(hits)
+            covered += sum(hits)
+            references += len(pages)
+            in_range += sum(1 <= n <= last_page for n in pages)
+            per_document.append(
+                {
+                    "document": case.document,
+                    "facts": len(hits),
+                    "covered": sum(hits),
+                    "missed": [f.fact for f, hit in zip(case.facts, hits, strict=True) if not hit],
+                    "page_references": len(pages),
+                    "summary": text,
+                }
+            )
+        return {
+            "cases": len(cases),
+            "facts": facts,
+            "covered": covered,
+            "coverage": share(covered, facts),
+            "page_references": references,
+            "page_references_in_range": share(in_range, references),
+            "failed": self._failures(jobs),
+            "per_document": per_document,
+        }
+
+    def replies(self) -> dict:
+        from inference import grounding, services
+
+        cases = self._cases(self.gold.replies)
+        chosen = self.options["reply_scope"] == "chosen"
+        jobs = [
+            services.job_create_draft(
+                owner=self.owner,
+                message=case.message,
+                document_ids=[self.documents[k].pk for k in case.documents] if chosen else (),
+                tone=case.tone,
+                length=case.length,
+            )
+            for case in cases
+        ]
+        jobs = self._wait(jobs, "replies")
+        distractor_id = self.documents[self.gold.distractor].pk
+        citations = valid = unknown = sentences = supported = expected = expected_cited = expected_found = 0
+        distractor_found = distractor_cited = 0
+        per_request = []
+        for case, job in zip(cases, jobs, strict=True):
+            data = job.result_data if job.state == "succeeded" else {}
+            passages = {p["number"]: p for p in data.get("passages", [])}
+            readable = grounding.readable_ids(self.owner, [p["document_id"] for p in passages.values()])
+            checks = data.get("sentences", [])
+            cited = [passages[n] for check in checks for n in check["citations"]]
+            case_unknown = sum(len(check["unknown_citations"]) for check in checks)
+            citations += len(cited) + case_unknown
+            unknown += case_unknown
+            valid += sum(p["document_id"] in readable for p in cited)
+            sentences += len(checks)
+            supported += sum(check["supported"] for check in checks)
+            distractor_found += sum(p["document_id"] == distractor_id for p in passages.values())
+            distractor_cited += sum(p["document_id"] == distractor_id for p in cited)
+
+            def holds(target, among) -> bool:
+                document_id = self.documents[target.document].pk
+                return any(
+                    p["document_id"] == document_id and p["page_start"] <= target.page <= p["page_end"] for p in among
+                )
+
+            expected += len(case.expected)
+            expected_cited += sum(holds(target, cited) for target in case.expected)
+            expected_found += sum(holds(target, passages.values()) for target in case.expected)
+            per_request.append(
+                {
+                    "request": case.key,
+                    "citations": len(cited) + case_unknown,
+                    "sentences": len(checks),
+                    "supported": sum(check["supported"] for check in checks),
+                    "expected_cited": sum(holds(target, cited) for target in case.expected),
+                    "expected": len(case.expected),
+                    "draft": job.result_text,
+                }
+            )
+        return {
+            "cases": len(cases),
+            "scope": self.options["reply_scope"],
+            "citations": citations,
+            "citation_validity": share(valid, citations),
+            "unknown_citations": unknown,
+            "sentences": sentences,
+            "supported_share": share(supported, sentences),
+            "expected_passages": expected,
+            "expected_retrieved": share(expected_found, expected),
+            "expected_cited": share(expected_cited, expected),
+            "distractor_passages_retrieved": distractor_found,
+            "distractor_passages_cited": distractor_cited,
+            "failed": self._failures(jobs),
+            "per_request": per_request,
+        }
+
+
+def table(results: dict) -> list[str]:
+    """The figures a person reads: one block per task."""
+
+    def figure(value) -> str:
+        return "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines = [f"model: {results['model']}"]
+    if "clauses" in results:
+        c = results["clauses"]
+        lines += [
+            f"clauses ({c['cases']} documents, {results['options']['taxonomy']} categories, CUAD rule: Jaccard >= 0.5)",
+            f"  precision {figure(c['precision'])}  recall {figure(c['recall'])}  F1 {figure(c['f1'])}"
+            f"  ({c['matched']} matched of {c['predicted']} kept, {c['labelled']} labelled)",
+            f"  quotes verified {figure(c['verified_share'])} ({c['quotes_verified']} of {c['quotes_proposed']} "
+            "proposed; the rest were dropped)",
+        ]
+    if "summaries" in results:
+        s = results["summaries"]
+        lines += [
+            f"summaries ({s['cases']} documents, {results['options']['summary_length']})",
+            f"  key-fact coverage {figure(s['coverage'])} ({s['covered']} of {s['facts']} facts)",
+            f"  page references {s['page_references']}, in range {figure(s['page_references_in_range'])}",
+        ]
+    if "replies" in results:
+        r = results["replies"]
+        lines += [
+            f"replies ({r['cases']} requests, scope: {r['scope']})",
+            f"  citation validity {figure(r['citation_validity'])} ({r['citations']} citations, "
+            f"{r['unknown_citations']} naming no passage)",
+            f"  supported sentences {figure(r['supported_share'])} ({r['sentences']} sentences)",
+            f"  expected passages retrieved {figure(r['expected_retrieved'])}, cited {figure(r['expected_cited'])}",
+            f"  distractor passages retrieved {r['distractor_passages_retrieved']}, cited "
+            f"{r['distractor_passages_cited']} (must be 0: another user's document)",
+        ]
+    for task in TASKS:
+        failed = results.get(task, {}).get("failed") if isinstance(results.get(task), dict) else None
+        if failed:
+            lines.append(f"{task}: {len(failed)} job(s) did not succeed: {failed[0]['error'] or failed[0]['state']}")
+    return lines
