@@ -205,6 +205,10 @@ APPLIANCE_METRICS_TOKEN = env_str("APPLIANCE_METRICS_TOKEN")
 # Summaries: how many tokens the model may write, and how much of the context a document may
 # fill (the rest is the instruction and the answer).
 APPLIANCE_SUMMARY_MAX_TOKENS = env_int("APPLIANCE_SUMMARY_MAX_TOKENS", 256, minimum=16)
+# Summaries and drafted replies (free text the appliance asks for; not chat, not guided JSON):
+# small models fall into loops of one sentence under greedy decoding. It counts the output's own
+# tokens only, so copying names and figures from the document costs nothing. 0 turns it off.
+APPLIANCE_FREQUENCY_PENALTY = env_float("APPLIANCE_FREQUENCY_PENALTY", 0.3, minimum=0.0, maximum=2.0)
 
 # --- Documents ------------------------------------------------------------------------------
 

@@ -71,8 +71,9 @@ def draft_messages(
         f'<passage n="{p.number}" source="{escape_attr(p.source)}">\n{as_data(p.text)}\n</passage>' for p in passages
     )
     instruction = (
-        f"Write a reply to the message above, {DRAFT_LENGTHS[length]}, in {DRAFT_TONES[tone]}. Use only facts from the "
-        "passages, and put the number of the passage a sentence relies on in square brackets after it, like [2]. "
+        "You answer on behalf of the organisation that received the message above. Write its reply to the "
+        f"sender, {DRAFT_LENGTHS[length]}, in {DRAFT_TONES[tone]}. Use only facts from the passages, and end each "
+        "sentence that uses one with the passage's number in square brackets, like: The rent is due quarterly [2]. "
         "If the passages do not answer something the message asks, say that it will be checked, and do not "
         "invent an answer. Write only the reply."
     )

@@ -76,6 +76,7 @@ def engine_request(
     job: Job, messages: list[dict[str, str]], max_tokens: int, *, part: str, json_schema: dict | None = None
 ) -> GenerateRequest:
     options = job.options
+    free_text = json_schema is None and job.kind in (JobKind.SUMMARISE, JobKind.DRAFT)
     return GenerateRequest(
         request_id=f"{job.pk}-{job.attempts}-{part}",
         messages=messages,
@@ -83,6 +84,9 @@ def engine_request(
         priority=PRIORITY_FOR_QUEUE[Queue(job.queue)],
         queue=job.queue,
         temperature=float(options.get("temperature", 0.0)),
+        frequency_penalty=float(
+            options.get("frequency_penalty", settings.APPLIANCE_FREQUENCY_PENALTY if free_text else 0.0)
+        ),
         ignore_eos=bool(options.get("ignore_eos", False)),
         json_schema=json_schema,
     )

@@ -396,6 +396,7 @@ class EngineHost:
                 max_tokens=request.max_tokens,
                 temperature=request.temperature,
                 top_p=request.top_p,
+                frequency_penalty=request.frequency_penalty,
                 seed=request.seed,
                 stop=request.stop or None,
                 ignore_eos=request.ignore_eos,

@@ -48,6 +48,7 @@ class GenerateRequest:
     priority: int = Priority.PREFILL
     temperature: float = 0.0
     top_p: float = 1.0
+    frequency_penalty: float = 0.0  # > 0 discourages repeating tokens the output already has (not the prompt)
     seed: int | None = None
     queue: str = "prefill"
     stop: list[str] = field(default_factory=list)
@@ -67,6 +68,7 @@ class GenerateRequest:
                 priority=int(message.get("priority", Priority.PREFILL)),
                 temperature=float(message.get("temperature", 0.0)),
                 top_p=float(message.get("top_p", 1.0)),
+                frequency_penalty=float(message.get("frequency_penalty", 0.0)),
                 seed=None if message.get("seed") is None else int(message["seed"]),
                 queue=str(message.get("queue", "prefill")),
                 stop=[str(s) for s in message.get("stop", [])],
@@ -81,6 +83,8 @@ class GenerateRequest:
             raise ProtocolError("bad generate request: max_tokens must be at least 1")
         if not request.messages:
             raise ProtocolError("bad generate request: no messages")
+        if not -2.0 <= request.frequency_penalty <= 2.0:
+            raise ProtocolError("bad generate request: frequency_penalty must be between -2 and 2")
         if request.json_schema is not None and not isinstance(request.json_schema, dict):
             raise ProtocolError("bad generate request: json_schema must be an object")
         return request

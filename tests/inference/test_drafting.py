@@ -39,7 +39,7 @@ def test_passages_and_message_come_before_the_instruction_as_data():
     assert (
         user.index('<passage n="1" source="Supply contract, p. 3">')
         < user.index("<message>")
-        < user.index("Write a reply")
+        < user.index("You answer on behalf of")
     )
     assert 'source="Supply contract, pp. 7-8"' in user
     assert 'ninety days" notice' in user  # a passage's text is carried as it is, inside its element

@@ -117,6 +117,16 @@ def test_from_message_rejects_max_tokens_below_one(max_tokens):
         GenerateRequest.from_message(message)
 
 
+@pytest.mark.parametrize("penalty", [2.5, -3.0, "much"])
+def test_from_message_rejects_a_frequency_penalty_out_of_range(penalty):
+    message = _request().to_message()
+    message["frequency_penalty"] = penalty
+    with pytest.raises(ProtocolError, match="frequency_penalty|bad generate request"):
+        GenerateRequest.from_message(message)
+    message["frequency_penalty"] = 0.3
+    assert GenerateRequest.from_message(message).frequency_penalty == 0.3
+
+
 def test_from_message_rejects_empty_messages():
     message = _request().to_message()
     message["messages"] = []
