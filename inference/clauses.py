@@ -44,6 +44,13 @@ QUOTE_MAX_CHARS = 400
 NOTE_MAX_CHARS = 200
 ITEMS_PER_CATEGORY = 2
 MAX_ITEMS = 20
+# Quotes are chosen from the section's own sentences when there are at most this many: guided
+# decoding then cannot write a sentence the document does not have. Past it, the grammar would
+# grow large, and the quote is free text again (and verified all the same).
+MAX_QUOTE_CHOICES = 800
+QUOTE_MIN_WORDS = 4
+
+_SENTENCE_BREAK = re.compile(r"(?<=[.;!?])\s+(?=[\"'(\[A-Z0-9])")
 
 
 def categories_for(taxonomy: str, selected: list[str] | None = None) -> tuple[str, ...]:
@@ -59,8 +66,31 @@ def categories_for(taxonomy: str, selected: list[str] | None = None) -> tuple[st
     return tuple(c for c in allowed if c in selected)
 
 
-def clause_schema(categories: tuple[str, ...], pages: list[int]) -> dict:
-    """The JSON schema the engine's guided decoding holds the model to."""
+def quote_choices(texts: list[str]) -> list[str]:
+    """The sentences of these page texts, each exactly as the text has it, in order and without
+    repeats: what a quote may be (``clause_schema``). Lines are cut at sentence ends; pieces
+    shorter than ``QUOTE_MIN_WORDS`` words (headings, numbers) are left out; a piece longer
+    than ``QUOTE_MAX_CHARS`` is cut at the last word boundary before it."""
+    choices: dict[str, None] = {}
+    for text in texts:
+        for line in text.splitlines():
+            for piece in _SENTENCE_BREAK.split(line.strip()):
+                piece = piece.strip()
+                if len(piece.split()) < QUOTE_MIN_WORDS:
+                    continue
+                if len(piece) > QUOTE_MAX_CHARS:
+                    piece = piece[:QUOTE_MAX_CHARS].rsplit(" ", 1)[0]
+                choices[piece] = None
+    return list(choices)
+
+
+def clause_schema(categories: tuple[str, ...], pages: list[int], quotes: list[str] | None = None) -> dict:
+    """The JSON schema the engine's guided decoding holds the model to. With ``quotes`` (see
+    ``quote_choices``) a quote must be one of them, word for word."""
+    if quotes and len(quotes) <= MAX_QUOTE_CHOICES:
+        quote = {"type": "string", "enum": list(quotes)}
+    else:
+        quote = {"type": "string", "minLength": 1, "maxLength": QUOTE_MAX_CHARS}
     return {
         "type": "object",
         "properties": {
@@ -71,7 +101,7 @@ def clause_schema(categories: tuple[str, ...], pages: list[int]) -> dict:
                     "type": "object",
                     "properties": {
                         "category": {"type": "string", "enum": list(categories)},
-                        "quote": {"type": "string", "minLength": 1, "maxLength": QUOTE_MAX_CHARS},
+                        "quote": quote,
                         "page": {"type": "integer", "enum": list(pages)},
                         "note": {"type": "string", "maxLength": NOTE_MAX_CHARS},
                     },

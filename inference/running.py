@@ -18,7 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from inference import grounding, streaming
-from inference.clauses import clause_schema, parse_answer, verify_clauses
+from inference.clauses import clause_schema, parse_answer, quote_choices, verify_clauses
 from inference.drafting import DRAFT_MAX_TOKENS, check_support, support_summary
 from inference.engine.client import EngineClient
 from inference.engine.protocol import GenerateRequest, Priority
@@ -273,7 +273,11 @@ def run_clauses(job: Job, client: EngineClient) -> TaskResult:
         numbers = sorted({p.number for p in section.pages})
         messages = section_messages(title=title, pages=list(section.pages), instruction=clause_instruction(categories))
         request = engine_request(
-            job, messages, CLAUSES_MAX_TOKENS, part=f"c{section.index}", json_schema=clause_schema(categories, numbers)
+            job,
+            messages,
+            CLAUSES_MAX_TOKENS,
+            part=f"c{section.index}",
+            json_schema=clause_schema(categories, numbers, quote_choices([p.text for p in section.pages])),
         )
         run = result.run_hidden(job, client, request)
         if run.cancelled:

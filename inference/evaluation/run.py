@@ -276,7 +276,14 @@ class _Evaluation:
             total.add(counts)
             proposed += int(data.get("proposed", 0))
             kept += len(predicted)
-            per_document.append({"document": case.document, **counts.as_dict(), "proposed": data.get("proposed", 0)})
+            per_document.append(
+                {
+                    "document": case.document,
+                    **counts.as_dict(),
+                    "proposed": data.get("proposed", 0),
+                    "kept": [{k: c[k] for k in ("category", "page", "quote")} for c in data.get("clauses", [])],
+                }
+            )
         return {
             "cases": len(cases),
             **total.as_dict(),

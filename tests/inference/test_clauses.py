@@ -9,6 +9,7 @@ from inference.clauses import (
     TAXONOMIES,
     categories_for,
     clause_schema,
+    quote_choices,
     verify_clauses,
     verify_quote,
 )
@@ -105,3 +106,25 @@ def test_verify_clauses_keeps_the_texts_own_words_and_counts_what_it_drops():
     assert "\u2019" in clause.quote  # the page's apostrophe, not the model's
     assert len(result.dropped) == 2
     assert {d["category"] for d in result.dropped} == {"Indemnification", "Governing Law"}
+
+
+def test_quotes_can_be_held_to_the_sections_own_sentences():
+    choices = quote_choices(list(PAGES.values()))
+    assert "MASTER SERVICES AGREEMENT" not in choices  # three words: a heading, not a clause
+    assert (
+        "Each party shall keep the other party\u2019s Confidential Information secret and "
+        "shall not disclose it to any third party without prior written consent." in choices
+    )
+    for choice in choices:  # each exactly as some page has it
+        assert any(choice in text for text in PAGES.values())
+    assert len(choices) == len(set(choices))
+    schema = clause_schema(("Confidentiality",), [1, 2], choices)
+    assert schema["properties"]["clauses"]["items"]["properties"]["quote"] == {"type": "string", "enum": choices}
+    # Too many sentences for a small grammar: free text again, verified afterwards as before.
+    many = [f"Sentence number {i} of a long document." for i in range(900)]
+    assert (
+        "maxLength"
+        in clause_schema(("Confidentiality",), [1], many)["properties"]["clauses"]["items"]["properties"]["quote"]
+    )
+    long_line = "The Supplier shall " + "really " * 100 + "deliver."
+    assert all(len(c) <= 400 for c in quote_choices([long_line]))
