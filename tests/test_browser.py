@@ -97,3 +97,48 @@ def test_sign_in_upload_and_watch_a_summary_stream(page, live_appliance, workers
     job = Job.objects.get(owner__username="carol")
     assert job.state == Job.State.SUCCEEDED
     assert output.inner_text().strip() == job.result_text
+
+
+def test_draft_a_reply_with_citations_and_open_a_cited_page(page, live_appliance, workers, engine_host):
+    from inference.models import Job
+    from tests.factories import ready_document
+
+    dora = get_user_model().objects.create_user(username="dora", password=PASSWORD)
+    lease = ready_document(
+        dora,
+        "Flat lease",
+        [
+            "Section 4. The rent is 1,850 euros a month, payable in advance on the first working day of each month.",
+            "Section 9. The tenant may end the lease at any time with three months' notice in writing to the "
+            "landlord's managing agent, Harbour Estates, at 12 Quay Street.",
+        ],
+    )
+    page.goto(f"{live_appliance}/")
+    page.get_by_label("Username").fill("dora")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in", exact=True).click()
+    page.wait_for_url("**/documents/")
+
+    page.get_by_role("link", name="Draft a reply", exact=True).click()
+    page.get_by_label("The message to reply to").fill(
+        "Dear Harbour Estates, how much notice must I give to end my lease, and where do I send it? Sam Porter"
+    )
+    page.get_by_label("These documents (optional)").select_option(str(lease.pk))
+    page.get_by_label("Tone").select_option("friendly")
+    page.get_by_label("Length").select_option("short")
+    page.get_by_role("button", name="Draft the reply").click()
+    page.wait_for_url("**/jobs/**")
+    # The draft streams, then the page reloads with each sentence checked and the passages listed.
+    page.locator("#draft-text").wait_for(timeout=600_000)
+    page.screenshot(path=str(SCREENSHOTS / "draft-done.png"), full_page=True)
+    job = Job.objects.get(owner=dora)
+    passages = job.result_data["passages"]
+    assert page.locator(".passages li").count() == len(passages) >= 1
+    assert page.locator("#draft-text .sentence").count() == len(job.result_data["sentences"])
+    assert page.locator("#draft-text .flag").count() == job.result_data["support"]["unsupported"]
+    # Each passage links to its page of the document; follow the first.
+    first = page.locator(f"#passage-{passages[0]['number']} a")
+    assert first.inner_text() == f"Flat lease, p. {passages[0]['page_start']}"
+    first.click()
+    page.wait_for_url(f"**/documents/{lease.pk}/#page-{passages[0]['page_start']}")
+    assert page.locator(f"#page-{passages[0]['page_start']}").is_visible()
