@@ -29,7 +29,12 @@ QUERY_MAX_CHARS = 1_000
 
 
 _CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
-_SENTENCE_END = re.compile(r"(?<=[.!?])(?:\s*(?:\[\d{1,3}(?:\s*,\s*\d{1,3})*\]))*\s+(?=[A-Z0-9\"'(])")
+# Abbreviations whose full stop ends no sentence: (p. 2), No. 5, Mr. Smith, e.g. this.
+_ABBREVIATIONS = ("p", "pp", "No", "no", "Mr", "Mrs", "Ms", "Dr", "St", "cf", "vs", "Art", "Sec", "para", "e.g", "i.e")
+_NOT_AFTER = "".join(rf"(?<!\b{re.escape(a)}\.)" for a in _ABBREVIATIONS)
+_SENTENCE_END = re.compile(
+    rf"(?<=[.!?]){_NOT_AFTER}(?:\s*(?:\[\d{{1,3}}(?:\s*,\s*\d{{1,3}})*\]))*\s+(?=[A-Z0-9\"'(])"
+)
 
 
 def split_sentences(text: str) -> list[str]:

@@ -32,6 +32,7 @@ from inference.prompts import (
     section_messages,
     summary_instruction,
 )
+from inference.sourcing import SourcePassage, source_statements
 from inference.summarise import Section, group_partials, split_sections
 from inference.timing import Delta
 
@@ -191,6 +192,33 @@ def _document_sections(job: Job, client: EngineClient) -> tuple[list[PageText], 
 
 
 def run_summary(job: Job, client: EngineClient) -> TaskResult:
+    """The summary (``_summarise``), then the page each of its statements comes from."""
+    result = _summarise(job, client)
+    if result.text and not result.cancelled:
+        result.data["statements"] = summary_statements(job.document, result.text)
+    return result
+
+
+def summary_statements(document, text: str) -> list[dict] | None:
+    """Each sentence of ``text`` with the page of ``document`` it comes from (``sourcing``), or
+    None while the document's passages are embedded by another model than the one loaded."""
+    from documents.embeddings import get_embedder
+    from documents.models import Chunk
+
+    embedder = get_embedder()
+    chunks = Chunk.objects.filter(document=document, embedding__isnull=False)
+    if chunks.exclude(embedding_model=embedder.model_name).exists():
+        return None
+    passages = [
+        SourcePassage(page_start, page_end, vector)
+        for page_start, page_end, vector in chunks.values_list("page_start", "page_end", "embedding")
+    ]
+    last_page = document.pages_total or max((p.page_end for p in passages), default=1)
+    statements = source_statements(text, passages, last_page=last_page, embed=embedder.encode)
+    return [asdict(statement) for statement in statements]
+
+
+def _summarise(job: Job, client: EngineClient) -> TaskResult:
     """One request when the document fits in one section; otherwise each section is summarised
     (hidden), then the partial summaries are combined (in groups while they do not fit together),
     and the last combination streams to the user."""

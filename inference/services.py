@@ -459,10 +459,12 @@ def _metrics_fields(job: Job, result: running.TaskResult) -> dict:
 
 def metrics_summary(job: Job) -> dict:
     metrics = getattr(job, "metrics", None)
+    statements = job.result_data.get("statements") if job.kind == JobKind.SUMMARISE else None
     if metrics is None:
-        return {"note": job.result_note}
+        return {"note": job.result_note, "statements": statements}
     return {
         "note": job.result_note,
+        "statements": statements,
         "ttft_ms": round(metrics.ttft_ms, 1),
         "queue_wait_ms": round(metrics.queue_wait_ms, 1),
         "prompt_tokens": metrics.prompt_tokens,

@@ -82,6 +82,7 @@ function streamJob() {
     if (output.dataset.reloadOnDone) { finish(); window.location.reload(); return; }  // results are laid out by the server
     setState("succeeded", "Done");
     if (data.note) { noteEl.textContent = data.note; noteEl.hidden = false; }
+    if (data.statements) showSources(data.statements);
     if (data.ttft_ms !== undefined) {
       metricsEl.querySelector('[data-metric="ttft_ms"]').textContent = `${Math.round(data.ttft_ms)} ms`;
       metricsEl.querySelector('[data-metric="decode_tokens_per_s"]').textContent = data.decode_tokens_per_s ?? "";
@@ -98,6 +99,36 @@ function streamJob() {
     finish();
   });
   source.addEventListener("cancelled", () => { setState("cancelled", "Cancelled"); finish(); });
+}
+
+// A finished summary: each statement with the page it comes from (text only, never HTML).
+function showSources(statements) {
+  const section = document.getElementById("job-sources");
+  if (!section) return;
+  const list = section.querySelector("ol");
+  list.replaceChildren(...statements.map((s) => {
+    const item = document.createElement("li");
+    item.append(`${s.text} `);
+    if (s.page) {
+      const link = document.createElement("a");
+      link.href = `${section.dataset.documentUrl}#page-${s.page}`;
+      link.textContent = `p. ${s.page}`;
+      item.append(link);
+      if (s.source === "matched") {
+        const tag = document.createElement("span");
+        tag.className = "tag";
+        tag.textContent = "page found by the appliance";
+        item.append(" ", tag);
+      }
+    } else {
+      const flag = document.createElement("span");
+      flag.className = "flag";
+      flag.textContent = "no page of the document says this";
+      item.append(flag);
+    }
+    return item;
+  }));
+  section.hidden = false;
 }
 
 document.addEventListener("DOMContentLoaded", () => {

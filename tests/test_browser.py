@@ -97,6 +97,13 @@ def test_sign_in_upload_and_watch_a_summary_stream(page, live_appliance, workers
     job = Job.objects.get(owner__username="carol")
     assert job.state == Job.State.SUCCEEDED
     assert output.inner_text().strip() == job.result_text
+    # Each statement with the page it comes from, shown when the job finished.
+    statements = job.result_data["statements"]
+    assert statements and page.locator("#job-sources li").count() == len(statements)
+    for statement in statements:
+        assert statement["page"] is None or 1 <= statement["page"] <= len(CONTRACT_PAGES)
+    linked = [s for s in statements if s["page"]]
+    assert page.locator("#job-sources li a").count() == len(linked)
 
 
 def test_draft_a_reply_with_citations_and_open_a_cited_page(page, live_appliance, workers, engine_host):

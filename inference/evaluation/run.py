@@ -13,8 +13,9 @@ Metrics, per task:
 - clauses: precision, recall and F1 under CUAD's rule (same category, word Jaccard >= 0.5, each
   label matched once), micro-averaged over the documents; and the share of the quotes the model
   proposed that were found in the page text (the rest are dropped, never shown);
-- summaries: the share of the reference key facts a summary contains (``gold.fact_covered``), and
-  how many of its page references, like (p. 2), name a page the document has;
+- summaries: the share of the reference key facts a summary contains (``gold.fact_covered``), how
+  many of the model's page references, like (p. 2), name a page the document has, and the share
+  of statements the appliance could give a page (``inference.sourcing``);
 - replies: citation validity (a citation names a passage, and the passage's document is one the
   author may read), the share of sentences supported by what they cite, the share of the expected
   passages cited, and passages of the distractor (another user's document, which tells the model
@@ -305,7 +306,7 @@ class _Evaluation:
             for case in cases
         ]
         jobs = self._wait(jobs, "summaries")
-        facts = covered = references = in_range = 0
+        facts = covered = references = in_range = statements = sourced = from_model = 0
         per_document = []
         for case, job in zip(cases, jobs, strict=True):
             text = job.result_text if job.state == "succeeded" else ""
@@ -316,6 +317,10 @@ class _Evaluation:
             covered += sum(hits)
             references += len(pages)
             in_range += sum(1 <= n <= last_page for n in pages)
+            found = (job.result_data.get("statements") or []) if job.state == "succeeded" else []
+            statements += len(found)
+            sourced += sum(s["page"] is not None for s in found)
+            from_model += sum(s["source"] == "model" for s in found)
             per_document.append(
                 {
                     "document": case.document,
@@ -333,6 +338,9 @@ class _Evaluation:
             "coverage": share(covered, facts),
             "page_references": references,
             "page_references_in_range": share(in_range, references),
+            "statements": statements,
+            "statements_with_page": share(sourced, statements),
+            "statements_page_from_model": share(from_model, statements),
             "failed": self._failures(jobs),
             "per_document": per_document,
         }
@@ -431,7 +439,10 @@ def table(results: dict) -> list[str]:
         lines += [
             f"summaries ({s['cases']} documents, {results['options']['summary_length']})",
             f"  key-fact coverage {figure(s['coverage'])} ({s['covered']} of {s['facts']} facts)",
-            f"  page references {s['page_references']}, in range {figure(s['page_references_in_range'])}",
+            f"  page references written by the model {s['page_references']}, in range "
+            f"{figure(s['page_references_in_range'])}",
+            f"  statements with a page {figure(s['statements_with_page'])} of {s['statements']} (the model's own "
+            f"reference held for {figure(s['statements_page_from_model'])})",
         ]
     if "replies" in results:
         r = results["replies"]

@@ -15,8 +15,8 @@ from inference.drafting import (
     strip_citations,
     support_summary,
 )
-from inference.running import draft_note
 from inference.prompts import SYSTEM, NumberedPassage, draft_messages, passage_source
+from inference.running import draft_note
 
 PASSAGES = [
     NumberedPassage(1, passage_source("Supply contract", 3, 3), "Invoices are payable within thirty days of receipt."),
@@ -136,3 +136,11 @@ def test_checks_from_numpy_vectors_are_plain_json():
     )
     assert json.loads(json.dumps([c.__dict__ for c in checks]))[0]["supported"] is True
     assert json.dumps(support_summary(checks))
+
+
+def test_abbreviations_end_no_sentence():
+    assert split_sentences("Rent is due monthly (p. 2). Mr. Porter pays it, e.g. by transfer. No. 5 applies.") == [
+        "Rent is due monthly (p. 2).",
+        "Mr. Porter pays it, e.g. by transfer.",
+        "No. 5 applies.",
+    ]
