@@ -1,5 +1,6 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
+from inference import services
 from inference.models import Job, RequestMetrics
 
 
@@ -20,6 +21,25 @@ class JobAdmin(admin.ModelAdmin):
     list_select_related = ("owner", "document")
     readonly_fields = ("created_at", "started_at", "finished_at", "heartbeat_at", "attempts")
     inlines = [RequestMetricsInline]
+    actions = ["cancel", "retry"]
+
+    @admin.action(description="Cancel the selected unfinished jobs")
+    def cancel(self, request, queryset):
+        cancelled = sum(services.job_cancel(job=job) for job in queryset.exclude(state__in=Job.FINISHED_STATES))
+        self.message_user(request, f"{cancelled} job(s) cancelled.", messages.SUCCESS)
+
+    @admin.action(description="Try the selected failed or cancelled jobs again (as their owners)")
+    def retry(self, request, queryset):
+        started, refused = 0, []
+        for job in queryset.filter(state__in=[Job.State.FAILED, Job.State.CANCELLED]).select_related("owner"):
+            try:
+                services.job_retry(job=job, user=job.owner)
+                started += 1
+            except services.JobRejected as exc:
+                refused.append(f"{job.pk}: {exc}")
+        self.message_user(request, f"{started} job(s) sent again.", messages.SUCCESS)
+        for reason in refused[:10]:
+            self.message_user(request, reason, messages.WARNING)
 
 
 @admin.register(RequestMetrics)

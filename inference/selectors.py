@@ -21,6 +21,13 @@ def job_for_user(*, user: AbstractBaseUser, job_id) -> Job | None:
     return Job.objects.select_related("document", "metrics").filter(owner=user, pk=job_id).first()
 
 
+def jobs_of(*, user: AbstractBaseUser):
+    """The user's jobs, newest first."""
+    if not user.is_authenticated:
+        return Job.objects.none()
+    return Job.objects.select_related("document", "metrics").filter(owner=user).order_by("-created_at")
+
+
 async def ajob_for_user(*, user: AbstractBaseUser, job_id) -> Job | None:
     if not user.is_authenticated:
         return None

@@ -14,6 +14,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from appliance.rendering import render_markdown
 from documents.models import Document
 from inference import running, streaming
 from inference.clauses import DEFAULT_TAXONOMY, categories_for
@@ -254,6 +255,49 @@ def draft_check_failed(*, job_id, version: int) -> None:
         job.save(update_fields=["result_data"])
 
 
+def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
+    """A new job with the same request as a failed or cancelled one (checked again: the document
+    must still be there, ready and readable, and the queue not full)."""
+    if job.state not in (Job.State.FAILED, Job.State.CANCELLED):
+        raise JobRejected("Only a failed or cancelled job can be tried again.")
+    options = job.options
+    if job.kind == JobKind.DRAFT:
+        return job_create_draft(
+            owner=user,
+            message=options["message"],
+            document_ids=options.get("document_ids") or (),
+            group_id=options.get("group_id"),
+            tone=options["tone"],
+            length=options["length"],
+            temperature=float(options.get("temperature", 0.0)),
+        )
+    if job.kind == JobKind.CHAT:
+        return job_create_chat(
+            owner=user,
+            messages=options["messages"],
+            max_tokens=int(options["max_tokens"]),
+            temperature=float(options.get("temperature", 0.0)),
+            ignore_eos=bool(options.get("ignore_eos", False)),
+        )
+    from documents.selectors import document_for_user
+
+    document = document_for_user(user=user, document_id=job.document_id) if job.document_id else None
+    if document is None:
+        raise JobRejected("The document of this job is no longer there for you.")
+    if job.kind == JobKind.SUMMARISE:
+        return job_create_summary(
+            owner=user,
+            document=document,
+            length=options.get("length", DEFAULT_SUMMARY_LENGTH),
+            focus=options.get("focus", ""),
+            max_tokens=options.get("max_tokens"),
+            ignore_eos=bool(options.get("ignore_eos", False)),
+        )
+    return job_create_clauses(
+        owner=user, document=document, taxonomy=options["taxonomy"], categories=options.get("categories")
+    )
+
+
 def celery_queue_for(queue: Queue | str) -> str:
     """The Celery queue a job of this logical queue is sent to. Under ``fifo`` scheduling (a
     baseline for ``bench scheduling``) every job goes through one queue in arrival order."""
@@ -460,11 +504,13 @@ def _metrics_fields(job: Job, result: running.TaskResult) -> dict:
 def metrics_summary(job: Job) -> dict:
     metrics = getattr(job, "metrics", None)
     statements = job.result_data.get("statements") if job.kind == JobKind.SUMMARISE else None
+    html = render_markdown(job.result_text)  # the page swaps the streamed text for this
     if metrics is None:
-        return {"note": job.result_note, "statements": statements}
+        return {"note": job.result_note, "statements": statements, "html": html}
     return {
         "note": job.result_note,
         "statements": statements,
+        "html": html,
         "ttft_ms": round(metrics.ttft_ms, 1),
         "queue_wait_ms": round(metrics.queue_wait_ms, 1),
         "prompt_tokens": metrics.prompt_tokens,

@@ -4,6 +4,7 @@ it stream, cancel it, export clauses, edit and regenerate a draft."""
 from __future__ import annotations
 
 import csv
+import uuid
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -12,10 +13,11 @@ from django.shortcuts import redirect, render
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
+from console.services import audit
 from documents import selectors as document_selectors
 from documents.search import readable_documents
 from documents.services import UploadRejected, text_of_message_upload
-from inference import grounding, selectors, services, streaming
+from inference import exports, grounding, selectors, services, streaming
 from inference.clauses import DEFAULT_TAXONOMY
 from inference.drafting import MESSAGE_MAX_CHARS, sentence_parts
 from inference.models import JobKind
@@ -215,6 +217,7 @@ def clauses_export(request, job_id, fmt: str):
         raise Http404("No such clause extraction.")
     clauses = job.result_data.get("clauses", [])
     name = f"clauses-{slugify(job.document.title) or job.pk}"
+    audit(request, "export", target=f"Clauses of {job.document.title} ({fmt})", document=job.document, job=job)
     if fmt == "json":
         response = JsonResponse(
             {"document": job.document.title, "job": str(job.pk), **job.result_data}, json_dumps_params={"indent": 2}
@@ -226,6 +229,25 @@ def clauses_export(request, job_id, fmt: str):
         for clause in clauses:
             writer.writerow([_csv_cell(clause[k]) for k in ("category", "page", "quote", "note", "match")])
     response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
+    return response
+
+
+@login_required
+def job_export(request, job_id, fmt: str):
+    """A finished job as Markdown, or a drafted reply or summary as a Word document."""
+    job = selectors.job_for_user(user=request.user, job_id=job_id)
+    if job is None or job.state != job.State.SUCCEEDED or fmt not in {"md", "docx"}:
+        raise Http404("No such result.")
+    if fmt == "docx" and job.kind not in exports.DOCX_KINDS:
+        raise Http404("Only drafted replies and summaries export as Word documents.")
+    stem = slugify(f"{job.get_kind_display()} {job.document.title if job.document_id else ''}") or str(job.pk)
+    on = f" of {job.document.title}" if job.document_id else ""
+    audit(request, "export", target=f"{job.get_kind_display()}{on} ({fmt})", document=job.document, job=job)
+    if fmt == "md":
+        response = HttpResponse(exports.as_markdown(job), content_type="text/markdown; charset=utf-8")
+    else:
+        response = HttpResponse(exports.as_docx(job), content_type=exports.DOCX_CONTENT_TYPE)
+    response["Content-Disposition"] = f'attachment; filename="{stem}.{fmt}"'
     return response
 
 
@@ -272,6 +294,60 @@ def job_detail(request, job_id):
             "draft": draft_view(job, request.user),
         },
     )
+
+
+JOBS_LISTED = 100
+
+
+@login_required
+def job_list(request):
+    """The user's jobs, newest first, with where each queued one stands; the page keeps itself
+    up to date (``job_states``) and works, refreshed by hand, without JavaScript."""
+    jobs = list(selectors.jobs_of(user=request.user)[:JOBS_LISTED])
+    rows = [{"job": job, **(selectors.job_queue_status(job) if job.state == job.State.QUEUED else {})} for job in jobs]
+    return render(request, "inference/jobs.html", {"rows": rows})
+
+
+@login_required
+def job_states(request):
+    """The state of the user's unfinished jobs (and of those named in ``ids``), for the jobs page."""
+    ids = [value for value in request.GET.getlist("id")[:JOBS_LISTED]]
+    jobs = selectors.jobs_of(user=request.user).filter(pk__in=_uuids(ids))
+    states = {}
+    for job in jobs:
+        states[str(job.pk)] = {
+            "state": job.state,
+            "state_label": job.get_state_display(),
+            "finished": job.is_finished,
+            **(selectors.job_queue_status(job) if job.state == job.State.QUEUED else {}),
+        }
+    return JsonResponse({"jobs": states})
+
+
+def _uuids(values: list[str]) -> list[uuid.UUID]:
+    found = []
+    for value in values:
+        try:
+            found.append(uuid.UUID(value))
+        except ValueError:
+            continue
+    return found
+
+
+@login_required
+@require_POST
+def job_retry(request, job_id):
+    job = selectors.job_for_user(user=request.user, job_id=job_id)
+    if job is None:
+        raise Http404("No such job.")
+    try:
+        new = services.job_retry(job=job, user=request.user)
+    except services.QueueFull as exc:
+        return busy_response(request, exc)
+    except services.JobRejected as exc:
+        messages.error(request, str(exc))
+        return redirect("inference:job", job_id=job.pk)
+    return redirect("inference:job", job_id=new.pk)
 
 
 @login_required

@@ -1,0 +1,78 @@
+"""A finished job as a file to take away: Markdown for every kind, Word (.docx) for drafted
+replies and summaries. Built from what the job stored, so the file says what the page said:
+a draft as its author last edited it, with its numbered sources; a summary with the page of
+each statement; clauses with their verified quotes."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from inference.models import Job, JobKind
+from inference.prompts import passage_source
+
+DOCX_CONTENT_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+DOCX_KINDS = (JobKind.DRAFT, JobKind.SUMMARISE)
+
+
+@dataclass(frozen=True)
+class Export:
+    title: str
+    body: str  # the text, as Markdown
+    sources: list[str]  # "[1] Lease, p. 3", "Supported by p. 2", ...
+    sources_heading: str
+
+
+def export_of(job: Job) -> Export:
+    data = job.result_data or {}
+    document = job.document.title if job.document_id else ""
+    if job.kind == JobKind.DRAFT:
+        sources = [
+            f"[{p['number']}] {passage_source(p['document_title'], p['page_start'], p['page_end'])}: {p['text']}"
+            for p in data.get("passages", [])
+        ]
+        return Export("Drafted reply", data.get("edited_text") or job.result_text, sources, "Sources")
+    if job.kind == JobKind.SUMMARISE:
+        sources = [
+            f"{s['text']} ({'p. ' + str(s['page']) if s['page'] else 'no page of the document says this'})"
+            for s in data.get("statements") or []
+        ]
+        return Export(f"Summary of {document}", job.result_text, sources, "Where each statement comes from")
+    if job.kind == JobKind.EXTRACT_CLAUSES:
+        return Export(f"Clauses of {document}", job.result_text, [], "")
+    return Export(job.get_kind_display(), job.result_text, [], "")
+
+
+def as_markdown(job: Job) -> str:
+    export = export_of(job)
+    lines = [f"# {export.title}", "", _meta(job), "", export.body.strip(), ""]
+    if job.result_note:
+        lines += [f"_{job.result_note}_", ""]
+    if export.sources:
+        lines += [f"## {export.sources_heading}", ""] + [f"- {source}" for source in export.sources] + [""]
+    return "\n".join(lines)
+
+
+def as_docx(job: Job) -> bytes:
+    from docx import Document as WordDocument
+
+    export = export_of(job)
+    word = WordDocument()
+    word.core_properties.title = export.title
+    word.add_heading(export.title, level=1)
+    word.add_paragraph().add_run(_meta(job)).italic = True
+    for paragraph in export.body.strip().split("\n\n"):
+        word.add_paragraph(paragraph.strip())
+    if export.sources:
+        word.add_heading(export.sources_heading, level=2)
+        for source in export.sources:
+            word.add_paragraph(source, style="List Bullet")
+    buffer = io.BytesIO()
+    word.save(buffer)
+    return buffer.getvalue()
+
+
+def _meta(job: Job) -> str:
+    model = getattr(getattr(job, "metrics", None), "model", "") or "the appliance's model"
+    finished = job.finished_at.strftime("%Y-%m-%d %H:%M UTC") if job.finished_at else ""
+    return f"Written by {model}, {finished}. Check it before you rely on it."
