@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "appliance",
     "documents",
     "inference",
+    "console",
 ]
 
 MIDDLEWARE = [

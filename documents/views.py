@@ -8,6 +8,7 @@ from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from console.services import audit
 from documents import selectors, services
 from documents.models import Document
 from inference.clauses import TAXONOMIES
@@ -52,6 +53,7 @@ def library(request):
                 messages.error(request, str(exc))
                 continue
             if created:
+                audit(request, "upload", target=document.title, document=document, filename=document.filename)
                 messages.success(request, f"{document.filename} uploaded; its text is being extracted.")
             else:
                 messages.info(request, f"{upload.name} is already in your library as “{document.title}”.")
@@ -81,6 +83,7 @@ def library(request):
 @login_required
 def detail(request, document_id: int):
     document = _document_or_404(request, document_id)
+    audit(request, "read", target=document.title, document=document)
     pages = selectors.pages_of(document)
     jobs = Job.objects.filter(document=document, owner=request.user).select_related("metrics")[:20]
     return render(
@@ -128,6 +131,8 @@ def share(request, document_id: int):
     except services.NotAllowed as exc:
         messages.error(request, str(exc))
     else:
+        shared = sorted(document.shared_with.values_list("name", flat=True))
+        audit(request, "share", target=document.title, document=document, groups=shared)
         messages.success(request, "Sharing updated.")
     return redirect("documents:detail", document_id=document.pk)
 
@@ -142,6 +147,7 @@ def delete(request, document_id: int):
     except services.NotAllowed as exc:
         messages.error(request, str(exc))
         return redirect("documents:detail", document_id=document.pk)
+    audit(request, "delete", target=title)
     messages.success(request, f"“{title}” was deleted.")
     return redirect("documents:library")
 
@@ -149,6 +155,7 @@ def delete(request, document_id: int):
 @login_required
 def download(request, document_id: int):
     document = _document_or_404(request, document_id)
+    audit(request, "download", target=document.title, document=document, filename=document.filename)
     return FileResponse(document.file.open("rb"), as_attachment=True, filename=document.filename)
 
 
