@@ -81,6 +81,8 @@ function streamJob() {
     const data = JSON.parse(e.data);
     if (output.dataset.reloadOnDone) { finish(); window.location.reload(); return; }  // results are laid out by the server
     setState("succeeded", "Done");
+    // Sanitised on the server (appliance/rendering.py): Markdown as HTML, nothing that runs.
+    if (data.html !== undefined) { output.innerHTML = data.html; output.classList.add("rendered"); }
     if (data.note) { noteEl.textContent = data.note; noteEl.hidden = false; }
     if (data.statements) showSources(data.statements);
     if (data.ttft_ms !== undefined) {
@@ -131,7 +133,61 @@ function showSources(statements) {
   section.hidden = false;
 }
 
+// The jobs page: follow the unfinished jobs; reload once one finishes (its figures are laid out
+// by the server).
+function followJobs() {
+  const table = document.getElementById("jobs-table");
+  if (!table) return;
+  const live = () => [...table.querySelectorAll("tr[data-live]")];
+  const tick = async () => {
+    const rows = live();
+    if (!rows.length) return;
+    const query = rows.map((row) => `id=${encodeURIComponent(row.dataset.jobId)}`).join("&");
+    try {
+      const response = await fetch(`${table.dataset.states}?${query}`, { headers: { Accept: "application/json" } });
+      if (response.ok) {
+        const { jobs } = await response.json();
+        for (const row of rows) {
+          const job = jobs[row.dataset.jobId];
+          if (!job) continue;
+          if (job.finished) { window.location.reload(); return; }
+          const state = row.querySelector('[data-field="state"]');
+          state.textContent = job.state_label;
+          state.className = `state state-${job.state}`;
+          const position = row.querySelector('[data-field="position"]');
+          const queue = position.textContent.split(" · ")[0];
+          const eta = job.eta_s ? `, about ${Math.round(job.eta_s)} s` : "";
+          position.textContent = job.position ? `${queue} · position ${job.position}${eta}` : queue;
+        }
+      }
+    } catch (err) { /* the server is restarting: try again */ }
+    setTimeout(tick, 2000);
+  };
+  setTimeout(tick, 2000);
+}
+
+// Upload by dropping files onto the upload box (choosing them works without this).
+function dropToUpload() {
+  const zone = document.querySelector("[data-dropzone]");
+  if (!zone) return;
+  const input = zone.querySelector('input[type="file"]');
+  const over = (e) => { e.preventDefault(); zone.classList.add("dragging"); };
+  const away = () => zone.classList.remove("dragging");
+  zone.addEventListener("dragenter", over);
+  zone.addEventListener("dragover", over);
+  zone.addEventListener("dragleave", away);
+  zone.addEventListener("drop", (e) => {
+    e.preventDefault();
+    away();
+    if (!e.dataTransfer || !e.dataTransfer.files.length) return;
+    input.files = e.dataTransfer.files;
+    zone.requestSubmit();
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  dropToUpload();
   pollDocumentStates();
+  followJobs();
   streamJob();
 });

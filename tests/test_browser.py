@@ -70,6 +70,7 @@ def test_sign_in_upload_and_watch_a_summary_stream(page, live_appliance, workers
           if (!out) return;
           new MutationObserver(() => window.__timeline.push({
             chars: out.textContent.length,
+            text: out.textContent,
             state: document.getElementById("job-state").textContent.trim(),
           })).observe(out, {childList: true, characterData: true, subtree: true});
         });
@@ -96,7 +97,10 @@ def test_sign_in_upload_and_watch_a_summary_stream(page, live_appliance, workers
 
     job = Job.objects.get(owner__username="carol")
     assert job.state == Job.State.SUCCEEDED
-    assert output.inner_text().strip() == job.result_text
+    streamed = [entry["text"] for entry in timeline if entry["state"] == "Running"][-1]
+    assert streamed.strip() == job.result_text
+    # Once done, the text is shown as sanitised Markdown (the same words, no raw markup).
+    assert "rendered" in output.get_attribute("class")
     # Each statement with the page it comes from, shown when the job finished.
     statements = job.result_data["statements"]
     assert statements and page.locator("#job-sources li").count() == len(statements)
@@ -149,3 +153,110 @@ def test_draft_a_reply_with_citations_and_open_a_cited_page(page, live_appliance
     first.click()
     page.wait_for_url(f"**/documents/{lease.pk}/#page-{passages[0]['page_start']}")
     assert page.locator(f"#page-{passages[0]['page_start']}").is_visible()
+
+
+def _sign_in(page, live_appliance, username: str) -> None:
+    page.goto(f"{live_appliance}/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in", exact=True).click()
+    page.wait_for_url("**/documents/")
+
+
+def test_an_administrator_reads_the_console_and_others_get_none(page, live_appliance):
+    User = get_user_model()
+    from documents.models import Document
+
+    User.objects.create_user(username="root", password=PASSWORD, is_staff=True)
+    gina = User.objects.create_user(username="gina", password=PASSWORD)
+    memo = Document.objects.create(
+        owner=gina, title="Board memo", filename="memo.txt", size_bytes=1, sha256="b" * 64,
+        state=Document.State.READY, pages_total=1,
+    )  # fmt: skip
+
+    _sign_in(page, live_appliance, "gina")
+    page.goto(f"{live_appliance}/documents/{memo.pk}/")  # read: the audit log will say so
+    assert page.get_by_role("link", name="Console").count() == 0
+    response = page.goto(f"{live_appliance}/console/")
+    assert response.status == 403
+    page.get_by_role("heading", name="Staff only").wait_for()
+    page.get_by_role("button", name="Sign out gina").click()
+
+    _sign_in(page, live_appliance, "root")
+    page.get_by_role("link", name="Console").click()
+    page.wait_for_url("**/console/")
+    for heading in ("Engine", "Queues", "Failures", "Usage per user, last 30 days"):
+        page.get_by_role("heading", name=heading).wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "console.png"), full_page=True)
+    page.get_by_role("link", name="Audit log").click()
+    page.wait_for_url("**/console/audit")
+    rows = page.locator("#audit-table tbody tr")
+    assert rows.count() == 1  # gina read her memo; a refused visit to the console is no event
+    assert "gina" in rows.first.inner_text() and "read" in rows.first.inner_text()
+    assert "Board memo" in rows.first.inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "console-audit.png"), full_page=True)
+
+
+def test_drop_two_files_watch_them_become_ready_then_cancel_a_long_summary(page, live_appliance, workers, engine_host):
+    get_user_model().objects.create_user(username="hana", password=PASSWORD)
+    _sign_in(page, live_appliance, "hana")
+    long_text = "\f".join(
+        " ".join(f"Page {n}, clause {i}: the tenant pays {n * 100 + i} pounds on day {i}." for i in range(60))
+        for n in range(1, 13)
+    )
+    files = [["short-note.txt", "A short note about the lift inspection on 3 March."], ["long-lease.txt", long_text]]
+    transfer = page.evaluate_handle(
+        """(files) => {
+          const transfer = new DataTransfer();
+          for (const [name, text] of files) transfer.items.add(new File([text], name, {type: "text/plain"}));
+          return transfer;
+        }""",
+        files,
+    )
+    page.dispatch_event("[data-dropzone]", "drop", {"dataTransfer": transfer})
+    page.get_by_text("short-note.txt uploaded").wait_for()
+    page.get_by_text("long-lease.txt uploaded").wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "library-uploading.png"), full_page=True)
+    # The library follows each document's state and shows the new one when both are ready.
+    page.wait_for_function(
+        "() => document.querySelectorAll('.state-ready').length === 2", timeout=300_000, polling=1000
+    )
+    page.screenshot(path=str(SCREENSHOTS / "library-ready.png"), full_page=True)
+
+    page.get_by_role("link", name="long-lease").click()
+    page.get_by_role("button", name="Summarise", exact=True).click()
+    page.wait_for_url("**/jobs/**")
+    page.get_by_role("button", name="Cancel").click()
+    page.get_by_text("The job was cancelled.").wait_for()
+    assert page.locator("#job-state").inner_text() == "Cancelled"
+    page.screenshot(path=str(SCREENSHOTS / "job-cancelled.png"), full_page=True)
+    page.get_by_role("link", name="Jobs", exact=True).click()
+    row = page.locator("#jobs-table tbody tr").first
+    assert "Cancelled" in row.inner_text()
+    row.get_by_role("button", name="Retry summary").click()
+    page.wait_for_url("**/jobs/**")
+    from inference.models import Job
+
+    assert Job.objects.filter(owner__username="hana").count() == 2
+    page.get_by_role("button", name="Cancel").click()  # the retried job too: it would run for minutes
+
+
+def test_extract_clauses_and_open_one_at_its_page(page, live_appliance, workers, engine_host):
+    from inference.evaluation.gold import load_gold_set
+    from tests.factories import ready_document
+
+    ivan = get_user_model().objects.create_user(username="ivan", password=PASSWORD)
+    lease = ready_document(ivan, "Commercial lease", list(load_gold_set().documents["contract-03"].pages))
+    _sign_in(page, live_appliance, "ivan")
+    page.goto(f"{live_appliance}/documents/{lease.pk}/")
+    page.get_by_role("button", name="Extract clauses").click()
+    page.wait_for_url("**/jobs/**")
+    page.get_by_role("heading", name="Clauses found").wait_for(timeout=600_000)  # the page reloads when done
+    page.screenshot(path=str(SCREENSHOTS / "clauses.png"), full_page=True)
+    first = page.locator("article.clause").first
+    quote = first.locator("mark").inner_text()
+    link = first.get_by_role("link")
+    number = link.inner_text().removeprefix("page ")
+    link.click()
+    page.wait_for_url(f"**/documents/{lease.pk}/#page-{number}")
+    assert quote in page.locator(f"#page-{number}").inner_text()  # the quote is that page's own text
