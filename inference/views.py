@@ -4,7 +4,6 @@ it stream, cancel it, export clauses, edit and regenerate a draft."""
 from __future__ import annotations
 
 import csv
-import uuid
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -301,37 +300,20 @@ JOBS_LISTED = 100
 
 @login_required
 def job_list(request):
-    """The user's jobs, newest first, with where each queued one stands; the page keeps itself
-    up to date (``job_states``) and works, refreshed by hand, without JavaScript."""
-    jobs = list(selectors.jobs_of(user=request.user)[:JOBS_LISTED])
-    rows = [{"job": job, **(selectors.job_queue_status(job) if job.state == job.State.QUEUED else {})} for job in jobs]
-    return render(request, "inference/jobs.html", {"rows": rows})
+    """The user's jobs, newest first, with where each queued one stands. While any is unfinished,
+    htmx fetches the rows again every 2 s (``job_rows``); without JavaScript, a refresh does."""
+    return render(request, "inference/jobs.html", _job_rows_context(request))
 
 
 @login_required
-def job_states(request):
-    """The state of the user's unfinished jobs (and of those named in ``ids``), for the jobs page."""
-    ids = [value for value in request.GET.getlist("id")[:JOBS_LISTED]]
-    jobs = selectors.jobs_of(user=request.user).filter(pk__in=_uuids(ids))
-    states = {}
-    for job in jobs:
-        states[str(job.pk)] = {
-            "state": job.state,
-            "state_label": job.get_state_display(),
-            "finished": job.is_finished,
-            **(selectors.job_queue_status(job) if job.state == job.State.QUEUED else {}),
-        }
-    return JsonResponse({"jobs": states})
+def job_rows(request):
+    return render(request, "inference/_job_rows.html", _job_rows_context(request))
 
 
-def _uuids(values: list[str]) -> list[uuid.UUID]:
-    found = []
-    for value in values:
-        try:
-            found.append(uuid.UUID(value))
-        except ValueError:
-            continue
-    return found
+def _job_rows_context(request) -> dict:
+    jobs = list(selectors.jobs_of(user=request.user)[:JOBS_LISTED])
+    rows = [{"job": job, **(selectors.job_queue_status(job) if job.state == job.State.QUEUED else {})} for job in jobs]
+    return {"rows": rows, "live": any(not job.is_finished for job in jobs)}
 
 
 @login_required

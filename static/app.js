@@ -133,39 +133,6 @@ function showSources(statements) {
   section.hidden = false;
 }
 
-// The jobs page: follow the unfinished jobs; reload once one finishes (its figures are laid out
-// by the server).
-function followJobs() {
-  const table = document.getElementById("jobs-table");
-  if (!table) return;
-  const live = () => [...table.querySelectorAll("tr[data-live]")];
-  const tick = async () => {
-    const rows = live();
-    if (!rows.length) return;
-    const query = rows.map((row) => `id=${encodeURIComponent(row.dataset.jobId)}`).join("&");
-    try {
-      const response = await fetch(`${table.dataset.states}?${query}`, { headers: { Accept: "application/json" } });
-      if (response.ok) {
-        const { jobs } = await response.json();
-        for (const row of rows) {
-          const job = jobs[row.dataset.jobId];
-          if (!job) continue;
-          if (job.finished) { window.location.reload(); return; }
-          const state = row.querySelector('[data-field="state"]');
-          state.textContent = job.state_label;
-          state.className = `state state-${job.state}`;
-          const position = row.querySelector('[data-field="position"]');
-          const queue = position.textContent.split(" · ")[0];
-          const eta = job.eta_s ? `, about ${Math.round(job.eta_s)} s` : "";
-          position.textContent = job.position ? `${queue} · position ${job.position}${eta}` : queue;
-        }
-      }
-    } catch (err) { /* the server is restarting: try again */ }
-    setTimeout(tick, 2000);
-  };
-  setTimeout(tick, 2000);
-}
-
 // Upload by dropping files onto the upload box (choosing them works without this).
 function dropToUpload() {
   const zone = document.querySelector("[data-dropzone]");
@@ -188,6 +155,5 @@ function dropToUpload() {
 document.addEventListener("DOMContentLoaded", () => {
   dropToUpload();
   pollDocumentStates();
-  followJobs();
   streamJob();
 });

@@ -62,9 +62,12 @@ def test_the_jobs_page_lists_only_mine_with_cancel_and_retry(people):
     assert f"/jobs/{done.pk}/retry" not in page and "position 1" in page
     assert "The engine refused this job." in page
 
-    states = _client(erin).get("/jobs/states", {"id": [str(queued.pk), str(theirs.pk), "not-a-uuid"]}).json()["jobs"]
-    assert set(states) == {str(queued.pk)}  # fred's job is not reported to erin
-    assert states[str(queued.pk)]["position"] == 1 and not states[str(queued.pk)]["finished"]
+    # While a job is unfinished, htmx fetches the rows again; once all are finished, it stops.
+    assert 'hx-get="/jobs/rows"' in page and 'hx-trigger="every 2s"' in page
+    rows = _client(erin).get("/jobs/rows").content.decode()
+    assert rows.startswith('<tbody id="job-rows"') and str(theirs.pk) not in rows and "position 1" in rows
+    Job.objects.filter(pk=queued.pk).update(state=Job.State.CANCELLED)
+    assert "hx-get" not in _client(erin).get("/jobs/rows").content.decode()
 
 
 def test_a_failed_job_is_tried_again_as_a_new_job_with_the_same_request(people):
