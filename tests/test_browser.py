@@ -260,3 +260,56 @@ def test_extract_clauses_and_open_one_at_its_page(page, live_appliance, workers,
     link.click()
     page.wait_for_url(f"**/documents/{lease.pk}/#page-{number}")
     assert quote in page.locator(f"#page-{number}").inner_text()  # the quote is that page's own text
+
+
+AXE_FAILING_IMPACTS = {"serious", "critical"}
+
+
+def _accessibility_violations(page) -> list[str]:
+    """axe-core's serious and critical findings on the page as it is now (WCAG 2.1 A and AA)."""
+    import axe_playwright_python
+
+    page.add_script_tag(path=str(Path(axe_playwright_python.__file__).parent / "axe.min.js"))
+    result = page.evaluate(
+        "async () => await axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', "
+        "'wcag21aa']}, resultTypes: ['violations']})"
+    )
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} at {[n['target'] for n in v['nodes']][:3]}"
+        for v in result["violations"]
+        if v["impact"] in AXE_FAILING_IMPACTS
+    ]
+
+
+def test_every_page_passes_an_accessibility_check(page, live_appliance):
+    from django.utils import timezone
+
+    from documents.models import Document, Page
+    from inference.models import Job, JobKind, Queue
+
+    jo = get_user_model().objects.create_user(username="jo", password=PASSWORD, is_staff=True)
+    document = Document.objects.create(
+        owner=jo, title="Lift contract", filename="lift.txt", size_bytes=1, sha256="c" * 64,
+        state=Document.State.READY, pages_total=1, pages_done=1,
+    )  # fmt: skip
+    Page.objects.create(document=document, number=1, text="The contractor services the lifts every month.")
+    job = Job.objects.create(
+        owner=jo, kind=JobKind.SUMMARISE, queue=Queue.PREFILL, state=Job.State.SUCCEEDED, document=document,
+        result_text="The lifts are **serviced monthly** (p. 1).", finished_at=timezone.now(),
+        result_data={"statements": [{"text": "The lifts are serviced monthly (p. 1).", "page": 1, "similarity": 0.8,
+                                     "source": "model"}]},
+    )  # fmt: skip
+    page.goto(f"{live_appliance}/accounts/login/")
+    assert _accessibility_violations(page) == [], "login"
+    # The check sees what it should: a field without a label is a critical finding.
+    page.evaluate("document.querySelector('form').insertAdjacentHTML('beforeend', '<input id=unlabelled>')")
+    assert any(v.startswith("label (critical)") for v in _accessibility_violations(page))
+    _sign_in(page, live_appliance, "jo")
+    found = {}
+    for path in (
+        "/documents/", f"/documents/{document.pk}/", "/documents/search?q=lifts", "/draft", "/jobs/",
+        f"/jobs/{job.pk}/", "/console/", "/console/audit",
+    ):  # fmt: skip
+        page.goto(f"{live_appliance}{path}")
+        found[path] = _accessibility_violations(page)
+    assert found == {path: [] for path in found}
