@@ -66,6 +66,11 @@ def bench_user(username: str):
     from django.contrib.auth import get_user_model
 
     owner, created = get_user_model().objects.get_or_create(username=username, defaults={"is_active": False})
+    if owner.is_active:  # a person's account: the run would delete its documents and jobs afterwards
+        raise CommandError(
+            f"A real account is called {username!r}; this command keeps its rows under that name and deletes "
+            "them afterwards. Rename the account first."
+        )
     if created:
         owner.set_unusable_password()
         owner.save(update_fields=["password"])

@@ -48,6 +48,8 @@ def overview(request):
 
 @staff_only
 def audit_log(request):
+    if not request.user.has_perm("console.view_auditevent"):  # titles, sharing and addresses of everyone
+        return render(request, "console/forbidden.html", {"audit": True}, status=403)
     events = AuditEvent.objects.all()
     username = request.GET.get("user", "").strip()
     action = request.GET.get("action", "")

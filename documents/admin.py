@@ -21,7 +21,7 @@ class DocumentAdmin(admin.ModelAdmin):
     readonly_fields = ("sha256", "size_bytes", "pages_total", "pages_done", "created_at", "updated_at")
     inlines = [PageInline]
 
-    @admin.action(description="Re-embed the selected ready documents (search index)")
+    @admin.action(description="Re-embed the selected ready documents (search index)", permissions=["change"])
     def reembed(self, request, queryset):
         from documents.tasks import embed_document
 

@@ -23,12 +23,19 @@ class Export:
     sources_heading: str
 
 
-def export_of(job: Job) -> Export:
+UNREADABLE = "a document you may no longer read"
+
+
+def export_of(job: Job, readable: set[int] | None = None) -> Export:
+    """``readable``: the ids of the documents the person exporting may read now; a draft's
+    passages from any other are left out, as on the page."""
     data = job.result_data or {}
     document = job.document.title if job.document_id else ""
     if job.kind == JobKind.DRAFT:
         sources = [
             f"[{p['number']}] {passage_source(p['document_title'], p['page_start'], p['page_end'])}: {p['text']}"
+            if readable is None or p["document_id"] in readable
+            else f"[{p['number']}] {UNREADABLE}"
             for p in data.get("passages", [])
         ]
         return Export("Drafted reply", data.get("edited_text") or job.result_text, sources, "Sources")
@@ -43,20 +50,20 @@ def export_of(job: Job) -> Export:
     return Export(job.get_kind_display(), job.result_text, [], "")
 
 
-def as_markdown(job: Job) -> str:
-    export = export_of(job)
+def as_markdown(job: Job, readable: set[int] | None = None) -> str:
+    export = export_of(job, readable)
     lines = [f"# {export.title}", "", _meta(job), "", export.body.strip(), ""]
-    if job.result_note:
+    if job.result_note and not (job.result_data or {}).get("edited_text"):  # the note is about the model's draft
         lines += [f"_{job.result_note}_", ""]
     if export.sources:
         lines += [f"## {export.sources_heading}", ""] + [f"- {source}" for source in export.sources] + [""]
     return "\n".join(lines)
 
 
-def as_docx(job: Job) -> bytes:
+def as_docx(job: Job, readable: set[int] | None = None) -> bytes:
     from docx import Document as WordDocument
 
-    export = export_of(job)
+    export = export_of(job, readable)
     word = WordDocument()
     word.core_properties.title = export.title
     word.add_heading(export.title, level=1)

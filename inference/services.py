@@ -164,10 +164,9 @@ def job_create_draft(
     }
     if regenerated_from is not None:
         options["regenerated_from"] = str(regenerated_from.pk)
-    document = None
-    if len(scope.document_ids) == 1:  # listed with the document's jobs
-        document = Document.objects.get(pk=scope.document_ids[0])
-    return _job_create(owner=owner, document=document, kind=JobKind.DRAFT, options=options)
+    # No ``document``: a draft rests on a scope, and deleting one of its documents must not delete
+    # the reply (the passages it kept say which documents they came from).
+    return _job_create(owner=owner, document=None, kind=JobKind.DRAFT, options=options)
 
 
 def job_regenerate_draft(

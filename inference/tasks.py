@@ -55,7 +55,7 @@ def run_job(self, job_id: str) -> None:
         )
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def check_draft(job_id: str, version: int) -> None:
     """Check an edited draft against its passages (the decode worker has the embedder)."""
     try:

@@ -7,6 +7,7 @@ import csv
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Q
 from django.http import Http404, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.utils.text import slugify
@@ -90,7 +91,10 @@ def draft_new(request):
             status = 400
         else:
             return redirect("inference:job", job_id=job.pk)
-    documents = readable_documents(request.user, ready_only=True).filter(parent=None)
+    # Top-level documents, and whichever were chosen (an attachment's "draft a reply" link).
+    documents = readable_documents(request.user, ready_only=True).filter(
+        Q(parent=None) | Q(pk__in=values["document_ids"])
+    )
     return render(
         request,
         "inference/draft_new.html",
@@ -142,6 +146,19 @@ def draft_edit(request, job_id):
     return redirect("inference:job", job_id=job.pk)
 
 
+EDIT_CHECK_PATIENCE_S = 120  # the page stops reloading itself for an edit's check after this
+
+
+def _older_than(iso: str | None, seconds: float) -> bool:
+    from datetime import datetime
+
+    from django.utils import timezone
+
+    if not iso:
+        return False
+    return (timezone.now() - datetime.fromisoformat(iso)).total_seconds() > seconds
+
+
 def _draft_or_404(request, job_id):
     job = selectors.job_for_user(user=request.user, job_id=job_id)
     if job is None or job.kind != JobKind.DRAFT:
@@ -164,6 +181,7 @@ def draft_view(job, user) -> dict | None:
         "text": edited or job.result_text,
         "edited": bool(edited),
         "checking": bool(edited) and sentences is None,
+        "check_late": bool(edited) and sentences is None and _older_than(data.get("edited_at"), EDIT_CHECK_PATIENCE_S),
         "support": data.get("edited_support") if edited else data.get("support"),
         "sentences": [
             {**sentence, "parts": sentence_parts(sentence["text"]), "uncited": not sentence["citations"]}
@@ -242,10 +260,12 @@ def job_export(request, job_id, fmt: str):
     stem = slugify(f"{job.get_kind_display()} {job.document.title if job.document_id else ''}") or str(job.pk)
     on = f" of {job.document.title}" if job.document_id else ""
     audit(request, "export", target=f"{job.get_kind_display()}{on} ({fmt})", document=job.document, job=job)
+    passages = job.result_data.get("passages") or []
+    readable = grounding.readable_ids(request.user, [p["document_id"] for p in passages])
     if fmt == "md":
-        response = HttpResponse(exports.as_markdown(job), content_type="text/markdown; charset=utf-8")
+        response = HttpResponse(exports.as_markdown(job, readable), content_type="text/markdown; charset=utf-8")
     else:
-        response = HttpResponse(exports.as_docx(job), content_type=exports.DOCX_CONTENT_TYPE)
+        response = HttpResponse(exports.as_docx(job, readable), content_type=exports.DOCX_CONTENT_TYPE)
     response["Content-Disposition"] = f'attachment; filename="{stem}.{fmt}"'
     return response
 

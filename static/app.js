@@ -152,7 +152,19 @@ function dropToUpload() {
   });
 }
 
+// An edited draft being checked: reload to show the result, unless the person is typing a new edit.
+function awaitDraftCheck() {
+  if (!document.querySelector("[data-checking]")) return;
+  const tick = () => {
+    const text = document.getElementById("id_text");
+    if (text && text.value !== text.defaultValue) return;  // keep what they are typing
+    window.location.reload();
+  };
+  setTimeout(tick, 3000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  awaitDraftCheck();
   dropToUpload();
   pollDocumentStates();
   streamJob();

@@ -167,7 +167,7 @@ def test_an_administrator_reads_the_console_and_others_get_none(page, live_appli
     User = get_user_model()
     from documents.models import Document
 
-    User.objects.create_user(username="root", password=PASSWORD, is_staff=True)
+    User.objects.create_user(username="root", password=PASSWORD, is_staff=True, is_superuser=True)
     gina = User.objects.create_user(username="gina", password=PASSWORD)
     memo = Document.objects.create(
         owner=gina, title="Board memo", filename="memo.txt", size_bytes=1, sha256="b" * 64,
@@ -287,7 +287,7 @@ def test_every_page_passes_an_accessibility_check(page, live_appliance):
     from documents.models import Document, Page
     from inference.models import Job, JobKind, Queue
 
-    jo = get_user_model().objects.create_user(username="jo", password=PASSWORD, is_staff=True)
+    jo = get_user_model().objects.create_user(username="jo", password=PASSWORD, is_staff=True, is_superuser=True)
     document = Document.objects.create(
         owner=jo, title="Lift contract", filename="lift.txt", size_bytes=1, sha256="c" * 64,
         state=Document.State.READY, pages_total=1, pages_done=1,

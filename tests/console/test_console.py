@@ -123,3 +123,29 @@ def test_admin_actions_cancel_and_retry_jobs(people, django_capture_on_commit_ca
     assert queued.state == Job.State.CANCELLED
     again = Job.objects.exclude(pk__in=[queued.pk, failed.pk]).get()
     assert again.owner == gina and again.options["messages"] == failed.options["messages"]
+
+
+def test_the_audit_log_and_admin_actions_need_their_permissions(people):
+    from django.contrib.auth.models import Permission
+
+    admin, gina = people
+    viewer = get_user_model().objects.create_user("vera", password="pw-vera-long-enough", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    assert _client(viewer).get("/console/").status_code == 200
+    refused = _client(viewer).get("/console/audit")
+    assert refused.status_code == 403 and "view audit event" in refused.content.decode()
+    job = Job.objects.create(owner=gina, kind=JobKind.CHAT, queue=Queue.DECODE, options={})
+    _client(viewer).post("/admin/inference/job/", {"action": "cancel", "_selected_action": [str(job.pk)]})
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED  # a view-only administrator cannot cancel
+
+
+def test_a_benchmark_never_takes_over_a_real_account(people):
+    from django.core.management.base import CommandError
+
+    from appliance.benchmarking import bench_user
+
+    get_user_model().objects.create_user("evaluate", password="pw-real-person-here")
+    with pytest.raises(CommandError, match="real account"):
+        bench_user("evaluate")
+    assert bench_user("evaluate-other").is_active is False

@@ -139,3 +139,16 @@ def test_a_summary_exports_each_statement_with_its_page(people):
     assert "- The moon is cheese. (no page of the document says this)" in text
     page = _client(erin).get(f"/jobs/{job.pk}/").content.decode()
     assert f'href="/documents/{job.document_id}/#page-2">p. 2</a>' in page
+
+
+def test_a_draft_export_leaves_out_passages_the_reader_may_no_longer_read(people):
+    erin, fred = people
+    theirs = _document(fred, "Fred's memo")
+    passages = [
+        {"number": 1, "chunk_id": 9, "document_id": theirs.pk, "document_title": "Fred's memo", "page_start": 1,
+         "page_end": 1, "text": "The secret figure is 42.", "char_start": 0, "char_end": 10},
+    ]  # fmt: skip
+    draft = _job(erin, kind=JobKind.DRAFT, result_text="It is 42 [1].", result_data={"passages": passages})
+    text = _client(erin).get(f"/jobs/{draft.pk}/export.md").content.decode()
+    assert "- [1] a document you may no longer read" in text
+    assert "secret figure" not in text and "Fred's memo" not in text
