@@ -121,10 +121,17 @@ def _int(value) -> int | None:
 @require_POST
 def draft_regenerate(request, job_id):
     job = _draft_or_404(request, job_id)
+    tone, length = request.POST.get("tone"), request.POST.get("length")
+    return _start_from(
+        request, job, lambda: services.job_regenerate_draft(job=job, user=request.user, tone=tone, length=length)
+    )
+
+
+def _start_from(request, job, create):
+    """A new job made from ``job`` (regenerated, retried): its page; 429 when the queue is full;
+    or back to ``job``'s page with the reason it was refused."""
     try:
-        new = services.job_regenerate_draft(
-            job=job, user=request.user, tone=request.POST.get("tone"), length=request.POST.get("length")
-        )
+        new = create()
     except services.QueueFull as exc:
         return busy_response(request, exc)
     except services.JobRejected as exc:
@@ -159,9 +166,17 @@ def _older_than(iso: str | None, seconds: float) -> bool:
     return (timezone.now() - datetime.fromisoformat(iso)).total_seconds() > seconds
 
 
-def _draft_or_404(request, job_id):
+def _job_or_404(request, job_id):
+    """One of the user's own jobs; 404 for anyone else's, as for one that does not exist."""
     job = selectors.job_for_user(user=request.user, job_id=job_id)
-    if job is None or job.kind != JobKind.DRAFT:
+    if job is None:
+        raise Http404("No such job.")
+    return job
+
+
+def _draft_or_404(request, job_id):
+    job = _job_or_404(request, job_id)
+    if job.kind != JobKind.DRAFT:
         raise Http404("No such draft.")
     return job
 
@@ -299,9 +314,7 @@ def clause_views(job) -> list[dict]:
 
 @login_required
 def job_detail(request, job_id):
-    job = selectors.job_for_user(user=request.user, job_id=job_id)
-    if job is None:
-        raise Http404("No such job.")
+    job = _job_or_404(request, job_id)
     return render(
         request,
         "inference/job.html",
@@ -339,25 +352,14 @@ def _job_rows_context(request) -> dict:
 @login_required
 @require_POST
 def job_retry(request, job_id):
-    job = selectors.job_for_user(user=request.user, job_id=job_id)
-    if job is None:
-        raise Http404("No such job.")
-    try:
-        new = services.job_retry(job=job, user=request.user)
-    except services.QueueFull as exc:
-        return busy_response(request, exc)
-    except services.JobRejected as exc:
-        messages.error(request, str(exc))
-        return redirect("inference:job", job_id=job.pk)
-    return redirect("inference:job", job_id=new.pk)
+    job = _job_or_404(request, job_id)
+    return _start_from(request, job, lambda: services.job_retry(job=job, user=request.user))
 
 
 @login_required
 @require_POST
 def job_cancel(request, job_id):
-    job = selectors.job_for_user(user=request.user, job_id=job_id)
-    if job is None:
-        raise Http404("No such job.")
+    job = _job_or_404(request, job_id)
     if services.job_cancel(job=job):
         messages.info(request, "The job was cancelled.")
     return redirect("inference:job", job_id=job.pk)
