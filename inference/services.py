@@ -176,17 +176,28 @@ def job_regenerate_draft(
     that it can differ from the one before."""
     if job.kind != JobKind.DRAFT:
         raise JobRejected("Only a drafted reply can be regenerated.")
-    options = job.options
-    return job_create_draft(
+    return _draft_again(
+        job,
         owner=user,
-        message=options["message"],
-        document_ids=options.get("document_ids") or (),
-        group_id=options.get("group_id"),
-        tone=tone or options["tone"],
-        length=length or options["length"],
+        tone=tone or job.options["tone"],
+        length=length or job.options["length"],
         temperature=REGENERATE_TEMPERATURE,
         regenerated_from=job,
     )
+
+
+def _draft_again(job: Job, *, owner: AbstractBaseUser, **changes) -> Job:
+    """A new draft with ``job``'s message, scope, tone, length and temperature, except ``changes``."""
+    options = job.options
+    request = {
+        "message": options["message"],
+        "document_ids": options.get("document_ids") or (),
+        "group_id": options.get("group_id"),
+        "tone": options["tone"],
+        "length": options["length"],
+        "temperature": float(options.get("temperature", 0.0)),
+    }
+    return job_create_draft(owner=owner, **{**request, **changes})
 
 
 def draft_edit(*, job: Job, text: str) -> Job:
@@ -231,27 +242,25 @@ def draft_check_edit(*, job_id, version: int) -> bool:
         return False
     passages = passages_from_records(job.result_data.get("passages", []))
     checks = check_support(job.result_data["edited_text"], passages, embed=get_embedder().encode)
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
-        if job.result_data.get("edit_version") != version:
-            return False
-        job.result_data = {
-            **job.result_data,
-            "edited_sentences": [asdict(check) for check in checks],
-            "edited_support": support_summary(checks),
-        }
-        job.save(update_fields=["result_data"])
-    return True
+    return _store_edit_check(
+        job_id, version, sentences=[asdict(check) for check in checks], support=support_summary(checks)
+    )
 
 
 def draft_check_failed(*, job_id, version: int) -> None:
     """The page stops saying "checking" and says the check could not be made."""
+    _store_edit_check(job_id, version, sentences=[], support={"error": True})
+
+
+def _store_edit_check(job_id, version: int, *, sentences: list, support: dict) -> bool:
+    """Store the check of edit ``version``, unless a later edit came meanwhile."""
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id).first()
         if job is None or job.result_data.get("edit_version") != version:
-            return
-        job.result_data = {**job.result_data, "edited_sentences": [], "edited_support": {"error": True}}
+            return False
+        job.result_data = {**job.result_data, "edited_sentences": sentences, "edited_support": support}
         job.save(update_fields=["result_data"])
+    return True
 
 
 def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
@@ -261,15 +270,7 @@ def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
         raise JobRejected("Only a failed or cancelled job can be tried again.")
     options = job.options
     if job.kind == JobKind.DRAFT:
-        return job_create_draft(
-            owner=user,
-            message=options["message"],
-            document_ids=options.get("document_ids") or (),
-            group_id=options.get("group_id"),
-            tone=options["tone"],
-            length=options["length"],
-            temperature=float(options.get("temperature", 0.0)),
-        )
+        return _draft_again(job, owner=user)
     if job.kind == JobKind.CHAT:
         return job_create_chat(
             owner=user,
