@@ -50,10 +50,12 @@ INSTALLED_APPS = [
     "documents",
     "inference",
     "console",
+    "api",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "api.middleware.api_upload_size_limit",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -215,6 +217,10 @@ APPLIANCE_FREQUENCY_PENALTY = env_float("APPLIANCE_FREQUENCY_PENALTY", 0.3, mini
 
 MEDIA_ROOT = VAR_DIR / "media"
 APPLIANCE_MAX_UPLOAD_MB = env_int("APPLIANCE_MAX_UPLOAD_MB", 100, minimum=1)
+# --- API ------------------------------------------------------------------------------------
+# Requests per minute for one API token unless the token sets its own limit.
+APPLIANCE_API_RATE_LIMIT_PER_MINUTE = env_int("APPLIANCE_API_RATE_LIMIT_PER_MINUTE", 300, minimum=1)
+
 APPLIANCE_MAX_PAGES = env_int("APPLIANCE_MAX_PAGES", 5000, minimum=1)
 # Each file is parsed in a child process with these limits, so a hostile file fails alone.
 APPLIANCE_EXTRACTION_TIMEOUT_S = env_int("APPLIANCE_EXTRACTION_TIMEOUT_S", 300, minimum=5)

@@ -1,8 +1,10 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
+from api.site import api
+from api.views import api_not_found, problem_type
 from appliance.health import healthz
 from appliance.metrics import metrics
 
@@ -16,4 +18,9 @@ urlpatterns = [
     path("console/", include("console.urls")),
     path("documents/", include("documents.urls")),
     path("", include("inference.urls")),
+    path("account/tokens/", include("api.urls")),
+    path("api/problems/<slug:code>", problem_type, name="problem-type"),
+    path("", api.urls),
+    # Anything else under the API's prefixes answers in the API's format, not with an HTML page.
+    re_path(r"^(?:api|v1)/", api_not_found),
 ]

@@ -55,6 +55,10 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Set by the worker while the job runs; a stale one means the worker died (see watchdog.py).
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The API token that asked for it (None: the browser, a benchmark); usage is counted per token.
+    api_token = models.ForeignKey(
+        "api.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs"
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -69,6 +73,25 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.state in self.FINISHED_STATES
+
+
+class IdempotencyKey(models.Model):
+    """An ``Idempotency-Key`` a caller sent with a job request: the same key with the same request
+    returns the same job; with another request it is refused. Kept for ``TTL``."""
+
+    TTL_HOURS = 24
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    request_sha256 = models.CharField(max_length=64)  # method, path and body of the first request
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="idempotency_key_per_owner")]
+
+    def __str__(self) -> str:
+        return f"{self.key} -> {self.job_id}"
 
 
 class RequestMetrics(models.Model):

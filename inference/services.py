@@ -60,6 +60,7 @@ def job_create_summary(
     focus: str = "",
     max_tokens: int | None = None,
     ignore_eos: bool = False,
+    api_token=None,
 ) -> Job:
     """A summary on the prefill queue. ``max_tokens`` (at most the configured summary length)
     and ``ignore_eos`` let benchmarks fix the output length."""
@@ -74,7 +75,7 @@ def job_create_summary(
         options["max_tokens"] = max_tokens
     if ignore_eos:
         options["ignore_eos"] = True
-    return _job_create(owner=owner, document=document, kind=JobKind.SUMMARISE, options=options)
+    return _job_create(owner=owner, document=document, kind=JobKind.SUMMARISE, options=options, api_token=api_token)
 
 
 def job_create_clauses(
@@ -83,6 +84,7 @@ def job_create_clauses(
     document: Document,
     taxonomy: str = DEFAULT_TAXONOMY,
     categories: list[str] | None = None,
+    api_token=None,
 ) -> Job:
     """Clause extraction on the prefill queue: the categories of a named taxonomy (all of it, or
     those chosen)."""
@@ -93,7 +95,9 @@ def job_create_clauses(
     except ValueError as exc:
         raise JobRejected(f"{exc}.") from None
     options = {"taxonomy": taxonomy, "categories": list(chosen)}
-    return _job_create(owner=owner, document=document, kind=JobKind.EXTRACT_CLAUSES, options=options)
+    return _job_create(
+        owner=owner, document=document, kind=JobKind.EXTRACT_CLAUSES, options=options, api_token=api_token
+    )
 
 
 def job_create_chat(
@@ -103,6 +107,7 @@ def job_create_chat(
     max_tokens: int = 512,
     temperature: float = 0.0,
     ignore_eos: bool = False,
+    api_token=None,
 ) -> Job:
     """A chat completion on the decode queue: the OpenAI-compatible API and the benchmarks."""
     if not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
@@ -119,7 +124,7 @@ def job_create_chat(
         "temperature": float(temperature),
         "ignore_eos": bool(ignore_eos),
     }
-    return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options)
+    return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options, api_token=api_token)
 
 
 def job_create_draft(
@@ -132,6 +137,7 @@ def job_create_draft(
     length: str = DEFAULT_DRAFT_LENGTH,
     temperature: float = 0.0,
     regenerated_from: Job | None = None,
+    api_token=None,
 ) -> Job:
     """A reply to ``message`` on the decode queue, grounded on passages of the chosen documents,
     of the documents shared with one of the owner's groups, or (neither chosen) of every document
@@ -166,7 +172,7 @@ def job_create_draft(
         options["regenerated_from"] = str(regenerated_from.pk)
     # No ``document``: a draft rests on a scope, and deleting one of its documents must not delete
     # the reply (the passages it kept say which documents they came from).
-    return _job_create(owner=owner, document=None, kind=JobKind.DRAFT, options=options)
+    return _job_create(owner=owner, document=None, kind=JobKind.DRAFT, options=options, api_token=api_token)
 
 
 def job_regenerate_draft(
@@ -306,7 +312,9 @@ def celery_queue_for(queue: Queue | str) -> str:
     return str(queue)
 
 
-def _job_create(*, owner: AbstractBaseUser, document: Document | None, kind: JobKind, options: dict) -> Job:
+def _job_create(
+    *, owner: AbstractBaseUser, document: Document | None, kind: JobKind, options: dict, api_token=None
+) -> Job:
     queue = QUEUE_FOR_KIND[kind]
     waiting = Job.objects.filter(queue=queue, state=Job.State.QUEUED).count()
     if waiting >= settings.APPLIANCE_MAX_QUEUE_DEPTH:
@@ -319,7 +327,9 @@ def _job_create(*, owner: AbstractBaseUser, document: Document | None, kind: Job
             retry_after_s=retry_after,
         )
     with transaction.atomic():
-        job = Job.objects.create(owner=owner, document=document, kind=kind, queue=queue, options=options)
+        job = Job.objects.create(
+            owner=owner, document=document, kind=kind, queue=queue, options=options, api_token=api_token
+        )
         transaction.on_commit(lambda: job_enqueue(job_id=job.pk, queue=queue))
     return job
 

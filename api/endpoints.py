@@ -1,0 +1,3 @@
+from ninja import Router
+
+router = Router()
