@@ -63,7 +63,11 @@ class SessionScope(APIKeyCookie):
         if not request.user.is_authenticated:
             return None
         if not getattr(request, "_ninja_csrf_exempt", False) and check_csrf(request):
-            raise ApiProblem(403, "forbidden", "The CSRF token is missing or wrong; send the csrftoken cookie's value as X-CSRFToken.")
+            raise ApiProblem(
+                403,
+                "forbidden",
+                "The CSRF token is missing or wrong; send the csrftoken cookie's value as X-CSRFToken.",
+            )
         return "session"
 
     def authenticate(self, request: HttpRequest, key):

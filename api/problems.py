@@ -19,19 +19,52 @@ CONTENT_TYPE = "application/problem+json"
 
 # code -> (title, what it means and what to do); each type URI is served at /api/problems/<code>.
 PROBLEM_TYPES: dict[str, tuple[str, str]] = {
-    "bad-request": ("The request is not valid", "A field is missing or has a value the appliance does not accept; `errors` names each field."),
-    "unauthenticated": ("Authentication required", "Send `Authorization: Bearer <token>` with an active personal API token, or sign in."),
-    "insufficient-scope": ("The token lacks a scope", "The token authenticates, but this operation needs a scope it was not given. Create a token with that scope."),
-    "forbidden": ("Not allowed", "You may see this resource but not change it in this way (for example, only its owner may delete a document)."),
+    "bad-request": (
+        "The request is not valid",
+        "A field is missing or has a value the appliance does not accept; `errors` names each field.",
+    ),
+    "unauthenticated": (
+        "Authentication required",
+        "Send `Authorization: Bearer <token>` with an active personal API token, or sign in.",
+    ),
+    "insufficient-scope": (
+        "The token lacks a scope",
+        "The token authenticates, but this operation needs a scope it was not given. Create a token with that scope.",
+    ),
+    "forbidden": (
+        "Not allowed",
+        "You may see this resource but not change it in this way (for example, only its owner may delete a document).",
+    ),
     "not-found": ("Not found", "There is no such resource, or you may not read it; the appliance does not say which."),
-    "conflict": ("Conflict", "The resource is in a state that does not allow this (for example, cancelling a finished job)."),
-    "upload-too-large": ("The upload is too large", "The file is over the appliance's upload limit (`APPLIANCE_MAX_UPLOAD_MB`)."),
-    "rate-limited": ("Too many requests", "The token's requests per minute are used up. Wait for `Retry-After` seconds."),
-    "queue-full": ("The appliance is busy", "Too many jobs are waiting in this queue. Try again after `Retry-After` seconds."),
-    "idempotency-key-reused": ("Idempotency-Key reused", "This Idempotency-Key was used before with a different request. Use a new key for a new request."),
+    "conflict": (
+        "Conflict",
+        "The resource is in a state that does not allow this (for example, cancelling a finished job).",
+    ),
+    "upload-too-large": (
+        "The upload is too large",
+        "The file is over the appliance's upload limit (`APPLIANCE_MAX_UPLOAD_MB`).",
+    ),
+    "rate-limited": (
+        "Too many requests",
+        "The token's requests per minute are used up. Wait for `Retry-After` seconds.",
+    ),
+    "queue-full": (
+        "The appliance is busy",
+        "Too many jobs are waiting in this queue. Try again after `Retry-After` seconds.",
+    ),
+    "idempotency-key-reused": (
+        "Idempotency-Key reused",
+        "This Idempotency-Key was used before with a different request. Use a new key for a new request.",
+    ),
     "method-not-allowed": ("Method not allowed", "This path does not accept this HTTP method."),
-    "unavailable": ("Service unavailable", "A part of the appliance (the engine host or the broker) does not answer. Try again shortly."),
-    "server-error": ("Internal error", "Something failed inside the appliance; the error is logged. Try again, and tell the administrator if it persists."),
+    "unavailable": (
+        "Service unavailable",
+        "A part of the appliance (the engine host or the broker) does not answer. Try again shortly.",
+    ),
+    "server-error": (
+        "Internal error",
+        "Something failed inside the appliance; the error is logged. Try again, and tell the administrator if it persists.",
+    ),
 }
 
 

@@ -28,7 +28,7 @@ def hit(token: ApiToken, *, now: float | None = None) -> int | None:
 
     now = time.time() if now is None else now
     window = int(now // WINDOW_S)
-    key = f"appliance:ratelimit:{token.pk}:{window}"
+    key = f"appliance:ratelimit:{token.prefix}:{window}"
     try:
         pipe = sync_client().pipeline()
         pipe.incr(key)

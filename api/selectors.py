@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 
 from api.models import ApiToken
 from api.services import TOKEN_PREFIX, token_sha256
@@ -20,4 +20,5 @@ def token_for(raw: str) -> ApiToken | None:
 
 
 def tokens_of(user: AbstractBaseUser) -> QuerySet[ApiToken]:
-    return ApiToken.objects.filter(user=user).order_by("revoked_at", "-created_at")
+    """Active and expired tokens first (not revoked), newest first; then the revoked ones."""
+    return ApiToken.objects.filter(user=user).order_by(F("revoked_at").desc(nulls_first=True), "-created_at")

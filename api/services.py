@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from api.models import ApiToken, Scope
 
-TOKEN_PREFIX = "dapp_"
+TOKEN_PREFIX = "dapp_"  # noqa: S105 - a marker that says what a string is, not a secret
 LAST_USED_RESOLUTION = timedelta(minutes=1)  # at most one write per token per minute for "last used"
 
 

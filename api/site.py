@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
+from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
@@ -87,7 +89,29 @@ def _http_error(request, exc: HttpError):
     code = {400: "bad-request", 403: "forbidden", 404: "not-found", 405: "method-not-allowed"}.get(
         exc.status_code, "bad-request" if exc.status_code < 500 else "server-error"
     )
+    errors = None
+    if exc.status_code == 400 and str(exc).startswith("Cannot parse request body"):
+        errors = [{"field": "body", "message": "not valid JSON (or not the content type it claims)"}]
+        return problem_response(
+            request, status=400, code=code, detail="body: the request body is not valid JSON.", errors=errors
+        )
     return problem_response(request, status=exc.status_code, code=code, detail=str(exc))
+
+
+@api.exception_handler(MultiPartParserError)
+def _bad_multipart(request, exc):
+    return problem_response(
+        request,
+        status=400,
+        code="bad-request",
+        detail=f"body: not a readable multipart form ({exc}).",
+        errors=[{"field": "body", "message": "not a readable multipart form"}],
+    )
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    return problem_response(request, status=413, code="upload-too-large", detail=str(exc))
 
 
 @api.exception_handler(Http404)
@@ -120,7 +144,11 @@ def _not_allowed(request, exc):
 @api.exception_handler(EngineUnavailable)
 def _engine_down(request, exc):
     return problem_response(
-        request, status=503, code="unavailable", detail="The engine host does not answer.", headers={"Retry-After": "10"}
+        request,
+        status=503,
+        code="unavailable",
+        detail="The engine host does not answer.",
+        headers={"Retry-After": "10"},
     )
 
 
@@ -133,10 +161,12 @@ def _server_error(request, exc):
 def _register_routers() -> None:
     from api.endpoints import router as appliance_router
     from documents.api import router as documents_router
+    from documents.api import search_router
     from inference.api import router as jobs_router
     from inference.openai_api import router as openai_router
 
     api.add_router("/api/v1/documents", documents_router, tags=["documents"])
+    api.add_router("/api/v1/search", search_router, tags=["documents"])
     api.add_router("/api/v1/jobs", jobs_router, tags=["jobs"])
     api.add_router("/api/v1", appliance_router)
     api.add_router("/v1", openai_router, tags=["openai"])

@@ -1,6 +1,11 @@
 """The web UI's pages for personal API tokens (``/account/tokens/``)."""
 
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from api import token_views
 
 app_name = "tokens"
-urlpatterns: list = []
+urlpatterns = [
+    path("", token_views.tokens, name="list"),
+    path("<int:token_id>/revoke", token_views.revoke, name="revoke"),
+]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, JsonResponse
 
 from api.problems import PROBLEM_TYPES, problem_response
 
@@ -13,6 +13,14 @@ def problem_type(request, code: str):
         raise Http404("No such problem type.")
     title, meaning = PROBLEM_TYPES[code]
     return HttpResponse(f"{title}\n\n{meaning}\n", content_type="text/plain; charset=utf-8")
+
+
+def openapi_schema(request):
+    """The OpenAPI 3 schema, for any caller: tools generate clients from it (the docs page that
+    renders it is for staff)."""
+    from api.site import api
+
+    return JsonResponse(api.get_openapi_schema(), json_dumps_params={"ensure_ascii": False})
 
 
 def api_not_found(request):

@@ -19,3 +19,7 @@ os.environ.setdefault("APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S", "8")
 from appliance.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
+
+# Two test sessions on one machine (a developer's and a helper's) each need their own database.
+if os.environ.get("APPLIANCE_TEST_DB_NAME"):
+    DATABASES["default"]["TEST"] = {"NAME": os.environ["APPLIANCE_TEST_DB_NAME"]}  # noqa: F405

@@ -4,7 +4,7 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from api.site import api
-from api.views import api_not_found, problem_type
+from api.views import api_not_found, openapi_schema, problem_type
 from appliance.health import healthz
 from appliance.metrics import metrics
 
@@ -20,6 +20,7 @@ urlpatterns = [
     path("", include("inference.urls")),
     path("account/tokens/", include("api.urls")),
     path("api/problems/<slug:code>", problem_type, name="problem-type"),
+    path("api/schema", openapi_schema, name="openapi-schema"),  # before the docs' own, which is staff-only
     path("", api.urls),
     # Anything else under the API's prefixes answers in the API's format, not with an HTML page.
     re_path(r"^(?:api|v1)/", api_not_found),

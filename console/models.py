@@ -5,9 +5,9 @@ from django.db import models
 
 
 class AuditEvent(models.Model):
-    """Who read, shared, deleted or exported what, and when. Written by ``console.services.audit``;
-    never changed afterwards (the admin shows it read-only). The title is kept as it was, so an
-    event stays readable after its document is deleted."""
+    """Who read, shared, deleted or exported what, who created or revoked which API token, and when.
+    Written by ``console.services.audit``; never changed afterwards (the admin shows it read-only).
+    The title is kept as it was, so an event stays readable after its document is deleted."""
 
     class Action(models.TextChoices):
         UPLOAD = "upload", "uploaded"
@@ -16,6 +16,8 @@ class AuditEvent(models.Model):
         SHARE = "share", "shared"
         DELETE = "delete", "deleted"
         EXPORT = "export", "exported"
+        TOKEN_CREATE = "token_create", "created API token"
+        TOKEN_REVOKE = "token_revoke", "revoked API token"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
     username = models.CharField(max_length=150)  # as it was at the time

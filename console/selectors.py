@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Count, F, Min, Q, Sum
 from django.utils import timezone
 
 from inference.models import Job, Queue, RequestMetrics
@@ -141,6 +141,28 @@ def usage_per_user(since=None) -> list[dict]:
             output_tokens=Sum("output_tokens"),
         )
         .order_by("-output_tokens")
+    )
+
+
+def usage_per_token(since=None) -> list[dict]:
+    """Per API token over the window: its name, prefix and owner, jobs, engine requests, tokens in
+    and out. Jobs started without a token (the web UI) are not counted."""
+    since = since or timezone.now() - USAGE_WINDOW
+    return list(
+        RequestMetrics.objects.filter(created_at__gte=since, job__api_token__isnull=False)
+        .values(
+            token_id=F("job__api_token"),
+            name=F("job__api_token__name"),
+            prefix=F("job__api_token__prefix"),
+            username=F("job__api_token__user__username"),
+        )
+        .annotate(
+            jobs=Count("pk"),
+            engine_requests=Sum("engine_requests"),
+            prompt_tokens=Sum("prompt_tokens"),
+            output_tokens=Sum("output_tokens"),
+        )
+        .order_by("-output_tokens", "token_id")
     )
 
 

@@ -42,6 +42,7 @@ def overview(request):
             "failures": selectors.failures(),
             "failure_reasons": selectors.failure_reasons(),
             "usage": selectors.usage_per_user(),
+            "usage_per_token": selectors.usage_per_token(),
         },
     )
 

@@ -16,10 +16,10 @@ class RequestMetricsInline(admin.StackedInline):
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ("id", "kind", "queue", "state", "owner", "document", "attempts", "created_at")
-    list_filter = ("kind", "queue", "state", "created_at")
+    list_filter = ("kind", "queue", "state", ("api_token", admin.EmptyFieldListFilter), "created_at")
     search_fields = ("id", "owner__username", "document__title")
     list_select_related = ("owner", "document")
-    readonly_fields = ("created_at", "started_at", "finished_at", "heartbeat_at", "attempts")
+    readonly_fields = ("created_at", "started_at", "finished_at", "heartbeat_at", "attempts", "api_token")
     inlines = [RequestMetricsInline]
     actions = ["cancel", "retry"]
 

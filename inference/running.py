@@ -85,6 +85,9 @@ def engine_request(
         priority=PRIORITY_FOR_QUEUE[Queue(job.queue)],
         queue=job.queue,
         temperature=float(options.get("temperature", 0.0)),
+        top_p=float(options.get("top_p", 1.0)),
+        seed=None if options.get("seed") is None else int(options["seed"]),
+        stop=[str(s) for s in options.get("stop", ())],
         frequency_penalty=float(
             options.get("frequency_penalty", settings.APPLIANCE_FREQUENCY_PENALTY if free_text else 0.0)
         ),

@@ -106,10 +106,16 @@ def job_create_chat(
     messages: list[dict[str, str]],
     max_tokens: int = 512,
     temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: list[str] | tuple[str, ...] = (),
+    frequency_penalty: float = 0.0,
     ignore_eos: bool = False,
     api_token=None,
 ) -> Job:
-    """A chat completion on the decode queue: the OpenAI-compatible API and the benchmarks."""
+    """A chat completion on the decode queue: the OpenAI-compatible API and the benchmarks.
+    ``top_p``, ``seed``, ``stop`` and ``frequency_penalty`` go to the engine as OpenAI defines
+    them (``running.engine_request``)."""
     if not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
         raise JobRejected("messages must be a non-empty list of {role, content} objects.")
     if any(m["role"] not in {"system", "user", "assistant"} for m in messages):
@@ -118,12 +124,32 @@ def job_create_chat(
         raise JobRejected(f"max_tokens must be between 1 and {CHAT_MAX_TOKENS_LIMIT}.")
     if not 0.0 <= temperature <= 2.0:
         raise JobRejected("temperature must be between 0 and 2.")
+    if not 0.0 < top_p <= 1.0:
+        raise JobRejected("top_p must be greater than 0 and at most 1.")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63):
+        raise JobRejected("seed must be a whole number that fits in 64 bits.")
+    if isinstance(stop, str) or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop):
+        raise JobRejected("stop must be a list of non-empty strings of at most 256 characters each.")
+    if len(stop) > 4:
+        raise JobRejected("stop may hold at most 4 sequences.")
+    if not -2.0 <= frequency_penalty <= 2.0:
+        raise JobRejected("frequency_penalty must be between -2 and 2.")
     options = {
         "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
         "max_tokens": int(max_tokens),
         "temperature": float(temperature),
         "ignore_eos": bool(ignore_eos),
     }
+    # Only what differs from the engine's defaults, so that the jobs of the browser and the
+    # benchmarks keep the options they always had.
+    if top_p != 1.0:
+        options["top_p"] = float(top_p)
+    if seed is not None:
+        options["seed"] = int(seed)
+    if stop:
+        options["stop"] = list(stop)
+    if frequency_penalty:
+        options["frequency_penalty"] = float(frequency_penalty)
     return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options, api_token=api_token)
 
 

@@ -8,7 +8,7 @@ import csv
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Q
-from django.http import Http404, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
@@ -17,13 +17,12 @@ from console.services import audit
 from documents import selectors as document_selectors
 from documents.search import readable_documents
 from documents.services import UploadRejected, text_of_message_upload
-from inference import exports, grounding, selectors, services, streaming
+from inference import events, exports, grounding, selectors, services
 from inference.clauses import DEFAULT_TAXONOMY
 from inference.drafting import MESSAGE_MAX_CHARS, sentence_parts
 from inference.models import JobKind
 from inference.prompts import DEFAULT_DRAFT_LENGTH, DEFAULT_DRAFT_TONE, DRAFT_LENGTHS, DRAFT_TONES
 
-QUEUE_REPORT_MS = 2000  # how often a queued job's stream says where it stands
 CONTEXT_CHARS = 240  # page text shown around a clause
 DRAFT_DOCUMENT_CHOICES = 500  # the most recent documents offered to ground a reply on
 
@@ -367,38 +366,13 @@ def job_cancel(request, job_id):
 
 @login_required
 async def job_events(request, job_id):
-    """Server-sent events for one job: ``delta`` text, then ``done``, ``failed`` or ``cancelled``.
-    A reconnecting browser sends ``Last-Event-ID`` and gets only what it has not seen."""
+    """Server-sent events for one job (``inference.events``). A reconnecting browser sends
+    ``Last-Event-ID`` and gets only what it has not seen."""
     user = await request.auser()
     job = await selectors.ajob_for_user(user=user, job_id=job_id)
     if job is None:
         raise Http404("No such job.")
     after = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
-
-    async def events():
-        yield "retry: 2000\n\n"
-        if job.is_finished and not await streaming.stream_exists(job.pk):
-            # The live stream has expired; what was stored is the whole answer.
-            yield streaming.format_sse("snapshot", {"text": job.result_text})
-            yield streaming.format_sse(job_final_event(job), {"detail": job.error, "note": job.result_note})
-            return
-        started = job.state != job.State.QUEUED
-        async for event_id, event, data in streaming.read_events(job.pk, after=after, block_ms=QUEUE_REPORT_MS):
-            if event == "keepalive":
-                status = None if started else await selectors.ajob_queue_status(job_id=job.pk)
-                if status and status["state"] == job.State.QUEUED:
-                    yield streaming.format_sse("queue", {"position": status["position"], "eta_s": status["eta_s"]})
-                else:
-                    started = True
-                    yield ": keepalive\n\n"
-            else:
-                yield streaming.format_sse(event, data, event_id)
-
-    response = StreamingHttpResponse(events(), content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
+    return events.sse_response(events.job_events(job, after=after))
 
 
-def job_final_event(job) -> str:
-    return {"succeeded": "done", "failed": "failed", "cancelled": "cancelled"}[job.state]

@@ -30,7 +30,32 @@ ENGINE_START_TIMEOUT_S = 900  # a fresh machine compiles the model's graphs once
 _started_services = []
 
 
+def _sessions_dir() -> Path:
+    """One file per running test session: the services stop with the last session, not the first
+    to finish (two sessions share them, each with its own database: APPLIANCE_TEST_DB_NAME)."""
+    path = Path(settings.VAR_DIR) / "sessions"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _other_sessions_alive() -> bool:
+    alive = False
+    for entry in _sessions_dir().iterdir():
+        pid = int(entry.name) if entry.name.isdigit() else 0
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except (ProcessLookupError, ValueError):
+            entry.unlink(missing_ok=True)
+        except PermissionError:
+            alive = True
+    return alive
+
+
 def pytest_sessionstart(session):
+    (_sessions_dir() / str(os.getpid())).touch()
     postgres, valkey = embedded_services(settings.VAR_DIR, settings.EMBEDDED_PG_PORT, settings.EMBEDDED_REDIS_PORT)
     for service in (postgres, valkey):
         if service.start():
@@ -38,6 +63,9 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    (_sessions_dir() / str(os.getpid())).unlink(missing_ok=True)
+    if _other_sessions_alive():
+        return
     for service in reversed(_started_services):
         service.stop()
 

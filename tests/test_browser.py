@@ -313,3 +313,47 @@ def test_every_page_passes_an_accessibility_check(page, live_appliance):
         page.goto(f"{live_appliance}{path}")
         found[path] = _accessibility_violations(page)
     assert found == {path: [] for path in found}
+
+
+def test_create_a_token_see_it_once_copy_it_and_revoke_it(page, live_appliance):
+    import hashlib
+
+    from api.models import ApiToken
+
+    kim = get_user_model().objects.create_user(username="kim", password=PASSWORD)
+    _sign_in(page, live_appliance, "kim")
+    page.get_by_role("link", name="API tokens").click()
+    page.wait_for_url("**/account/tokens/")
+    assert page.get_by_label("Date (the token stops working at the start of this day)").is_hidden()  # until chosen
+    page.get_by_label("Name").fill("Case system")
+    page.get_by_label("write: upload, share, delete", exact=False).check()
+    page.get_by_label("Expires").select_option("30")
+    page.get_by_role("button", name="Create token").click()
+
+    page.get_by_role("heading", name="Copy your new token now").wait_for()
+    raw = page.get_by_label("Token “Case system”").input_value()
+    token = ApiToken.objects.get(user=kim)
+    assert hashlib.sha256(raw.encode()).hexdigest() == token.token_sha256
+    assert token.scopes == ["read", "write"]
+    # The copy button (shown by the page's script) puts the token on the clipboard.
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_appliance)
+    page.get_by_role("button", name="Copy", exact=True).click()
+    page.get_by_text("Copied.").wait_for()
+    assert page.evaluate("navigator.clipboard.readText()") == raw
+    page.screenshot(path=str(SCREENSHOTS / "api-tokens.png"), full_page=True)
+    assert _accessibility_violations(page) == []
+
+    page.reload()  # a GET (the page made it one): the token is not shown again, nor a new one made
+    assert raw not in page.content() and ApiToken.objects.filter(user=kim).count() == 1
+    assert page.get_by_role("heading", name="Copy your new token now").count() == 0
+    row = page.locator(f'#tokens-table tr[data-token-id="{token.pk}"]')
+    assert f"{token.prefix}…" in row.inner_text() and "Active" in row.inner_text()
+
+    page.once("dialog", lambda dialog: dialog.accept())  # "Revoke “Case system”? …"
+    row.get_by_role("button", name="Revoke Case system").click()
+    page.get_by_text("is revoked; requests with it now fail").wait_for()
+    assert row.locator('[data-field="status"]').inner_text() == "Revoked"
+    assert row.get_by_role("button").count() == 0
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    assert _accessibility_violations(page) == []

@@ -1,0 +1,47 @@
+"""A job's server-sent events, for the browser's page and for ``/api/v1/jobs/{id}/stream``.
+
+``delta`` events carry text as it is written; ``queue`` events the place and ETA while the job
+waits; then one of ``done``, ``failed`` or ``cancelled``. A stream that has expired from the
+broker is replayed from what was stored: one ``snapshot`` with the whole text, then the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from django.http import StreamingHttpResponse
+
+from inference import selectors, streaming
+from inference.models import Job
+
+QUEUE_REPORT_MS = 2_000  # while queued, the page is told its place this often
+
+
+def final_event(job: Job) -> str:
+    return {"succeeded": "done", "failed": "failed", "cancelled": "cancelled"}[job.state]
+
+
+async def job_events(job: Job, *, after: str = "0") -> AsyncIterator[str]:
+    yield "retry: 2000\n\n"
+    if job.is_finished and not await streaming.stream_exists(job.pk):
+        yield streaming.format_sse("snapshot", {"text": job.result_text})
+        yield streaming.format_sse(final_event(job), {"detail": job.error, "note": job.result_note})
+        return
+    started = job.state != job.State.QUEUED
+    async for event_id, event, data in streaming.read_events(job.pk, after=after, block_ms=QUEUE_REPORT_MS):
+        if event == "keepalive":
+            status = None if started else await selectors.ajob_queue_status(job_id=job.pk)
+            if status and status["state"] == job.State.QUEUED:
+                yield streaming.format_sse("queue", {"position": status["position"], "eta_s": status["eta_s"]})
+            else:
+                started = True
+                yield ": keepalive\n\n"
+        else:
+            yield streaming.format_sse(event, data, event_id)
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response

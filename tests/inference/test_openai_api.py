@@ -1,0 +1,376 @@
+"""The OpenAI-compatible endpoints (``inference/openai_api.py``).
+
+Unit tests: translating a request (pure), what is refused with a 400 naming the field, models,
+auth and the schema, through Django's test client where no engine is needed. The integration
+test drives the official ``openai`` client, unchanged, against the live appliance: real web
+server, workers, engine host and model."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from api.services import token_create
+from api.site import api
+from inference import openai_api, services
+from inference.models import Job, JobKind, Queue, RequestMetrics
+from inference.openai_api import ChatCompletionRequest, StreamDiverged, StreamedText, chat_request
+from inference.running import engine_request
+from tests.conftest import wait_until
+
+MODEL = openai_api.served_model_id()
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def _translate(**body):
+    return chat_request(ChatCompletionRequest(**{"model": MODEL, "messages": HELLO, **body}))
+
+
+def _refused_field(**body) -> str:
+    with pytest.raises(openai_api.ApiProblem) as refused:
+        _translate(**body)
+    assert refused.value.status == 400
+    return refused.value.errors[0]["field"]
+
+
+# --- translating a request (pure) ------------------------------------------------------------
+
+
+def test_text_parts_are_joined_and_developer_is_a_system_message():
+    chat = _translate(
+        messages=[
+            {"role": "developer", "content": "Answer briefly."},
+            {"role": "user", "content": [{"type": "text", "text": "Dear Sir,"}, {"type": "text", "text": "rent?"}]},
+            {"role": "assistant", "content": "Yes.", "name": "clerk"},
+        ]
+    )
+    assert chat.job_options["messages"] == [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Dear Sir,\nrent?"},
+        {"role": "assistant", "content": "Yes."},
+    ]
+
+
+def test_max_completion_tokens_wins_over_max_tokens_and_neither_leaves_the_service_default():
+    assert _translate(max_tokens=100, max_completion_tokens=20).job_options["max_tokens"] == 20
+    assert _translate(max_tokens=100).job_options["max_tokens"] == 100
+    assert "max_tokens" not in _translate().job_options
+
+
+def test_sampling_options_are_translated_with_openais_defaults():
+    chat = _translate(top_p=0.9, seed=7, stop="\n\n", frequency_penalty=0.5, user="u-1", metadata={"x": 1})
+    assert chat.job_options["temperature"] == 1.0  # OpenAI's default when none is sent
+    assert chat.job_options["top_p"] == 0.9 and chat.job_options["seed"] == 7
+    assert chat.job_options["stop"] == ["\n\n"] and chat.job_options["frequency_penalty"] == 0.5
+    explicit = _translate(temperature=0, stop=["a", "b"]).job_options
+    assert (explicit["temperature"], explicit["stop"]) == (0, ["a", "b"])
+    assert not _translate().stream and not _translate(stream_options={"include_usage": True}).include_usage
+    streamed = _translate(stream=True, stream_options={"include_usage": True})
+    assert streamed.stream and streamed.include_usage
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"n": 2}, "n"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": True}, "logprobs"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": ["ok", ""]}, "stop"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages.0.content.0.type",
+        ),
+        ({"messages": [HELLO[0], {"role": "user", "content": 5}]}, "messages.1.content"),
+        ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "narrator", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]}]}, "messages.0.tool_calls"),
+    ],
+)
+def test_what_the_appliance_cannot_do_is_refused_naming_the_field(body, field):
+    assert _refused_field(**body) == field
+
+
+def test_the_defaults_of_refused_features_are_accepted():
+    chat = _translate(n=1, tools=[], tool_choice="none", response_format={"type": "text"}, presence_penalty=0)
+    assert chat.job_options["messages"] == HELLO
+
+
+# --- the streamed text -----------------------------------------------------------------------
+
+
+def test_the_stream_sends_what_the_job_stores_without_outer_whitespace():
+    text = StreamedText()
+    sent = [text.add(delta) for delta in ["  Dear", " Sir, ", " \n", "thank you.", "\n"]]
+    assert sent == ["Dear", " Sir,", "", "  \nthank you.", ""]
+    assert text.sent == "  Dear Sir,  \nthank you.\n".strip()
+    assert text.rest("Dear Sir,  \nthank you.") == ""
+    assert text.rest("Dear Sir,  \nthank you. More") == " More"
+
+
+def test_a_restarted_job_resends_nothing_it_already_sent_unless_it_differs():
+    text = StreamedText()
+    assert text.add("Hello wor") == "Hello wor"
+    text.restart()
+    assert text.add("Hel") == "" and text.add("lo wor") == "" and text.add("ld") == "ld"
+    text.restart()
+    with pytest.raises(StreamDiverged):
+        text.add("Goodbye")
+
+
+# --- answering (pure) ------------------------------------------------------------------------
+
+
+def _finished(state=Job.State.SUCCEEDED, *, output_tokens=16, max_tokens=16, error="") -> Job:
+    job = Job(kind=JobKind.CHAT, queue=Queue.DECODE, state=state, options={"max_tokens": max_tokens}, error=error)
+    job.created_at = timezone.now()
+    job.result_text = "Dear Sir, thank you."
+    job.metrics = RequestMetrics(
+        prompt_tokens=30,
+        output_tokens=output_tokens,
+        queue_wait_ms=12.34,
+        admission_wait_ms=0,
+        ttft_ms=56.78,
+        decode_tokens_per_s=None,
+        kv_reservation_tokens=46,
+    )
+    return job
+
+
+def test_a_completion_says_why_it_stopped_and_what_it_used():
+    completion = openai_api.chat_completion(_finished(output_tokens=16, max_tokens=16), model=MODEL)
+    assert completion["choices"][0]["finish_reason"] == "length"
+    assert completion["choices"][0]["message"] == {"role": "assistant", "content": "Dear Sir, thank you."}
+    assert completion["usage"] == {"prompt_tokens": 30, "completion_tokens": 16, "total_tokens": 46}
+    assert completion["appliance"] | {"job_id": None} == {
+        "job_id": None,
+        "queue_wait_ms": 12.3,
+        "ttft_ms": 56.8,
+        "decode_tokens_per_s": None,
+    }
+    assert completion["id"] == f"chatcmpl-{completion['appliance']['job_id']}"
+    assert openai_api.chat_completion(_finished(output_tokens=9), model=MODEL)["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_cancelled_job_is_409_not_to_retry_and_a_failed_one_502_with_its_reason():
+    cancelled = openai_api.unfinished_problem(_finished(Job.State.CANCELLED))
+    assert (cancelled.status, cancelled.code, cancelled.headers["x-should-retry"]) == (409, "conflict", "false")
+    failed = openai_api.unfinished_problem(_finished(Job.State.FAILED, error="The engine refused this job: too long"))
+    assert failed.status == 502 and failed.detail.endswith("The engine refused this job: too long")
+    assert openai_api.JOB_ID_HEADER in failed.headers
+    event = openai_api.error_event(failed)
+    assert event.startswith('data: {"error": {"message": "The model could not answer') and event.endswith("}}\n\n")
+
+
+# --- the service and the engine request ------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_chat_jobs_keep_the_sampling_options_and_send_them_to_the_engine(alice):
+    job = services.job_create_chat(
+        owner=alice, messages=HELLO, max_tokens=8, top_p=0.5, seed=3, stop=["END"], frequency_penalty=0.2
+    )
+    assert job.kind == JobKind.CHAT and job.queue == Queue.DECODE
+    request = engine_request(job, job.options["messages"], 8, part="chat")
+    assert (request.top_p, request.seed, request.stop, request.frequency_penalty) == (0.5, 3, ["END"], 0.2)
+    plain = services.job_create_chat(owner=alice, messages=HELLO)
+    assert not {"top_p", "seed", "stop", "frequency_penalty"} & plain.options.keys()
+    request = engine_request(plain, HELLO, 512, part="chat")
+    assert (request.top_p, request.seed, request.stop) == (1.0, None, [])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"top_p": 0.0}, "top_p"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": True}, "seed"),
+        ({"stop": ["a"] * 5}, "at most 4"),
+        ({"stop": "END"}, "stop must be a list"),
+        ({"frequency_penalty": 3.0}, "frequency_penalty"),
+    ],
+)
+def test_the_service_refuses_bad_sampling_options(alice, options, message):
+    with pytest.raises(services.JobRejected, match=message):
+        services.job_create_chat(owner=alice, messages=HELLO, **options)
+    assert not Job.objects.exists()
+
+
+# --- through Django's test client (no engine) ------------------------------------------------
+
+
+@pytest.fixture
+def token(alice):
+    return token_create(user=alice, name="openai client", scopes=["read", "write"])
+
+
+@pytest.fixture
+def api_client(token):
+    return Client(headers={"Authorization": f"Bearer {token[1]}"})
+
+
+def _chat(client, **body):
+    return client.post(
+        "/v1/chat/completions", {"model": MODEL, "messages": HELLO, **body}, content_type="application/json"
+    )
+
+
+@pytest.mark.django_db
+def test_models_list_and_get(api_client):
+    listed = api_client.get("/v1/models").json()
+    assert listed["object"] == "list"
+    assert [(m["id"], m["object"], m["owned_by"]) for m in listed["data"]] == [(MODEL, "model", "appliance")]
+    assert isinstance(listed["data"][0]["created"], int)
+    assert api_client.get(f"/v1/models/{MODEL}").json() == listed["data"][0]
+    missing = api_client.get("/v1/models/gpt-4o")
+    assert missing.status_code == 404 and "'gpt-4o'" in missing.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_an_unknown_model_is_404_naming_it(api_client):
+    response = _chat(api_client, model="gpt-4o")
+    assert response.status_code == 404
+    problem = response.json()
+    assert problem["error"]["code"] == "not-found" and "'gpt-4o'" in problem["error"]["message"]
+    assert MODEL in problem["detail"]  # and says which model it serves
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"n": 2}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": services.CHAT_MAX_TOKENS_LIMIT + 1}, "max_completion_tokens"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages.0.content.0.type"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+    ],
+)
+def test_a_bad_request_is_400_naming_the_field_for_openai_clients(api_client, body, field):
+    response = _chat(api_client, **body)
+    assert response.status_code == 400
+    problem = response.json()
+    assert problem["errors"][0]["field"] == field
+    assert problem["error"]["param"] == field and problem["error"]["message"].startswith(f"{field}: ")
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_missing_token_is_401_and_a_read_only_token_may_list_models_but_not_chat(alice):
+    anonymous = Client()
+    assert _chat(anonymous).status_code == 401
+    assert anonymous.get("/v1/models").status_code == 401
+    _, raw = token_create(user=alice, name="reader", scopes=["read"])
+    reader = Client(headers={"Authorization": f"Bearer {raw}"})
+    assert reader.get("/v1/models").status_code == 200
+    refused = _chat(reader)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "insufficient-scope"
+    assert not Job.objects.exists()
+
+
+def test_the_schema_documents_the_stream_and_every_error():
+    operation = api.get_openapi_schema()["paths"]["/v1/chat/completions"]["post"]
+    assert {"application/json", "text/event-stream"} <= operation["responses"][200]["content"].keys()
+    assert {400, 401, 403, 404, 409, 429, 502, 503} <= operation["responses"].keys()
+    assert operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("ChatCompletionRequest")
+
+
+# --- the official client against the live appliance ------------------------------------------
+
+
+def _job_of(completion_id: str) -> Job:
+    return Job.objects.select_related("metrics", "api_token").get(pk=completion_id.removeprefix("chatcmpl-"))
+
+
+def _usage_of(job: Job) -> tuple[int, int, int]:
+    metrics = job.metrics
+    return metrics.prompt_tokens, metrics.output_tokens, metrics.prompt_tokens + metrics.output_tokens
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_client_against_the_live_appliance(alice, live_appliance, workers, engine_host):
+    token, raw = token_create(user=alice, name="openai client", scopes=["read", "write"])
+    client = openai.OpenAI(base_url=f"{live_appliance}/v1", api_key=raw, max_retries=0, timeout=120)
+    served = engine_host.stats()["model"]
+    assert served in [model.id for model in client.models.list()]
+    assert client.models.retrieve(served).id == served
+    messages = [{"role": "user", "content": "Write one sentence about a tenancy agreement."}]
+
+    # Not streaming: the whole answer, its usage as measured, the job it ran as.
+    raw_response = client.chat.completions.with_raw_response.create(
+        model=served, messages=messages, max_tokens=16, temperature=0
+    )
+    completion = raw_response.parse()
+    job = _job_of(completion.id)
+    assert raw_response.headers["X-Appliance-Job-Id"] == str(job.pk)
+    assert job.state == Job.State.SUCCEEDED and job.queue == Queue.DECODE and job.api_token == token
+    assert job.options["max_tokens"] == 16 and job.options["temperature"] == 0
+    assert completion.object == "chat.completion" and completion.model == served
+    choice = completion.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content.strip()
+    assert choice.message.content == job.result_text
+    assert choice.finish_reason == ("length" if job.metrics.output_tokens >= 16 else "stop")
+    usage = completion.usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == _usage_of(job)
+    measured = completion.model_extra["appliance"]
+    assert measured["job_id"] == str(job.pk) and measured["ttft_ms"] == round(job.metrics.ttft_ms, 1)
+
+    # Streaming: the role first, then the text the job stores, the finish reason, the usage.
+    chunks = list(
+        client.chat.completions.create(
+            model=served,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "Name three kinds of contract."}]}],
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    job = _job_of(chunks[0].id)
+    assert {chunk.id for chunk in chunks} == {chunks[0].id}
+    assert job.api_token == token and job.options["temperature"] == 1.0
+    assert text and text == job.result_text
+    finishes = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason]
+    assert finishes == [("length" if job.metrics.output_tokens >= 24 else "stop")]
+    last = chunks[-1]
+    assert last.choices == [] and (last.usage.prompt_tokens, last.usage.completion_tokens) == _usage_of(job)[:2]
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+
+    # Refused requests raise the client's errors with the appliance's message.
+    with pytest.raises(openai.NotFoundError, match="'no-such-model'"):
+        client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=8)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=served, messages=messages, max_tokens=8, n=2)
+    assert refused.value.param == "n" and "only n=1" in refused.value.message
+
+    # A client that goes away cancels its job: mid-stream, and while waiting for a whole answer.
+    long_request = {"model": served, "messages": [{"role": "user", "content": "Count from 1 to 500."}]}
+    with httpx.stream(
+        "POST",
+        f"{live_appliance}/v1/chat/completions",
+        json={**long_request, "max_tokens": 1000, "stream": True},
+        headers={"Authorization": f"Bearer {raw}"},
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        job_id = response.headers["X-Appliance-Job-Id"]
+        next(response.iter_lines())  # the first chunk; then hang up
+    wait_until(lambda: Job.objects.get(pk=job_id).state == Job.State.CANCELLED, timeout_s=30, message="the cancel")
+
+    before = set(Job.objects.values_list("pk", flat=True))
+    with pytest.raises(openai.APITimeoutError):
+        client.with_options(timeout=1.5).chat.completions.create(**long_request, max_tokens=1000)
+    (job,) = Job.objects.exclude(pk__in=before)
+    wait_until(lambda: Job.objects.get(pk=job.pk).state == Job.State.CANCELLED, timeout_s=30, message="the cancel")
