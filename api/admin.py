@@ -1,15 +1,17 @@
 """API tokens in the admin: create one for someone (shown once), revoke, see which are in use.
 
-The token's hash is never shown nor editable; a new token's value is shown once, in a message on
-the page the admin goes to after adding it. Creation and revocation go through ``api.services``
+The token's hash is never shown nor editable; a new token's value is shown once, on the page that
+answers the POST that added it (not in a message: Django keeps those in a cookie). Creation and revocation go through ``api.services``
 and are recorded in the audit log, as on the token page."""
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.db.models import Q
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html
 
 from api import services
@@ -119,14 +121,28 @@ class ApiTokenAdmin(admin.ModelAdmin):
                 owner=obj.user.get_username(),
                 expires_at=obj.expires_at.isoformat() if obj.expires_at else None,
             )
-            self.message_user(
-                request,
-                f"The token for {obj.user.get_username()} is {form.raw_token} — copy it now: it will not be "
-                "shown again (the appliance keeps only its hash).",
-                messages.WARNING,
-            )
+            obj.raw_token = form.raw_token  # shown by response_add, then gone
             return
         obj.save(update_fields=[name for name in form.changed_data if name in form.Meta.fields])
+
+    def response_add(self, request, obj, post_url_continue=None):
+        """The new token, on the page that answers the POST: not in a message, which Django keeps in
+        a cookie until the next page."""
+        raw = getattr(obj, "raw_token", None)
+        if raw is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "token": obj,
+            "raw_token": raw,
+            "title": "API token created",
+            "change_url": reverse("admin:api_apitoken_change", args=[obj.pk]),
+            "list_url": reverse("admin:api_apitoken_changelist"),
+        }
+        response = TemplateResponse(request, "admin/api/apitoken/created.html", context)
+        add_never_cache_headers(response)
+        return response
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke(self, request, queryset):

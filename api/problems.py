@@ -57,6 +57,10 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
         "This Idempotency-Key was used before with a different request. Use a new key for a new request.",
     ),
     "method-not-allowed": ("Method not allowed", "This path does not accept this HTTP method."),
+    "model-failed": (
+        "The model could not answer",
+        "The job that ran the request failed; `detail` says why. Retrying may help if the cause was passing.",
+    ),
     "unavailable": (
         "Service unavailable",
         "A part of the appliance (the engine host or the broker) does not answer. Try again shortly.",

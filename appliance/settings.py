@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "inference",
     "console",
     "api",
+    "ninja",  # its Swagger UI files, served from here: the API docs need no CDN
 ]
 
 MIDDLEWARE = [

@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -392,7 +393,7 @@ def unfinished_problem(job: Job) -> ApiProblem:
         headers["x-should-retry"] = "false"
         return ApiProblem(409, "conflict", f"The job {job.pk} answering this request was cancelled.", headers=headers)
     return ApiProblem(
-        502, "server-error", f"The model could not answer: {job.error or 'the job failed.'}", headers=headers
+        502, "model-failed", f"The model could not answer: {job.error or 'the job failed.'}", headers=headers
     )
 
 
@@ -461,17 +462,19 @@ async def _cancel(job: Job) -> None:
 async def _job_events(job: Job) -> AsyncIterator[tuple[str, dict]]:
     """The job's events until it finishes. The row is checked while nothing arrives, so that a
     final event the broker lost cannot leave the request waiting for ever."""
-    async for _, event, data in streaming.read_events(job.pk, after="0", block_ms=KEEPALIVE_MS):
-        yield event, data
-        if event == "keepalive" and await _is_finished(job.pk):
-            return
+    async with aclosing(streaming.read_events(job.pk, after="0", block_ms=KEEPALIVE_MS)) as events:
+        async for _, event, data in events:
+            yield event, data
+            if event == "keepalive" and await _is_finished(job.pk):
+                return
 
 
 async def _wait_for(job: Job) -> Job:
     finished = False
     try:
-        async for _event, _data in _job_events(job):
-            pass
+        async with aclosing(_job_events(job)) as events:
+            async for _event, _data in events:
+                pass
         finished = True
     finally:
         if not finished:
@@ -493,15 +496,16 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
         text = StreamedText()
         try:
             yield chunk({"role": "assistant", "content": ""})
-            async for event, data in _job_events(job):
-                if event == "delta":
-                    new = text.add(str(data.get("text", "")))
-                    if new:
-                        yield chunk({"content": new})
-                elif event == "restart":
-                    text.restart()
-                elif event == "keepalive":
-                    yield ": keepalive\n\n"
+            async with aclosing(_job_events(job)) as job_events:
+                async for event, data in job_events:
+                    if event == "delta":
+                        new = text.add(str(data.get("text", "")))
+                        if new:
+                            yield chunk({"content": new})
+                    elif event == "restart":
+                        text.restart()
+                    elif event == "keepalive":
+                        yield ": keepalive\n\n"
             done = await _finished_job(job.pk)
             if done.state != Job.State.SUCCEEDED:
                 finished = True

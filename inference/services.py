@@ -309,6 +309,10 @@ def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
             messages=options["messages"],
             max_tokens=int(options["max_tokens"]),
             temperature=float(options.get("temperature", 0.0)),
+            top_p=float(options.get("top_p", 1.0)),
+            seed=options.get("seed"),
+            stop=options.get("stop", ()),
+            frequency_penalty=float(options.get("frequency_penalty", 0.0)),
             ignore_eos=bool(options.get("ignore_eos", False)),
         )
     from documents.selectors import document_for_user

@@ -355,8 +355,21 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
         client.chat.completions.create(model=served, messages=messages, max_tokens=8, n=2)
     assert refused.value.param == "n" and "only n=1" in refused.value.message
 
+    # A job that fails (a prompt longer than the model's context): 502 with the reason, or an
+    # error in the stream, which the client raises.
+    too_long = {"model": served, "messages": [{"role": "user", "content": "lease " * 9000}], "max_tokens": 8}
+    with pytest.raises(openai.InternalServerError, match="model's context") as failed:
+        client.chat.completions.create(**too_long)
+    assert failed.value.status_code == 502
+    with pytest.raises(openai.APIError, match="model's context"):
+        list(client.chat.completions.create(**too_long, stream=True))
+
     # A client that goes away cancels its job: mid-stream, and while waiting for a whole answer.
-    long_request = {"model": served, "messages": [{"role": "user", "content": "Count from 1 to 500."}]}
+    long_request = {
+        "model": served,
+        "messages": [{"role": "user", "content": "Write a long story about a lease."}],
+        "temperature": 0,  # this prompt then runs for hundreds of tokens
+    }
     with httpx.stream(
         "POST",
         f"{live_appliance}/v1/chat/completions",
@@ -371,6 +384,6 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
 
     before = set(Job.objects.values_list("pk", flat=True))
     with pytest.raises(openai.APITimeoutError):
-        client.with_options(timeout=1.5).chat.completions.create(**long_request, max_tokens=1000)
-    (job,) = Job.objects.exclude(pk__in=before)
+        client.with_options(timeout=3.0).chat.completions.create(**long_request, max_tokens=1000)
+    job = wait_until(lambda: Job.objects.exclude(pk__in=before).first(), timeout_s=10, message="the job")
     wait_until(lambda: Job.objects.get(pk=job.pk).state == Job.State.CANCELLED, timeout_s=30, message="the cancel")
