@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml Makefile
 ifeq ($(APPLIANCE_DEVICE),cpu)
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 endif
-	$(PY) -c "import django, celery, vllm, transformers, psycopg, pgvector, pypdf, ninja"
+	$(PY) -c "import django, celery, vllm, transformers, psycopg, pgvector, pypdf"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
