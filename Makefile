@@ -27,6 +27,12 @@ $(STAMP): pyproject.toml Makefile
 ifeq ($(APPLIANCE_DEVICE),cpu)
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 endif
+	# django-ninja (the API) and `ninja`, the build tool vllm pulls in, both install ninja/__init__.py;
+	# which one pip writes last depends on its order. The appliance imports django-ninja's, so it is
+	# written again here (the build tool's binary stays; only its Python wrapper module is shadowed,
+	# and neither vLLM nor torch's compiler runs it at run time).
+	$(PY) -m pip install --quiet --force-reinstall --no-deps 'django-ninja>=1.7,<2'
+	$(PY) -c "import importlib.util, pathlib; assert 'NinjaAPI' in pathlib.Path(importlib.util.find_spec('ninja').origin).read_text(), 'ninja/__init__.py is not django-ninja'"
 	$(PY) -c "import django, celery, vllm, transformers, psycopg, pgvector, pypdf"
 	rm -f $(VENV)/.installed-*
 	touch $@

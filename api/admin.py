@@ -99,6 +99,13 @@ class ApiTokenAdmin(admin.ModelAdmin):
         url = reverse("admin:inference_job_changelist") + f"?api_token__id__exact={token.pk}"
         return format_html('<a href="{}">{} job(s) started with this token</a>', url, token.jobs.count())
 
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        """A token acts as its user: only a superuser may issue one for someone else (a staff
+        member with the add permission would otherwise read whatever that person may read)."""
+        if db_field.name == "user" and not request.user.is_superuser:
+            kwargs["queryset"] = db_field.related_model.objects.filter(pk=request.user.pk)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def get_fieldsets(self, request, obj=None):
         return self.add_fieldsets if obj is None else self.fieldsets
 

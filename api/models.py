@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -30,7 +31,10 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     rate_limit_per_minute = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Requests per minute; empty: the appliance's default."
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Requests per minute; empty: the appliance's default.",
     )
 
     class Meta:

@@ -86,6 +86,7 @@ class Problem(Schema):
     detail: str
     instance: str | None = None
     errors: list[FieldError] | None = None
+    error: dict | None = None  # on /v1 routes: OpenAI's error object {message, type, param, code}
 
 
 @dataclass
@@ -134,8 +135,9 @@ def bad_field(name: str, message: str) -> ApiProblem:
 
 
 def responses(*codes: int, ok: dict | None = None) -> dict:
-    """An operation's responses for the schema: its successes and the problems it can answer."""
+    """An operation's responses for the schema: its successes and the problems it can answer
+    (every one: a bad request, no credentials, a missing scope, the rate limit)."""
     documented = dict(ok or {})
-    for code in (400, 401, *codes):
+    for code in (400, 401, 403, 429, *codes):  # any caller may lack a scope or exceed its rate
         documented[code] = Problem
     return documented

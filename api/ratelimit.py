@@ -17,7 +17,9 @@ WINDOW_S = 60
 
 
 def limit_of(token: ApiToken) -> int:
-    return token.rate_limit_per_minute or settings.APPLIANCE_API_RATE_LIMIT_PER_MINUTE
+    if token.rate_limit_per_minute is not None:
+        return token.rate_limit_per_minute
+    return settings.APPLIANCE_API_RATE_LIMIT_PER_MINUTE
 
 
 def hit(token: ApiToken, *, now: float | None = None) -> int | None:

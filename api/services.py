@@ -7,7 +7,7 @@ import secrets
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from api.models import ApiToken, Scope
@@ -52,18 +52,27 @@ def token_create(
         raise TokenRejected("Only staff accounts can have a token with the admin scope.")
     if expires_at is not None and expires_at <= timezone.now():
         raise TokenRejected("The expiry date must be in the future.")
-    raw, prefix = new_raw_token()
-    with transaction.atomic():
-        token = ApiToken.objects.create(
-            user=user,
-            name=name[:100],
-            prefix=prefix,
-            token_sha256=token_sha256(raw),
-            scopes=scopes,
-            expires_at=expires_at,
-            rate_limit_per_minute=rate_limit_per_minute,
-        )
-    return token, raw
+    if rate_limit_per_minute is not None and rate_limit_per_minute < 1:
+        raise TokenRejected("The rate limit must be at least 1 request a minute (empty: the default).")
+    for attempt in range(5):  # the 8-character prefix is unique: draw again in the rare clash
+        raw, prefix = new_raw_token()
+        try:
+            with transaction.atomic():
+                token = ApiToken.objects.create(
+                    user=user,
+                    name=name[:100],
+                    prefix=prefix,
+                    token_sha256=token_sha256(raw),
+                    scopes=scopes,
+                    expires_at=expires_at,
+                    rate_limit_per_minute=rate_limit_per_minute,
+                )
+        except IntegrityError:
+            if attempt == 4:
+                raise
+            continue
+        return token, raw
+    raise AssertionError("unreachable")
 
 
 def token_revoke(*, token: ApiToken) -> bool:

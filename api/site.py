@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404
 from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from api.problems import ApiProblem, problem_response
+from api.problems import CONTENT_TYPE, ApiProblem, problem_response
 from console.views import staff_only
 from documents.services import NotAllowed, UploadRejected
 from inference.engine.client import EngineUnavailable
@@ -43,7 +43,20 @@ def field_name(loc) -> str:
     return ".".join(parts) or "body"
 
 
-api = NinjaAPI(
+class ApplianceAPI(NinjaAPI):
+    def get_openapi_schema(self, *args, **kwargs):
+        """Errors are documented as what they are: ``application/problem+json``."""
+        schema = super().get_openapi_schema(*args, **kwargs)
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                for code, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if str(code) >= "400" and "application/json" in content:
+                        content[CONTENT_TYPE] = content.pop("application/json")
+        return schema
+
+
+api = ApplianceAPI(
     title="Document appliance API",
     version="1",
     description=(
@@ -109,6 +122,11 @@ def _bad_multipart(request, exc):
     )
 
 
+@api.exception_handler(SuspiciousOperation)
+def _suspicious(request, exc):
+    return problem_response(request, status=400, code="bad-request", detail=f"body: {exc}")
+
+
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request, exc):
     return problem_response(request, status=413, code="upload-too-large", detail=str(exc))
@@ -127,8 +145,10 @@ def _queue_full(request, exc: QueueFull):
 
 
 @api.exception_handler(JobRejected)
-def _job_rejected(request, exc):
-    return problem_response(request, status=400, code="bad-request", detail=str(exc))
+def _job_rejected(request, exc: JobRejected):
+    errors = [{"field": exc.field, "message": str(exc)}] if exc.field else None
+    detail = f"{exc.field}: {exc}" if exc.field else str(exc)
+    return problem_response(request, status=400, code="bad-request", detail=detail, errors=errors)
 
 
 @api.exception_handler(UploadRejected)

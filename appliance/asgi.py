@@ -7,4 +7,6 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "appliance.settings")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-application = get_asgi_application()
+from appliance.body_limit import BodySizeLimit  # noqa: E402 - after the settings module is chosen
+
+application = BodySizeLimit(get_asgi_application())

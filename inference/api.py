@@ -211,30 +211,33 @@ def _created(request, response: HttpResponse, key: str | None, create) -> tuple[
 
 def _create_once(request, key: str | None, create) -> tuple[int, dict]:
     if key is None:
-        job = create()
-        return 201, job_out(request, job)
+        return 201, job_out(request, create())
     key = key.strip()
     if not key or len(key) > IDEMPOTENCY_KEY_MAX:
         raise ApiProblem(
             400,
             "bad-request",
             f"Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} characters.",
-            errors=[{"field": "Idempotency-Key", "message": "1 to 255 characters"}],
+            errors=[{"field": "Idempotency-Key", "message": f"1 to {IDEMPOTENCY_KEY_MAX} characters"}],
         )
     fingerprint = _request_sha256(request)
-    IdempotencyKey.objects.filter(
-        owner=request.user, key=key, created_at__lt=timezone.now() - timedelta(hours=IdempotencyKey.TTL_HOURS)
-    ).delete()
-    try:
-        with transaction.atomic():
-            job = create()
-            IdempotencyKey.objects.create(owner=request.user, key=key, request_sha256=fingerprint, job=job)
-        return 201, job_out(request, job)
-    except IntegrityError:  # the key was used before (or by a request running at the same moment)
-        pass
-    earlier = IdempotencyKey.objects.select_related("job").filter(owner=request.user, key=key).first()
+    keys = IdempotencyKey.objects.filter(owner=request.user, key=key)
+    keys.filter(created_at__lt=timezone.now() - timedelta(hours=IdempotencyKey.TTL_HOURS)).delete()
+    earlier = keys.first()
     if earlier is None:
-        raise ApiProblem(409, "conflict", "A request with this Idempotency-Key is being processed; retry it.")
+        try:
+            with transaction.atomic():
+                job = create()
+                IdempotencyKey.objects.create(owner=request.user, key=key, request_sha256=fingerprint, job=job)
+            return 201, job_out(request, job)
+        except IntegrityError:  # the same key in a request running at the same moment: it won
+            earlier = keys.first()
+            if earlier is None:
+                raise ApiProblem(
+                    409, "conflict", "A request with this Idempotency-Key is being processed; retry it."
+                ) from None
+    # The key was used before: its job, whatever has changed since (the queue filling up, a share
+    # withdrawn), or a refusal if the request is not the same.
     if earlier.request_sha256 != fingerprint:
         raise ApiProblem(
             422,
@@ -374,6 +377,13 @@ async def stream_job(request, job_id: UUID, last_event_id: str | None = Header(N
     """`text/event-stream`: `queue` events ({position, eta_s}) while waiting, `delta` events
     ({text}) as the answer is written, then `done` (with TTFT, tokens/s and the note), `failed`
     or `cancelled` ({detail}). Reconnect with `Last-Event-ID` to get only what you missed."""
+    if not events.valid_event_id(last_event_id):
+        raise ApiProblem(
+            400,
+            "bad-request",
+            "Last-Event-ID: not an event id this stream sent.",
+            errors=[{"field": "Last-Event-ID", "message": "not an event id this stream sent"}],
+        )
     job = await selectors.ajob_for_user(user=request.user, job_id=job_id)
     if job is None:
         raise not_found("job")

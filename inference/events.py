@@ -7,6 +7,7 @@ broker is replayed from what was stored: one ``snapshot`` with the whole text, t
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 from django.http import StreamingHttpResponse
@@ -15,6 +16,11 @@ from inference import selectors, streaming
 from inference.models import Job
 
 QUEUE_REPORT_MS = 2_000  # while queued, the page is told its place this often
+STREAM_ID = re.compile(r"^(0|\d{1,20}-\d{1,20})$")  # a Redis stream entry id
+
+
+def valid_event_id(value: str | None) -> bool:
+    return value is None or bool(STREAM_ID.match(value))
 
 
 def final_event(job: Job) -> str:
@@ -27,17 +33,30 @@ async def job_events(job: Job, *, after: str = "0") -> AsyncIterator[str]:
         yield streaming.format_sse("snapshot", {"text": job.result_text})
         yield streaming.format_sse(final_event(job), {"detail": job.error, "note": job.result_note})
         return
-    started = job.state != job.State.QUEUED
+    if not valid_event_id(after):
+        after = "0"
+    finishing = False
     async for event_id, event, data in streaming.read_events(job.pk, after=after, block_ms=QUEUE_REPORT_MS):
-        if event == "keepalive":
-            status = None if started else await selectors.ajob_queue_status(job_id=job.pk)
-            if status and status["state"] == job.State.QUEUED:
-                yield streaming.format_sse("queue", {"position": status["position"], "eta_s": status["eta_s"]})
-            else:
-                started = True
-                yield ": keepalive\n\n"
-        else:
+        if event != "keepalive":
             yield streaming.format_sse(event, data, event_id)
+            continue
+        # Nothing new for a while: say where the job stands. A job that has finished with nothing
+        # left to send (the client resumed after the end, or the final event was lost) ends here.
+        status = await selectors.ajob_queue_status(job_id=job.pk)
+        if status is None:
+            yield streaming.format_sse("failed", {"detail": "The job is gone.", "note": ""})
+            return
+        if status["state"] in Job.FINISHED_STATES and not finishing:
+            finishing = True  # its final event may have arrived a moment ago: read once more
+            continue
+        if status["state"] in Job.FINISHED_STATES:
+            job = await Job.objects.aget(pk=job.pk)
+            yield streaming.format_sse(final_event(job), {"detail": job.error, "note": job.result_note})
+            return
+        if status["state"] == job.State.QUEUED:
+            yield streaming.format_sse("queue", {"position": status["position"], "eta_s": status["eta_s"]})
+        else:
+            yield ": keepalive\n\n"
 
 
 def sse_response(events: AsyncIterator[str]) -> StreamingHttpResponse:

@@ -23,6 +23,10 @@ CANDIDATES_PER_QUERY = 12
 
 
 class ScopeRejected(ValueError):
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
     """The documents or group chosen are not ones the user may ground a reply on."""
 
 
@@ -46,9 +50,9 @@ def draft_scope(*, user: AbstractBaseUser, document_ids: Sequence[int] = (), gro
         readable = set(readable_documents(user).filter(pk__in=ids).values_list("pk", flat=True))
         missing = [pk for pk in ids if pk not in readable]
         if missing:
-            raise ScopeRejected(f"No such document: {', '.join(map(str, missing))}.")
+            raise ScopeRejected(f"No such document: {', '.join(map(str, missing))}.", field="document_ids")
     if group_id is not None and not user.groups.filter(pk=group_id).exists():
-        raise ScopeRejected("You are not a member of that group.")
+        raise ScopeRejected("You are not a member of that group.", field="group_id")
     scope = Scope(document_ids=ids, group_id=group_id)
     if not scope_document_ids(user=user, scope=scope):
         raise ScopeRejected(

@@ -392,6 +392,10 @@ def unfinished_problem(job: Job) -> ApiProblem:
         # Someone cancelled it on purpose (the web UI, the jobs API): asking again is not the fix.
         headers["x-should-retry"] = "false"
         return ApiProblem(409, "conflict", f"The job {job.pk} answering this request was cancelled.", headers=headers)
+    # The worker already retried what was passing (an engine restart, a lost worker): what failed
+    # here fails again the same way (a prompt too long for the context), so clients should not
+    # send it three times.
+    headers["x-should-retry"] = "false"
     return ApiProblem(
         502, "model-failed", f"The model could not answer: {job.error or 'the job failed.'}", headers=headers
     )

@@ -41,7 +41,11 @@ DRAFT_EDIT_MAX_CHARS = 20_000
 
 
 class JobRejected(ValueError):
-    """The job cannot be created; the message is for the user."""
+    """The job cannot be created; the message is for the user, ``field`` the input it is about."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class QueueFull(JobRejected):
@@ -65,13 +69,20 @@ def job_create_summary(
     """A summary on the prefill queue. ``max_tokens`` (at most the configured summary length)
     and ``ignore_eos`` let benchmarks fix the output length."""
     if document.state != Document.State.READY:
-        raise JobRejected("This document is not ready yet: its text is still being extracted, or extraction failed.")
+        raise JobRejected(
+            "This document is not ready yet: its text is still being extracted, or extraction failed.",
+            field="document_id",
+        )
     if length not in SUMMARY_LENGTHS:
-        raise JobRejected(f"Unknown summary length {length!r}; choose one of {', '.join(SUMMARY_LENGTHS)}.")
+        raise JobRejected(
+            f"Unknown summary length {length!r}; choose one of {', '.join(SUMMARY_LENGTHS)}.", field="length"
+        )
     options: dict = {"length": length, "focus": focus[:500]}
     if max_tokens is not None:
         if not 1 <= max_tokens <= settings.APPLIANCE_SUMMARY_MAX_TOKENS:
-            raise JobRejected(f"max_tokens must be between 1 and {settings.APPLIANCE_SUMMARY_MAX_TOKENS}.")
+            raise JobRejected(
+                f"max_tokens must be between 1 and {settings.APPLIANCE_SUMMARY_MAX_TOKENS}.", field="max_tokens"
+            )
         options["max_tokens"] = max_tokens
     if ignore_eos:
         options["ignore_eos"] = True
@@ -89,11 +100,14 @@ def job_create_clauses(
     """Clause extraction on the prefill queue: the categories of a named taxonomy (all of it, or
     those chosen)."""
     if document.state != Document.State.READY:
-        raise JobRejected("This document is not ready yet: its text is still being extracted, or extraction failed.")
+        raise JobRejected(
+            "This document is not ready yet: its text is still being extracted, or extraction failed.",
+            field="document_id",
+        )
     try:
         chosen = categories_for(taxonomy, categories)
     except ValueError as exc:
-        raise JobRejected(f"{exc}.") from None
+        raise JobRejected(f"{exc}.", field="categories") from None
     options = {"taxonomy": taxonomy, "categories": list(chosen)}
     return _job_create(
         owner=owner, document=document, kind=JobKind.EXTRACT_CLAUSES, options=options, api_token=api_token
@@ -117,23 +131,23 @@ def job_create_chat(
     ``top_p``, ``seed``, ``stop`` and ``frequency_penalty`` go to the engine as OpenAI defines
     them (``running.engine_request``)."""
     if not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
-        raise JobRejected("messages must be a non-empty list of {role, content} objects.")
+        raise JobRejected("messages must be a non-empty list of {role, content} objects.", field="messages")
     if any(m["role"] not in {"system", "user", "assistant"} for m in messages):
-        raise JobRejected("a message's role must be system, user or assistant.")
+        raise JobRejected("a message's role must be system, user or assistant.", field="messages")
     if not 1 <= max_tokens <= CHAT_MAX_TOKENS_LIMIT:
-        raise JobRejected(f"max_tokens must be between 1 and {CHAT_MAX_TOKENS_LIMIT}.")
+        raise JobRejected(f"max_tokens must be between 1 and {CHAT_MAX_TOKENS_LIMIT}.", field="max_tokens")
     if not 0.0 <= temperature <= 2.0:
-        raise JobRejected("temperature must be between 0 and 2.")
+        raise JobRejected("temperature must be between 0 and 2.", field="temperature")
     if not 0.0 < top_p <= 1.0:
-        raise JobRejected("top_p must be greater than 0 and at most 1.")
+        raise JobRejected("top_p must be greater than 0 and at most 1.", field="top_p")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63):
-        raise JobRejected("seed must be a whole number that fits in 64 bits.")
+        raise JobRejected("seed must be a whole number that fits in 64 bits.", field="seed")
     if isinstance(stop, str) or not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop):
-        raise JobRejected("stop must be a list of non-empty strings of at most 256 characters each.")
+        raise JobRejected("stop must be a list of non-empty strings of at most 256 characters each.", field="stop")
     if len(stop) > 4:
-        raise JobRejected("stop may hold at most 4 sequences.")
+        raise JobRejected("stop may hold at most 4 sequences.", field="stop")
     if not -2.0 <= frequency_penalty <= 2.0:
-        raise JobRejected("frequency_penalty must be between -2 and 2.")
+        raise JobRejected("frequency_penalty must be between -2 and 2.", field="frequency_penalty")
     options = {
         "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
         "max_tokens": int(max_tokens),
@@ -170,22 +184,23 @@ def job_create_draft(
     the owner may read."""
     message = (message or "").strip()
     if not message:
-        raise JobRejected("Paste or upload the message to reply to.")
+        raise JobRejected("Paste or upload the message to reply to.", field="message")
     if len(message) > MESSAGE_MAX_CHARS:
         raise JobRejected(
             f"The message is {len(message):,} characters long; the limit is {MESSAGE_MAX_CHARS:,}. "
-            "Paste the part that needs an answer."
+            "Paste the part that needs an answer.",
+            field="message",
         )
     if tone not in DRAFT_TONES:
-        raise JobRejected(f"Unknown tone {tone!r}; choose one of {', '.join(DRAFT_TONES)}.")
+        raise JobRejected(f"Unknown tone {tone!r}; choose one of {', '.join(DRAFT_TONES)}.", field="tone")
     if length not in DRAFT_LENGTHS:
-        raise JobRejected(f"Unknown length {length!r}; choose one of {', '.join(DRAFT_LENGTHS)}.")
+        raise JobRejected(f"Unknown length {length!r}; choose one of {', '.join(DRAFT_LENGTHS)}.", field="length")
     if not 0.0 <= temperature <= 2.0:
-        raise JobRejected("temperature must be between 0 and 2.")
+        raise JobRejected("temperature must be between 0 and 2.", field="temperature")
     try:
         scope = draft_scope(user=owner, document_ids=document_ids, group_id=group_id)
     except ScopeRejected as exc:
-        raise JobRejected(str(exc)) from None
+        raise JobRejected(str(exc), field=exc.field) from None
     options = {
         "message": message,
         "document_ids": list(scope.document_ids),

@@ -3,6 +3,7 @@
 import django.contrib.postgres.fields
 import django.db.models.deletion
 from django.conf import settings
+import django.core.validators
 from django.db import migrations, models
 
 
@@ -27,7 +28,7 @@ class Migration(migrations.Migration):
                 ('expires_at', models.DateTimeField(blank=True, help_text='Empty: never expires.', null=True)),
                 ('last_used_at', models.DateTimeField(blank=True, null=True)),
                 ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('rate_limit_per_minute', models.PositiveIntegerField(blank=True, help_text="Requests per minute; empty: the appliance's default.", null=True)),
+                ('rate_limit_per_minute', models.PositiveIntegerField(blank=True, help_text="Requests per minute; empty: the appliance's default.", null=True, validators=[django.core.validators.MinValueValidator(1)])),
                 ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL)),
             ],
             options={

@@ -31,7 +31,9 @@ def walk(alice, django_user_model):
 
 
 def _json(client, method, path, body=None):
-    return getattr(client, method)(path, json.dumps(body) if body is not None else None, content_type="application/json")
+    return getattr(client, method)(
+        path, json.dumps(body) if body is not None else None, content_type="application/json"
+    )
 
 
 def not_found(response):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from api.services import token_create
+from documents.models import Document
 from inference import services
 from inference.models import Job
 from tests.factories import ready_document
@@ -48,6 +49,37 @@ def test_schemathesis_finds_no_server_error_and_no_response_that_breaks_the_sche
     finally:
         for job in Job.objects.exclude(state__in=Job.FINISHED_STATES):
             services.job_cancel(job=job)  # nothing it queued runs later in the session
+
+
+def _raw_post(url: str, head: str, body_chunks) -> str:
+    """Send a request by hand (a declared length can be a lie) and return the status line."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(head.encode())
+        try:
+            for chunk in body_chunks:
+                sock.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server stopped reading: its answer is waiting
+        return sock.recv(4096).decode(errors="replace").split("\r\n", 1)[0]
+
+
+def test_the_web_server_refuses_an_oversized_body_before_reading_it(live_appliance, alice):
+    _, raw = token_create(user=alice, name="big", scopes=["read", "write"])
+    head = (
+        "POST /api/v1/documents HTTP/1.1\r\nHost: appliance\r\n"
+        f"Authorization: Bearer {raw}\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+    )
+    # Declared: answered from the header, though not one byte of the 5 GB follows.
+    assert " 413 " in _raw_post(live_appliance, head + "Content-Length: 5000000000\r\n\r\n", [])
+    # Chunked, with no length: cut off once past the limit (100 MB + the form), not at the end.
+    megabyte = b"x" * (1024 * 1024)
+    chunks = (b"%x\r\n%s\r\n" % (len(megabyte), megabyte) for _ in range(400))
+    assert " 413 " in _raw_post(live_appliance, head + "Transfer-Encoding: chunked\r\n\r\n", chunks)
+    assert not Document.objects.exists()
 
 
 def test_the_readme_curl_example_uploads_summarises_and_streams(live_appliance, workers, engine_host, alice, tmp_path):

@@ -175,6 +175,40 @@ def test_bad_input_is_400_naming_the_field(alice):
     assert body["errors"]
     problem(client.get("/api/v1/no-such-thing", **auth), 404)
     problem(client.get("/api/v1/jobs/not-a-uuid", **auth), 400)
+    body = problem(
+        client.post(
+            "/api/v1/jobs/clauses",
+            {"document_id": document.pk, "categories": ["Favourite colour"]},
+            content_type="application/json",
+            **auth,
+        ),
+        400,
+    )
+    assert body["errors"] == [{"field": "categories", "message": body["errors"][0]["message"]}]
+    assert "Favourite colour" in body["detail"]
+    Document.objects.filter(pk=document.pk).update(state=Document.State.EMBEDDING)
+    body = problem(
+        client.post("/api/v1/jobs/summary", {"document_id": document.pk}, content_type="application/json", **auth), 400
+    )
+    assert body["errors"][0]["field"] == "document_id" and "not ready" in body["detail"]
+    body = problem(
+        client.post(
+            "/api/v1/jobs/draft", {"message": "Hello?", "group_id": 999999}, content_type="application/json", **auth
+        ),
+        400,
+    )
+    assert body["errors"][0]["field"] == "group_id"
+    body = problem(
+        client.get(
+            f"/api/v1/jobs/{Job.objects.create(owner=alice, kind=JobKind.CHAT, queue=Queue.DECODE).pk}/stream",
+            HTTP_LAST_EVENT_ID="1; DROP",
+            **auth,
+        ),
+        400,
+    )
+    assert body["errors"][0]["field"] == "Last-Event-ID"
+    response = client.patch(f"/api/v1/documents/{document.pk}", **auth)
+    assert problem(response, 405)["type"] == "/api/problems/method-not-allowed" and "GET" in response["Allow"]
 
 
 def test_oversized_uploads_get_413_and_nothing_is_stored(alice, settings):
@@ -188,6 +222,13 @@ def test_oversized_uploads_get_413_and_nothing_is_stored(alice, settings):
     body = problem(client.post("/api/v1/documents", {"file": just_over}, **auth), 413)
     assert "over.txt" in body["detail"]
     assert not Document.objects.exists()
+
+
+def test_a_rate_limit_of_zero_is_refused_not_read_as_the_default(alice):
+    from api.services import TokenRejected
+
+    with pytest.raises(TokenRejected):
+        token_create(user=alice, name="none at all", scopes=["read"], rate_limit_per_minute=0)
 
 
 def test_a_tokens_rate_limit_gives_429_with_retry_after(alice):
@@ -217,7 +258,7 @@ def test_a_full_queue_gives_429_with_retry_after(alice, settings):
     assert Job.objects.count() == 1
 
 
-def test_idempotency_key_returns_the_same_job_and_refuses_another_request(alice):
+def test_idempotency_key_returns_the_same_job_and_refuses_another_request(alice, settings):
     document = ready_document(alice, "lease", "The rent is 900 pounds a month.")
     client = Client()
     auth = bearer(alice)
@@ -232,6 +273,12 @@ def test_idempotency_key_returns_the_same_job_and_refuses_another_request(alice)
     assert again.json()["id"] == first.json()["id"] and again["Idempotent-Replayed"] == "true"
     assert first["Location"].endswith(f"/api/v1/jobs/{first.json()['id']}")
     assert Job.objects.count() == 1
+    settings.APPLIANCE_MAX_QUEUE_DEPTH = 1  # full now: a retry still gets its job, not a 429
+    late = client.post(
+        "/api/v1/jobs/summary", request, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k-1", **auth
+    )
+    assert late.status_code == 200 and late.json()["id"] == first.json()["id"]
+    settings.APPLIANCE_MAX_QUEUE_DEPTH = 200
     other = client.post(
         "/api/v1/jobs/summary",
         {**request, "length": "detailed"},

@@ -239,3 +239,16 @@ def test_the_admin_lists_and_filters_tokens_and_jobs_by_token(alice, root):
     assert [job.pk for job in jobs] == [with_token.pk]
     change = admin.get(f"/admin/api/apitoken/{active.pk}/change/").content.decode()
     assert f"?api_token__id__exact={active.pk}" in change and "1 job(s) started with this token" in change
+
+
+def test_only_a_superuser_issues_a_token_for_someone_else_in_the_admin(alice, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    clerk = django_user_model.objects.create_user(username="clerk", password="pw-clerk-long-enough", is_staff=True)
+    clerk.user_permissions.add(*Permission.objects.filter(codename__in=["add_apitoken", "view_apitoken"]))
+    admin = _client(clerk)
+    response = admin.post("/admin/api/apitoken/add/", {"user": alice.pk, "name": "Alice's", "scopes": ["read"]})
+    assert response.status_code == 200 and "Select a valid choice" in response.content.decode()
+    assert not ApiToken.objects.filter(user=alice).exists()
+    admin.post("/admin/api/apitoken/add/", {"user": clerk.pk, "name": "Mine", "scopes": ["read"]})
+    assert ApiToken.objects.get(user=clerk).name == "Mine"

@@ -1,0 +1,82 @@
+"""Refuse a request body over the limit before Django reads it.
+
+Under an ASGI server Django reads the whole body into a temporary file before any middleware or
+view runs, and before anyone is authenticated: a Django-level check would come after the disk
+had filled. This wrapper answers 413 from the ``Content-Length`` header, and cuts off a body
+without one (chunked) as soon as it passes the limit.
+
+Limits: an API request carries one file (``APPLIANCE_MAX_UPLOAD_MB`` plus room for the form);
+the library's upload form may carry several, up to ``BROWSER_UPLOAD_FILES`` of them.
+"""
+
+from __future__ import annotations
+
+import json
+
+API_PREFIXES = ("/api/", "/v1/")
+FORM_OVERHEAD_BYTES = 64 * 1024
+BROWSER_UPLOAD_FILES = 10
+
+
+def limit_bytes(path: str) -> int:
+    from django.conf import settings
+
+    one_file = settings.APPLIANCE_MAX_UPLOAD_MB * 1024 * 1024
+    files = 1 if path.startswith(API_PREFIXES) else BROWSER_UPLOAD_FILES
+    return files * one_file + FORM_OVERHEAD_BYTES
+
+
+def _declared_length(scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _refuse(scope, send, limit: int) -> None:
+    from django.conf import settings
+
+    path = scope.get("path", "")
+    detail = f"The request body is over the limit of {limit // (1024 * 1024)} MB (uploads: {settings.APPLIANCE_MAX_UPLOAD_MB} MB a file)."
+    if path.startswith(API_PREFIXES):
+        body = json.dumps(
+            {"type": "/api/problems/upload-too-large", "title": "The upload is too large", "status": 413,
+             "detail": detail, "instance": path}
+        ).encode()  # fmt: skip
+        content_type = b"application/problem+json"
+    else:
+        body, content_type = detail.encode(), b"text/plain; charset=utf-8"
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodySizeLimit:
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = limit_bytes(scope.get("path", ""))
+        declared = _declared_length(scope)
+        if declared is not None and declared > limit:
+            return await _refuse(scope, send, limit)
+        received = 0
+        refused = False
+
+        async def limited_receive():
+            nonlocal received, refused
+            message = await receive()
+            if message["type"] == "http.request" and not refused:
+                received += len(message.get("body", b""))
+                if received > limit:
+                    refused = True
+                    await _refuse(scope, send, limit)
+                    return {"type": "http.disconnect"}  # Django stops reading and answers nothing more
+            return message
+
+        return await self.app(scope, limited_receive, send)
