@@ -577,8 +577,9 @@ async def chat_completions(request: HttpRequest, response: HttpResponse, payload
     calling, non-text content parts, `response_format` other than text, log probabilities,
     `logit_bias`, `presence_penalty`. 404: an unknown `model`; 409: the job was cancelled;
     502: the job failed; 429: the decode queue is full (see `Retry-After`). The body carries the
-    appliance's measurements in `appliance`, and `X-Appliance-Job-Id` names the job. If the
-    client disconnects before the answer is complete, the job is cancelled."""
+    appliance's measurements in `appliance`, and `X-Appliance-Job-Id` names the job. If a client
+    waiting for a whole answer disconnects, the job is cancelled (a hang-up in the middle of a
+    stream is not reported by the web server before the stream ends)."""
     model = model_or_404(payload.model)["id"]
     chat = chat_request(payload)
     job = await sync_to_async(services.job_create_chat)(
