@@ -7,8 +7,7 @@ from asgiref.sync import iscoroutinefunction
 from django.utils.decorators import sync_and_async_middleware
 
 from api.problems import CONTENT_TYPE, problem_response
-
-API_PREFIXES = ("/api/", "/v1/")
+from appliance.body_limit import API_PREFIXES
 
 
 def _as_problem(request, response):

@@ -104,6 +104,11 @@ def type_uri(code: str) -> str:
     return f"/api/problems/{code}"
 
 
+def problem_body(*, status: int, code: str, detail: str, instance: str) -> dict:
+    title = PROBLEM_TYPES.get(code, (HTTPStatus(status).phrase, ""))[0]
+    return {"type": type_uri(code), "title": title, "status": status, "detail": detail, "instance": instance}
+
+
 def problem_response(
     request: HttpRequest,
     *,
@@ -113,8 +118,7 @@ def problem_response(
     errors: list[dict] | None = None,
     headers: dict[str, str] | None = None,
 ) -> HttpResponse:
-    title = PROBLEM_TYPES.get(code, (HTTPStatus(status).phrase, ""))[0]
-    body: dict = {"type": type_uri(code), "title": title, "status": status, "detail": detail, "instance": request.path}
+    body = problem_body(status=status, code=code, detail=detail, instance=request.path)
     if errors:
         body["errors"] = errors
     if request.path.startswith("/v1/"):

@@ -42,11 +42,10 @@ async def _refuse(scope, send, limit: int) -> None:
     path = scope.get("path", "")
     detail = f"The request body is over the limit of {limit // (1024 * 1024)} MB (uploads: {settings.APPLIANCE_MAX_UPLOAD_MB} MB a file)."
     if path.startswith(API_PREFIXES):
-        body = json.dumps(
-            {"type": "/api/problems/upload-too-large", "title": "The upload is too large", "status": 413,
-             "detail": detail, "instance": path}
-        ).encode()  # fmt: skip
-        content_type = b"application/problem+json"
+        from api.problems import CONTENT_TYPE, problem_body
+
+        body = json.dumps(problem_body(status=413, code="upload-too-large", detail=detail, instance=path)).encode()
+        content_type = CONTENT_TYPE.encode()
     else:
         body, content_type = detail.encode(), b"text/plain; charset=utf-8"
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]

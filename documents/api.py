@@ -19,7 +19,7 @@ from pydantic import Field
 
 from api import auth
 from api.pagination import MAX_PAGE, Paginated, paginate
-from api.problems import ApiProblem, bad_field, not_found, responses
+from api.problems import ApiProblem, bad_field, responses
 from console.services import audit
 from documents import selectors, services
 from documents.models import Document
@@ -105,10 +105,13 @@ def document_out(document: Document, user) -> dict:
     }
 
 
-def readable_document(request, document_id: int) -> Document:
+def readable_document(request, document_id: int, *, field: str | None = None) -> Document:
+    """The document, if the caller may read it; else 404, as for one that does not exist.
+    ``field``: the request body's field that named it, for the problem's ``errors``."""
     document = selectors.document_for_user(user=request.user, document_id=document_id)
     if document is None:
-        raise not_found("document")
+        errors = [{"field": field, "message": "no such document"}] if field else None
+        raise ApiProblem(404, "not-found", "No such document.", errors=errors)
     return document
 
 

@@ -22,7 +22,7 @@ from ninja import Field, Header, Query, Router, Schema, Status
 from api import auth
 from api.pagination import MAX_PAGE, Paginated, paginate
 from api.problems import ApiProblem, not_found, responses
-from documents import selectors as document_selectors
+from documents.api import readable_document
 from inference import events, grounding, selectors, services
 from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
 from inference.drafting import MESSAGE_MAX_CHARS
@@ -187,15 +187,6 @@ def _own_job(request, job_id: UUID) -> Job:
     return job
 
 
-def _readable_document(request, document_id: int):
-    document = document_selectors.document_for_user(user=request.user, document_id=document_id)
-    if document is None:
-        raise ApiProblem(
-            404, "not-found", "No such document.", errors=[{"field": "document_id", "message": "no such document"}]
-        )
-    return document
-
-
 def _request_sha256(request) -> str:
     return hashlib.sha256(b"\n".join([request.method.encode(), request.path.encode(), request.body])).hexdigest()
 
@@ -261,7 +252,7 @@ def create_summary(
     """Queue a summary (prefill queue). Follow `links.stream` for the text as it is written."""
 
     def create():
-        document = _readable_document(request, payload.document_id)
+        document = readable_document(request, payload.document_id, field="document_id")
         return services.job_create_summary(
             owner=request.user,
             document=document,
@@ -283,7 +274,7 @@ def create_clauses(
     """Queue a clause extraction (prefill queue): each clause found with its verified quote and page."""
 
     def create():
-        document = _readable_document(request, payload.document_id)
+        document = readable_document(request, payload.document_id, field="document_id")
         return services.job_create_clauses(
             owner=request.user,
             document=document,
@@ -308,13 +299,7 @@ def create_draft(
 
     def create():
         for document_id in payload.document_ids:
-            if document_selectors.document_for_user(user=request.user, document_id=document_id) is None:
-                raise ApiProblem(
-                    404,
-                    "not-found",
-                    f"No such document: {document_id}.",
-                    errors=[{"field": "document_ids", "message": f"no such document: {document_id}"}],
-                )
+            readable_document(request, document_id, field="document_ids")
         return services.job_create_draft(
             owner=request.user,
             message=payload.message,
