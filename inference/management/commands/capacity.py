@@ -1,0 +1,104 @@
+"""``manage.py capacity``: weight memory, KV bytes per token and the most concurrent requests of a
+context length on a device, from a model's shape; next to what the running engine reports.
+
+    python manage.py capacity --memory-gib 80 --context 8192          # the served model
+    python manage.py capacity --layers 32 --kv-heads 8 --head-dim 128 --params 8.03e9 \\
+        --dtype bfloat16 --kv-dtype fp8 --memory-gib 24 --context 8192  # any other
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.measure.capacity import ModelShape, plan, shape_of_model_dir
+
+GIB = 1024**3
+
+
+def machine_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class Command(BaseCommand):
+    help = "Plan KV-cache capacity: weights, KV bytes per token, concurrent requests at a context length."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--model-dir", help="a model directory (config.json + safetensors); default: the served model"
+        )
+        parser.add_argument("--layers", type=int)
+        parser.add_argument("--kv-heads", type=int)
+        parser.add_argument("--head-dim", type=int)
+        parser.add_argument("--params", type=float, help="parameter count, e.g. 8.03e9")
+        parser.add_argument("--dtype", default=None, help="weight dtype (default: the config's, or bfloat16)")
+        parser.add_argument("--kv-dtype", default=None, help="KV-cache dtype (default: APPLIANCE_KV_CACHE_DTYPE)")
+        parser.add_argument("--memory-gib", type=float, help="device memory (default: this machine's RAM)")
+        parser.add_argument(
+            "--context", type=int, default=None, help="tokens per request (default: APPLIANCE_MAX_MODEL_LEN)"
+        )
+        parser.add_argument("--utilization", type=float, default=0.9, help="share of the device for weights + KV")
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, **options):
+        kv_dtype = options["kv_dtype"] or settings.APPLIANCE_KV_CACHE_DTYPE
+        manual = [options[k] for k in ("layers", "kv_heads", "head_dim", "params")]
+        try:
+            if any(v is not None for v in manual):
+                if any(v is None for v in manual):
+                    raise CommandError("--layers, --kv-heads, --head-dim and --params go together")
+                weights = options["dtype"] or "bfloat16"
+                shape = ModelShape(
+                    layers=options["layers"], kv_heads=options["kv_heads"], head_dim=options["head_dim"],
+                    parameters=int(options["params"]), weight_dtype=weights,
+                    kv_dtype=weights if kv_dtype == "auto" else kv_dtype,
+                )  # fmt: skip
+            else:
+                shape = shape_of_model_dir(options["model_dir"] or settings.APPLIANCE_MODEL, kv_dtype=kv_dtype)
+            memory = int(options["memory_gib"] * GIB) if options["memory_gib"] else machine_memory_bytes()
+            result = plan(
+                shape,
+                device_memory_bytes=memory,
+                context_tokens=options["context"] or settings.APPLIANCE_MAX_MODEL_LEN,
+                memory_utilization=options["utilization"],
+            )
+        except (OSError, ValueError, KeyError) as exc:
+            raise CommandError(str(exc)) from None
+        engine = self._engine() if not options["model_dir"] and not any(manual) else None
+        if options["json"]:
+            self.stdout.write(json.dumps({**result.as_dict(), "engine": engine}, indent=2))
+            return
+        s = result.shape
+        self.stdout.write(
+            f"model shape      {s.layers} layers, {s.kv_heads} KV heads x {s.head_dim}, {s.parameters / 1e9:.2f} B parameters"
+        )
+        self.stdout.write(f"weights          {result.weight_bytes / 1e9:.2f} GB ({s.weight_dtype})")
+        self.stdout.write(f"KV per token     {result.kv_bytes_per_token / 1024:.1f} KiB ({s.kv_dtype})")
+        self.stdout.write(
+            f"device memory    {result.device_memory_bytes / GIB:.1f} GiB, {result.memory_utilization:.0%} used"
+        )
+        self.stdout.write(
+            f"KV budget        {result.kv_budget_bytes / GIB:.2f} GiB = {result.kv_capacity_tokens:,} tokens"
+        )
+        self.stdout.write(
+            f"at {result.context_tokens:,} tokens    {result.max_concurrent_requests} concurrent requests"
+        )
+        if engine:
+            self.stdout.write(
+                f"engine reports   {engine.get('kv_capacity_tokens'):,} KV tokens ({engine.get('kv_cache_dtype')})"
+            )
+        if not result.fits:
+            self.stdout.write(self.style.ERROR(f"does not fit: {result.reason}"))
+
+    def _engine(self) -> dict | None:
+        from console.selectors import engine
+
+        stats = engine()
+        return (
+            {k: stats.get(k) for k in ("model", "kv_capacity_tokens", "kv_cache_dtype", "max_model_len")}
+            if stats
+            else None
+        )

@@ -1,0 +1,147 @@
+"""Capacity planner (pure): from a model's shape and a device's memory, the weight memory, the KV
+cache's bytes per token, and how many requests of a given context fit at once.
+
+KV bytes per token = 2 (K and V) x layers x KV heads x head size x bytes per KV element. For
+Llama-3.1-8B (32 layers, 8 KV heads, head size 128) that is 128 KiB in bf16 and 64 KiB in fp8;
+its 8.0 billion parameters take about 16 GB in bf16.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Bytes per element of the dtypes a weight or a KV cache is stored in.
+DTYPE_BYTES = {
+    "float32": 4.0,
+    "fp32": 4.0,
+    "bfloat16": 2.0,
+    "bf16": 2.0,
+    "float16": 2.0,
+    "fp16": 2.0,
+    "half": 2.0,
+    "fp8": 1.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
+SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1}
+
+
+def dtype_bytes(dtype: str) -> float:
+    try:
+        return DTYPE_BYTES[dtype.lower().removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}") from None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    parameters: int
+    weight_dtype: str = "bfloat16"
+    kv_dtype: str = "bfloat16"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return int(2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(self.kv_dtype))
+
+    @property
+    def weight_bytes(self) -> int:
+        return int(self.parameters * dtype_bytes(self.weight_dtype))
+
+
+@dataclass(frozen=True)
+class Plan:
+    shape: ModelShape
+    device_memory_bytes: int
+    memory_utilization: float
+    context_tokens: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_budget_bytes: int  # what is left for the KV cache after the weights
+    kv_capacity_tokens: int
+    max_concurrent_requests: int  # of ``context_tokens`` each, all at once
+    fits: bool
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "shape": asdict(self.shape)}
+
+
+def plan(shape: ModelShape, *, device_memory_bytes: int, context_tokens: int, memory_utilization: float = 0.9) -> Plan:
+    """What fits: the share ``memory_utilization`` of the device holds the weights, and the rest of
+    it the KV cache (activations and the runtime take the remainder)."""
+    if context_tokens < 1:
+        raise ValueError("context_tokens must be at least 1")
+    usable = int(device_memory_bytes * memory_utilization)
+    budget = usable - shape.weight_bytes
+    per_token = shape.kv_bytes_per_token
+    capacity = max(0, budget // per_token) if per_token else 0
+    concurrent = capacity // context_tokens
+    if budget <= 0:
+        reason = f"the weights ({shape.weight_bytes / 1e9:.1f} GB) do not fit in {usable / 1e9:.1f} GB"
+    elif concurrent < 1:
+        reason = f"one request of {context_tokens:,} tokens needs {per_token * context_tokens / 1e9:.2f} GB of KV cache; {budget / 1e9:.2f} GB is left"
+    else:
+        reason = f"{concurrent} requests of {context_tokens:,} tokens at once"
+    return Plan(
+        shape=shape,
+        device_memory_bytes=device_memory_bytes,
+        memory_utilization=memory_utilization,
+        context_tokens=context_tokens,
+        weight_bytes=shape.weight_bytes,
+        kv_bytes_per_token=per_token,
+        kv_budget_bytes=max(0, budget),
+        kv_capacity_tokens=capacity,
+        max_concurrent_requests=concurrent,
+        fits=concurrent >= 1,
+        reason=reason,
+    )
+
+
+def shape_from_config(
+    config: dict, *, parameters: int, weight_dtype: str | None = None, kv_dtype: str | None = None
+) -> ModelShape:
+    """A Hugging Face ``config.json``'s shape (Llama, Mistral, Qwen and their kin)."""
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    weights = weight_dtype or str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return ModelShape(
+        layers=int(config["num_hidden_layers"]),
+        kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        parameters=int(parameters),
+        weight_dtype=weights,
+        kv_dtype=kv_dtype if kv_dtype and kv_dtype != "auto" else weights,  # vLLM's "auto": the weights'
+    )
+
+
+def safetensors_parameters(model_dir: Path) -> int:
+    """Parameters counted from the safetensors headers (no tensor is read)."""
+    total = 0
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no .safetensors files in {model_dir}")
+    for path in files:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for name, tensor in header.items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for size in tensor["shape"]:
+                count *= int(size)
+            total += count
+    return total
+
+
+def shape_of_model_dir(model_dir: Path, *, kv_dtype: str | None = None) -> ModelShape:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return shape_from_config(config, parameters=safetensors_parameters(model_dir), kv_dtype=kv_dtype)

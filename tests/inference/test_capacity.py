@@ -1,0 +1,97 @@
+"""The capacity planner (``inference.measure.capacity``) against figures known from elsewhere,
+and against what the running engine reports for the served model."""
+
+from __future__ import annotations
+
+import json
+import struct
+from io import StringIO
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+
+from inference.measure.capacity import ModelShape, plan, safetensors_parameters, shape_from_config, shape_of_model_dir
+
+GIB = 1024**3
+LLAMA_31_8B_CONFIG = {
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "torch_dtype": "bfloat16",
+}
+LLAMA_31_8B_PARAMETERS = 8_030_261_248
+
+
+def test_llama_31_8b_needs_128_kib_of_kv_per_token_in_bf16_64_in_fp8_and_16_gb_of_weights():
+    bf16 = shape_from_config(LLAMA_31_8B_CONFIG, parameters=LLAMA_31_8B_PARAMETERS)
+    fp8 = shape_from_config(LLAMA_31_8B_CONFIG, parameters=LLAMA_31_8B_PARAMETERS, kv_dtype="fp8")
+    assert (bf16.head_dim, bf16.kv_heads) == (128, 8)  # head size from hidden / heads; grouped KV heads
+    assert bf16.kv_bytes_per_token == 128 * 1024
+    assert fp8.kv_bytes_per_token == 64 * 1024
+    assert 15.9e9 < bf16.weight_bytes < 16.2e9
+    assert shape_from_config(LLAMA_31_8B_CONFIG, parameters=1, kv_dtype="auto").kv_dtype == "bfloat16"
+
+
+def test_concurrent_requests_follow_from_the_memory_left_after_the_weights():
+    shape = ModelShape(layers=32, kv_heads=8, head_dim=128, parameters=LLAMA_31_8B_PARAMETERS)
+    on_80 = plan(shape, device_memory_bytes=80 * GIB, context_tokens=8192, memory_utilization=0.9)
+    budget = int(80 * GIB * 0.9) - shape.weight_bytes
+    assert on_80.kv_capacity_tokens == budget // (128 * 1024)
+    assert on_80.max_concurrent_requests == on_80.kv_capacity_tokens // 8192 and on_80.fits
+    fp8 = plan(
+        ModelShape(layers=32, kv_heads=8, head_dim=128, parameters=LLAMA_31_8B_PARAMETERS, kv_dtype="fp8"),
+        device_memory_bytes=80 * GIB,
+        context_tokens=8192,
+    )
+    assert fp8.max_concurrent_requests in (2 * on_80.max_concurrent_requests, 2 * on_80.max_concurrent_requests + 1)
+
+
+def test_a_configuration_that_cannot_fit_is_flagged_with_the_reason():
+    seventy_b = ModelShape(layers=80, kv_heads=8, head_dim=128, parameters=70_600_000_000)
+    no_room = plan(seventy_b, device_memory_bytes=24 * GIB, context_tokens=8192)
+    assert not no_room.fits and no_room.max_concurrent_requests == 0 and "weights" in no_room.reason
+    eight_b = ModelShape(layers=32, kv_heads=8, head_dim=128, parameters=LLAMA_31_8B_PARAMETERS)
+    too_long = plan(eight_b, device_memory_bytes=20 * GIB, context_tokens=131_072)
+    assert not too_long.fits and "KV cache" in too_long.reason
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ModelShape(layers=1, kv_heads=1, head_dim=1, parameters=1, kv_dtype="fp7").kv_bytes_per_token
+
+
+def test_parameters_are_counted_from_safetensors_headers(tmp_path):
+    header = {
+        "__metadata__": {"format": "pt"},
+        "a": {"dtype": "BF16", "shape": [3, 4], "data_offsets": [0, 24]},
+        "b": {"dtype": "BF16", "shape": [5], "data_offsets": [24, 34]},
+    }
+    raw = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 34)
+    assert safetensors_parameters(tmp_path) == 17
+    with pytest.raises(ValueError, match="no .safetensors"):
+        safetensors_parameters(tmp_path / "nothing")
+
+
+def test_the_command_prints_the_plan():
+    out = StringIO()
+    call_command(
+        "capacity", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--params", "8.03e9",
+        "--kv-dtype", "bfloat16", "--memory-gib", "24", "--context", "8192", stdout=out,
+    )  # fmt: skip
+    text = out.getvalue()
+    assert "KV per token     128.0 KiB (bfloat16)" in text and "weights          16.06 GB" in text
+    out = StringIO()
+    call_command("capacity", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--params", "70.6e9",
+                 "--memory-gib", "24", stdout=out)  # fmt: skip
+    assert "does not fit" in out.getvalue()
+
+
+@pytest.mark.integration
+def test_the_planner_agrees_with_the_engine_on_the_served_model(engine_host):
+    """On CPU the engine holds ``APPLIANCE_CPU_KV_CACHE_GIB`` of KV cache: the planner's bytes per
+    token must turn that into the tokens the engine reports (to within one block)."""
+    stats = engine_host.stats()
+    shape = shape_of_model_dir(settings.APPLIANCE_MODEL, kv_dtype=settings.APPLIANCE_KV_CACHE_DTYPE)
+    planned_tokens = settings.APPLIANCE_CPU_KV_CACHE_GIB * GIB // shape.kv_bytes_per_token
+    assert planned_tokens - stats["kv_block_size"] <= stats["kv_capacity_tokens"] <= planned_tokens
+    assert shape.weight_dtype == stats["dtype"]  # APPLIANCE_DTYPE=auto: the config's dtype
