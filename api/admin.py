@@ -18,7 +18,6 @@ from api import services
 from api.forms import AdminTokenAddForm, AdminTokenChangeForm
 from api.models import ApiToken, Scope
 from console.models import AuditEvent
-from console.services import audit
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -119,15 +118,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if not change:  # AdminTokenAddForm created it with token_create
-            audit(
-                request,
-                AuditEvent.Action.TOKEN_CREATE,
-                target=str(obj),
-                prefix=obj.prefix,
-                scopes=obj.scopes,
-                owner=obj.user.get_username(),
-                expires_at=obj.expires_at.isoformat() if obj.expires_at else None,
-            )
+            services.token_audit(request, AuditEvent.Action.TOKEN_CREATE, obj)
             obj.raw_token = form.raw_token  # shown by response_add, then gone
             return
         obj.save(update_fields=[name for name in form.changed_data if name in form.Meta.fields])
@@ -156,12 +147,6 @@ class ApiTokenAdmin(admin.ModelAdmin):
         revoked = 0
         for token in queryset.filter(revoked_at__isnull=True).select_related("user"):
             if services.token_revoke(token=token):
-                audit(
-                    request,
-                    AuditEvent.Action.TOKEN_REVOKE,
-                    target=str(token),
-                    prefix=token.prefix,
-                    owner=token.user.get_username(),
-                )
+                services.token_audit(request, AuditEvent.Action.TOKEN_REVOKE, token)
                 revoked += 1
         self.message_user(request, f"{revoked} token(s) revoked.", messages.SUCCESS)

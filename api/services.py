@@ -80,6 +80,21 @@ def token_revoke(*, token: ApiToken) -> bool:
     return bool(ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))
 
 
+def token_audit(request, action: str, token: ApiToken) -> None:
+    """The audit log's record of a token created or revoked, by the UI or the admin."""
+    from console.services import audit
+
+    audit(
+        request,
+        action,
+        target=str(token),
+        prefix=token.prefix,
+        scopes=token.scopes,
+        owner=token.user.get_username(),
+        expires_at=token.expires_at.isoformat() if token.expires_at else None,
+    )
+
+
 def token_mark_used(*, token: ApiToken) -> None:
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:

@@ -19,7 +19,6 @@ from api import selectors, services
 from api.forms import TokenCreateForm
 from api.models import ApiToken
 from console.models import AuditEvent
-from console.services import audit
 
 
 def _render(request, form: TokenCreateForm, *, created: ApiToken | None = None, raw: str | None = None):
@@ -48,14 +47,7 @@ def tokens(request):
     if created is None:
         return _render(request, form)
     token, raw = created
-    audit(
-        request,
-        AuditEvent.Action.TOKEN_CREATE,
-        target=str(token),
-        prefix=token.prefix,
-        scopes=token.scopes,
-        expires_at=token.expires_at.isoformat() if token.expires_at else None,
-    )
+    services.token_audit(request, AuditEvent.Action.TOKEN_CREATE, token)
     return _render(request, TokenCreateForm(user=request.user), created=token, raw=raw)
 
 
@@ -66,7 +58,7 @@ def revoke(request, token_id: int):
     if token is None:
         raise Http404("No such token.")
     if services.token_revoke(token=token):
-        audit(request, AuditEvent.Action.TOKEN_REVOKE, target=str(token), prefix=token.prefix)
+        services.token_audit(request, AuditEvent.Action.TOKEN_REVOKE, token)
         messages.success(request, f"The token “{token.name}” ({token.prefix}…) is revoked; requests with it now fail.")
     else:
         messages.info(request, f"The token “{token.name}” was revoked already.")
