@@ -56,6 +56,14 @@ class SummaryIn(Schema):
     document_id: int
     length: SummaryLength = Field(DEFAULT_SUMMARY_LENGTH)
     focus: str = Field("", max_length=500, description="What the summary should dwell on, if anything.")
+    max_tokens: int | None = Field(
+        None, ge=1, description="The most tokens to write (at most the appliance's summary length, 256 by default)."
+    )
+    ignore_eos: bool = Field(
+        False,
+        description="Write exactly `max_tokens` tokens, past the end of the summary: for load tests such as "
+        "`manage.py specsheet` (vLLM's extension of the same name).",
+    )
 
 
 class ClausesIn(Schema):
@@ -258,6 +266,8 @@ def create_summary(
             document=document,
             length=payload.length,
             focus=payload.focus,
+            max_tokens=payload.max_tokens,
+            ignore_eos=payload.ignore_eos,
             api_token=request.api_token,
         )
 

@@ -119,6 +119,11 @@ class ChatMessageIn(Schema):
 
 class StreamOptions(Schema):
     include_usage: bool = Field(False, description="Send a last chunk with the token usage and no choices.")
+    continuous_usage_stats: bool = Field(
+        False,
+        description="vLLM's extension: every content chunk also carries `usage` so far, so a client can time "
+        "each token (as `manage.py specsheet` does).",
+    )
 
 
 class ChatCompletionRequest(Schema):
@@ -153,6 +158,10 @@ class ChatCompletionRequest(Schema):
     logprobs: bool | None = Field(None, description="Not supported.")
     top_logprobs: int | None = Field(None, description="Not supported.")
     logit_bias: dict[str, Any] | None = Field(None, description="Not supported.")
+    ignore_eos: bool = Field(
+        False,
+        description="vLLM's extension: write exactly `max_tokens` tokens, past the end of the answer (for load tests).",
+    )
 
 
 class ModelCard(Schema):
@@ -250,6 +259,7 @@ class ChatRequest:
     job_options: dict[str, Any]
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False
 
 
 def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
@@ -287,10 +297,14 @@ def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
     stop = stop_sequences(payload.stop)
     if stop:
         options["stop"] = stop
+    if payload.ignore_eos:
+        options["ignore_eos"] = True
+    stream_options = payload.stream_options if payload.stream else None
     return ChatRequest(
         job_options=options,
         stream=bool(payload.stream),
-        include_usage=bool(payload.stream and payload.stream_options and payload.stream_options.include_usage),
+        include_usage=bool(stream_options and stream_options.include_usage),
+        continuous_usage=bool(stream_options and stream_options.continuous_usage_stats),
     )
 
 
@@ -498,16 +512,26 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
     async def events() -> AsyncIterator[str]:
         finished = False
         text = StreamedText()
+        written = {"prompt_tokens": 0, "completion_tokens": 0}  # this attempt's, for continuous_usage_stats
+
+        def content(new: str) -> str:
+            if not chat.continuous_usage:
+                return chunk({"content": new})
+            return chunk({"content": new}, usage={**written, "total_tokens": sum(written.values())})
+
         try:
             yield chunk({"role": "assistant", "content": ""})
             async with aclosing(_job_events(job)) as job_events:
                 async for event, data in job_events:
                     if event == "delta":
+                        written["completion_tokens"] += int(data.get("tokens", 0))
+                        written["prompt_tokens"] = int(data.get("prompt_tokens", written["prompt_tokens"]))
                         new = text.add(str(data.get("text", "")))
                         if new:
-                            yield chunk({"content": new})
+                            yield content(new)
                     elif event == "restart":
                         text.restart()
+                        written["completion_tokens"] = 0
                     elif event == "keepalive":
                         yield ": keepalive\n\n"
             done = await _finished_job(job.pk)
@@ -517,7 +541,7 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
                 return
             rest = text.rest(done.result_text)
             if rest:
-                yield chunk({"content": rest})
+                yield content(rest)
             yield chunk({}, finish_reason(done), appliance=measurements(done))
             if chat.include_usage:
                 yield chunk(usage=usage(done))

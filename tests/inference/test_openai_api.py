@@ -68,7 +68,9 @@ def test_sampling_options_are_translated_with_openais_defaults():
     assert (explicit["temperature"], explicit["stop"]) == (0, ["a", "b"])
     assert not _translate().stream and not _translate(stream_options={"include_usage": True}).include_usage
     streamed = _translate(stream=True, stream_options={"include_usage": True})
-    assert streamed.stream and streamed.include_usage
+    assert streamed.stream and streamed.include_usage and not streamed.continuous_usage
+    assert _translate(stream=True, stream_options={"continuous_usage_stats": True}).continuous_usage
+    assert "ignore_eos" not in _translate().job_options and _translate(ignore_eos=True).job_options["ignore_eos"]
 
 
 @pytest.mark.parametrize(
@@ -346,6 +348,24 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
     last = chunks[-1]
     assert last.choices == [] and (last.usage.prompt_tokens, last.usage.completion_tokens) == _usage_of(job)[:2]
     assert all(chunk.usage is None for chunk in chunks[:-1])
+
+    # vLLM's extensions, for load tests: ignore_eos writes exactly max_tokens, and with
+    # continuous_usage_stats every content chunk says how many tokens have been written so far.
+    chunks = list(
+        client.chat.completions.create(
+            model=served,
+            messages=messages,
+            max_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    counted = [chunk.usage.completion_tokens for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]
+    assert counted and counted == sorted(counted) and counted[-1] == 20
+    job = _job_of(chunks[0].id)
+    assert job.metrics.output_tokens == 20 and chunks[-1].usage.completion_tokens == 20
+    assert {chunk.usage.prompt_tokens for chunk in chunks if chunk.usage} == {job.metrics.prompt_tokens}
 
     # Refused requests raise the client's errors with the appliance's message.
     with pytest.raises(openai.NotFoundError, match="'no-such-model'"):
