@@ -1,20 +1,31 @@
-"""``/api/v1/usage``, ``/api/v1/engine`` and ``/api/v1/admin/usage``: what the caller used, what
-the box runs, and (staff, admin scope) everyone's usage."""
+"""``/api/v1/usage``, ``/api/v1/engine``, ``/api/v1/capacity`` and ``/api/v1/admin/usage``: what
+the caller used, what the box runs, what a model would fit on a device, and (staff, admin scope)
+everyone's usage."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta
-from pathlib import Path
+from typing import Literal
 
-from django.conf import settings
 from django.db.models import Count, Sum
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
 from api import auth
 from api.models import ApiToken
-from api.problems import responses
+from api.problems import ApiProblem, responses
+from console import selectors as console_selectors
+from inference.measure.capacity import (
+    DTYPE_BYTES,
+    GIB,
+    MAX_CONTEXT_TOKENS,
+    MAX_HEAD_DIM,
+    MAX_KV_HEADS,
+    MAX_LAYERS,
+    MAX_MEMORY_GIB,
+    MAX_PARAMETERS,
+    ShapeError,
+)
 from inference.models import Job, RequestMetrics
 
 router = Router()
@@ -163,22 +174,99 @@ def all_usage(request, days: int = Query(30, ge=1, le=366)):
     }
 
 
-def latest_specsheet() -> dict | None:
-    path = Path(settings.VAR_DIR) / "specsheet" / "latest.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 @router.get("/engine", response=responses(ok={200: EngineOut}), auth=auth.READ, tags=["engine"], summary="The engine")
 def engine(request):
     """The model, its licence, the precision of weights and KV cache, the context length, the KV
     capacity and its live use, and the latest spec sheet: what a buyer asks, from the box itself."""
-    from console.selectors import engine as engine_stats
-
-    stats = engine_stats()
-    out = {"up": stats is not None, "specsheet": latest_specsheet()}
+    stats = console_selectors.engine()
+    out = {"up": stats is not None, "specsheet": console_selectors.latest_specsheet()}
     if stats:
         out.update({name: stats.get(name) for name in ENGINE_FIELDS})
     return out
+
+
+Dtype = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
+KvDtype = Literal[("auto", *DTYPE_BYTES)]  # type: ignore[valid-type]
+
+
+class CapacityShape(Schema):
+    layers: int
+    kv_heads: int
+    head_dim: int
+    parameters: int
+    weight_dtype: str
+    kv_dtype: str
+
+
+class CapacityEngine(Schema):
+    model: str | None = None
+    dtype: str | None = Field(None, description="Precision of the weights.")
+    kv_cache_dtype: str | None = None
+    max_model_len: int | None = None
+    kv_capacity_tokens: int | None = Field(None, description="KV-cache capacity the engine reports, in tokens.")
+    kv_block_size: int | None = None
+    device: str | None = None
+    planned_kv_capacity_tokens: int | None = Field(
+        None,
+        description="The planner's figure for the served model with the memory the engine gives its KV cache "
+        "(`APPLIANCE_CPU_KV_CACHE_GIB` on a CPU; the GPU's share less the weights on a GPU), rounded down to "
+        "whole KV blocks as the engine's is.",
+    )
+
+
+class CapacityOut(Schema):
+    shape: CapacityShape
+    device_memory_bytes: int
+    memory_utilization: float
+    context_tokens: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_budget_bytes: int = Field(description="What is left for the KV cache after the weights.")
+    kv_capacity_tokens: int
+    max_concurrent_requests: int = Field(description="Requests of `context_tokens` each that fit at once.")
+    fits: bool = Field(description="False when not one request of `context_tokens` fits; `reason` says why.")
+    reason: str
+    engine: CapacityEngine | None = Field(description="What the running engine reports; null when it is down.")
+
+
+@router.get(
+    "/capacity", response=responses(ok={200: CapacityOut}), auth=auth.READ, tags=["engine"], summary="Capacity planner"
+)
+def capacity(
+    request,
+    layers: int | None = Query(None, ge=1, le=MAX_LAYERS, description="Transformer layers."),
+    kv_heads: int | None = Query(None, ge=1, le=MAX_KV_HEADS, description="KV heads (`num_key_value_heads`)."),
+    head_dim: int | None = Query(None, ge=1, le=MAX_HEAD_DIM, description="Head size."),
+    parameters: float | None = Query(None, ge=1, le=MAX_PARAMETERS, description="Parameter count, e.g. 8.03e9."),
+    weight_dtype: Dtype | None = Query(None, description="Weight precision; default: the model's."),  # noqa: B008
+    kv_dtype: KvDtype | None = Query(None, description="KV-cache precision; default: the engine's."),  # noqa: B008
+    memory_gib: float | None = Query(
+        None, gt=0, le=MAX_MEMORY_GIB, description="Device memory; default: this machine's."
+    ),
+    context_tokens: int | None = Query(
+        None, ge=1, le=MAX_CONTEXT_TOKENS, description="Tokens per request; default: the configured context length."
+    ),
+    memory_utilization: float | None = Query(
+        None, gt=0, le=1, description="Share of the device for weights and KV cache; default 0.9."
+    ),
+):
+    """Weight memory, KV bytes per token, the KV budget and how many requests of a context length
+    fit at once, for a model's shape on a device of some memory. `layers`, `kv_heads`, `head_dim`
+    and `parameters` go together; without them, the served model. Beside it, what the running
+    engine reports."""
+    try:
+        result = console_selectors.capacity_plan(
+            layers=layers,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            parameters=parameters,
+            weight_dtype=weight_dtype,
+            kv_dtype=kv_dtype,
+            memory_bytes=int(memory_gib * GIB) if memory_gib is not None else None,
+            context_tokens=context_tokens,
+            memory_utilization=memory_utilization,
+        )
+    except ShapeError as exc:
+        errors = [{"field": name, "message": str(exc)} for name in exc.fields]
+        raise ApiProblem(400, "bad-request", f"{', '.join(exc.fields)}: {exc}", errors=errors) from None
+    return {**result.as_dict(), "engine": console_selectors.engine_capacity(console_selectors.engine())}

@@ -1,20 +1,52 @@
 """Reads for the operations console: the engine, the queues, latency, throughput, failures and
-usage, from the same sources as ``/metrics`` (the engine host, the broker, ``RequestMetrics``)."""
+usage, from the same sources as ``/metrics`` (the engine host, the broker, ``RequestMetrics``);
+the capacity planner with this box's defaults; and the latest spec sheet."""
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, F, Min, Q, Sum
 from django.utils import timezone
 
+from inference.measure.capacity import (
+    GIB,
+    SHAPE_FIELDS,
+    ModelShape,
+    Plan,
+    ShapeError,
+    machine_memory_bytes,
+    plan,
+    plan_kv_cache,
+    shape_of,
+    shape_of_model_dir,
+)
 from inference.models import Job, Queue, RequestMetrics
+
+logger = logging.getLogger(__name__)
 
 LATENCY_WINDOW = timedelta(hours=1)
 USAGE_WINDOW = timedelta(days=30)
 CHART_BUCKET = timedelta(minutes=5)
+DEFAULT_MEMORY_UTILIZATION = 0.9
+# What the engine reports that the capacity planner is compared with.
+ENGINE_CAPACITY_FIELDS = (
+    "model",
+    "dtype",
+    "kv_cache_dtype",
+    "max_model_len",
+    "kv_capacity_tokens",
+    "kv_block_size",
+    "device",
+)
+# The files `manage.py specsheet` writes next to latest.json, and nothing else, are served.
+SPECSHEET_FILE_NAME = re.compile(r"specsheet-[0-9TZ]+(-ttft|-tokens-per-s)?\.(png|json|md)")
 
 
 def engine() -> dict | None:
@@ -25,6 +57,139 @@ def engine() -> dict | None:
         return EngineClient.from_settings().stats(timeout_s=2.0)
     except (EngineUnavailable, EngineRequestError, OSError):
         return None
+
+
+def engine_capacity(stats: dict | None) -> dict | None:
+    """The part of the engine's report the capacity planner is compared with, and the planner's
+    KV capacity for the served model in the same memory, in whole blocks (None: it is down)."""
+    if not stats:
+        return None
+    check = served_model_check(stats)
+    return {
+        **{name: stats.get(name) for name in ENGINE_CAPACITY_FIELDS},
+        "planned_kv_capacity_tokens": check["planned_tokens_in_blocks"] if check else None,
+    }
+
+
+def served_model_shape(*, weight_dtype: str | None = None, kv_dtype: str | None = None, model_dir=None) -> ModelShape:
+    """The served model's shape (``APPLIANCE_MODEL``, or ``model_dir``), in the precisions the
+    engine is configured with unless others are given. ``ShapeError`` when it cannot be read."""
+    model_dir = Path(model_dir or settings.APPLIANCE_MODEL)
+    try:
+        shape = shape_of_model_dir(
+            model_dir,
+            weight_dtype=weight_dtype or settings.APPLIANCE_DTYPE,
+            kv_dtype=kv_dtype or settings.APPLIANCE_KV_CACHE_DTYPE,
+        )
+        _ = shape.weight_bytes, shape.kv_bytes_per_token  # an unknown dtype in its config fails here
+    except Exception as exc:  # no config.json, a truncated safetensors header, a config of another kind...
+        logger.warning("cannot read the shape of the model in %s: %s", model_dir, exc)
+        raise ShapeError(
+            f"the shape of the model {model_dir.name!r} could not be read ({type(exc).__name__}); "
+            f"give {', '.join(SHAPE_FIELDS)}",
+            SHAPE_FIELDS,
+        ) from exc
+    return shape
+
+
+def capacity_plan(
+    *,
+    layers: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    parameters: float | None = None,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
+    memory_bytes: int | None = None,
+    context_tokens: int | None = None,
+    memory_utilization: float | None = None,
+    model_dir=None,
+) -> Plan:
+    """The capacity planner with this box's defaults for what is not given: the served model's
+    shape (or ``model_dir``'s), the configured KV-cache precision, this machine's memory and the
+    configured context length. ``ShapeError`` names the inputs to give or correct."""
+    kv_dtype = kv_dtype or settings.APPLIANCE_KV_CACHE_DTYPE
+    shape = shape_of(
+        layers=layers, kv_heads=kv_heads, head_dim=head_dim, parameters=parameters,
+        weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+    )  # fmt: skip
+    if shape is None:
+        shape = served_model_shape(weight_dtype=weight_dtype, kv_dtype=kv_dtype, model_dir=model_dir)
+    return plan(
+        shape,
+        device_memory_bytes=machine_memory_bytes() if memory_bytes is None else memory_bytes,
+        context_tokens=settings.APPLIANCE_MAX_MODEL_LEN if context_tokens is None else context_tokens,
+        memory_utilization=DEFAULT_MEMORY_UTILIZATION if memory_utilization is None else memory_utilization,
+    )
+
+
+def served_model_check(stats: dict | None) -> dict | None:
+    """The planner's KV capacity for the served model with the memory the engine gives its KV
+    cache, next to the capacity the engine reports, at the engine's context length. On a CPU that
+    memory is ``APPLIANCE_CPU_KV_CACHE_GIB``; on a GPU it is ``APPLIANCE_GPU_MEMORY_UTILIZATION``
+    of the device less the weights (vLLM also keeps room for activations, so the planner's figure
+    is an upper bound there). The engine counts whole KV blocks, so the planner's tokens are
+    rounded down to its block size too. None when the engine does not answer or the served
+    model's shape cannot be read."""
+    if not stats:
+        return None
+    try:
+        shape = served_model_shape()
+    except ShapeError:
+        return None
+    context = int(stats.get("max_model_len") or settings.APPLIANCE_MAX_MODEL_LEN)
+    on_gpu = stats.get("device") == "cuda" and stats.get("device_memory_bytes")
+    if on_gpu:
+        planned = plan(
+            shape,
+            device_memory_bytes=int(stats["device_memory_bytes"]),
+            context_tokens=context,
+            memory_utilization=settings.APPLIANCE_GPU_MEMORY_UTILIZATION,
+        )
+        memory = (
+            f"APPLIANCE_GPU_MEMORY_UTILIZATION = {settings.APPLIANCE_GPU_MEMORY_UTILIZATION:g} of the GPU's "
+            f"{int(stats['device_memory_bytes']) / GIB:.1f} GiB, less the weights"
+        )
+    else:
+        planned = plan_kv_cache(shape, kv_cache_bytes=settings.APPLIANCE_CPU_KV_CACHE_GIB * GIB, context_tokens=context)
+        memory = f"APPLIANCE_CPU_KV_CACHE_GIB = {settings.APPLIANCE_CPU_KV_CACHE_GIB} GiB"
+    block = int(stats.get("kv_block_size") or 0)
+    in_blocks = planned.kv_capacity_tokens // block * block if block > 0 else planned.kv_capacity_tokens
+    reported = stats.get("kv_capacity_tokens")
+    return {
+        "plan": planned,
+        "memory": memory,
+        "kv_cache_bytes": planned.kv_budget_bytes,
+        "kv_block_size": block or None,
+        "planned_tokens": planned.kv_capacity_tokens,
+        "planned_tokens_in_blocks": in_blocks,
+        "engine_tokens": reported,
+        "difference_tokens": int(reported) - in_blocks if reported is not None else None,
+        # The engine is held to this many tokens whatever its memory holds (bench, a shared device).
+        "capped_to_tokens": settings.APPLIANCE_KV_CAPACITY_TOKENS,
+    }
+
+
+def latest_specsheet() -> dict | None:
+    """The latest spec sheet ``manage.py specsheet`` wrote (``var/specsheet/latest.json``), or None."""
+    path = Path(settings.VAR_DIR) / "specsheet" / "latest.json"
+    try:
+        sheet = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return sheet if isinstance(sheet, dict) else None
+
+
+def specsheet_file(name: str) -> Path | None:
+    """A file of a spec sheet (its chart, JSON or Markdown) by its name, or None: only names of the
+    form ``manage.py specsheet`` writes, only in its folder."""
+    if not SPECSHEET_FILE_NAME.fullmatch(name):
+        return None
+    folder = (Path(settings.VAR_DIR) / "specsheet").resolve()
+    path = (folder / name).resolve()
+    if path.parent != folder or not path.is_file():
+        return None
+    return path
 
 
 def queues() -> list[dict]:

@@ -34,3 +34,20 @@ def ready_document(owner, title: str, text: str | list[str]) -> Document:
         start += len(page) + 2
     Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
     return document
+
+
+def model_dir(path, *, layers=30, heads=9, kv_heads=3, head_dim=64, parameters=135_000, dtype="bfloat16"):
+    """A model directory as the capacity planner reads it: a Hugging Face ``config.json`` and one
+    safetensors file whose header declares ``parameters`` weights (the tensor bytes are not needed)."""
+    import json
+    import struct
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": head_dim, "hidden_size": heads * head_dim, "dtype": dtype,
+    }  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    header = json.dumps({"weight": {"dtype": "BF16", "shape": [parameters], "data_offsets": [0, 2 * parameters]}})
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode())
+    return path

@@ -308,11 +308,43 @@ def test_every_page_passes_an_accessibility_check(page, live_appliance):
     found = {}
     for path in (
         "/documents/", f"/documents/{document.pk}/", "/documents/search?q=lifts", "/draft", "/jobs/",
-        f"/jobs/{job.pk}/", "/console/", "/console/audit",
+        f"/jobs/{job.pk}/", "/console/", "/console/audit", "/console/capacity", "/console/specsheet",
+        "/console/capacity?layers=80&kv_heads=8&head_dim=128&parameters=70.6e9&memory_gib=24",  # does not fit
+        "/console/capacity?layers=32&memory_gib=0",  # errors in the form
     ):  # fmt: skip
         page.goto(f"{live_appliance}{path}")
         found[path] = _accessibility_violations(page)
     assert found == {path: [] for path in found}
+
+
+def test_a_spec_sheet_passes_the_accessibility_check(page, live_appliance, tmp_path):
+    """The spec sheet page with a sheet in it. The web server reads its sheet from the test
+    suite's shared ``var/``, so the page is rendered here from a sheet in a folder of this test's
+    own and handed to the browser in place of the server's answer (its styles come from the server)."""
+    from django.test import Client, override_settings
+
+    from tests.console.test_specsheet import sample_sheet, write_sheet
+
+    jo = get_user_model().objects.create_user(username="jo", password=PASSWORD, is_staff=True)
+    write_sheet(tmp_path, sample_sheet(quick=True))
+    client = Client()
+    client.force_login(jo)
+    with override_settings(VAR_DIR=tmp_path):
+        html = client.get("/console/specsheet").content.decode()
+    assert 'id="specsheet-profile-drafting"' in html
+    _sign_in(page, live_appliance, "jo")
+    page.route(
+        f"{live_appliance}/console/specsheet",
+        lambda route: route.fulfill(status=200, content_type="text/html; charset=utf-8", body=html),
+    )
+    page.route(
+        f"{live_appliance}/console/specsheet/files/*",
+        lambda route: route.fulfill(status=200, content_type="image/png", path=str(next(tmp_path.rglob("*.png")))),
+    )
+    page.goto(f"{live_appliance}/console/specsheet")
+    page.get_by_role("heading", name="Drafting").wait_for()
+    assert _accessibility_violations(page) == []
+    page.screenshot(path=str(SCREENSHOTS / "console-specsheet.png"), full_page=True)
 
 
 def test_create_a_token_see_it_once_copy_it_and_revoke_it(page, live_appliance):

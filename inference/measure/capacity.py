@@ -9,9 +9,12 @@ its 8.0 billion parameters take about 16 GB in bf16.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+GIB = 1024**3
 
 # Bytes per element of the dtypes a weight or a KV cache is stored in.
 DTYPE_BYTES = {
@@ -29,6 +32,24 @@ DTYPE_BYTES = {
     "int4": 0.5,
 }
 SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1}
+# The four numbers a shape given by hand needs: all of them, or none (then: the served model's).
+SHAPE_FIELDS = ("layers", "kv_heads", "head_dim", "parameters")
+# Bounds of what the console's form and the API accept: every figure stays finite and meaningful
+# within them (the largest models have ~130 layers and ~10^12 parameters; devices a few hundred GiB).
+MAX_LAYERS = 10_000
+MAX_KV_HEADS = 10_000
+MAX_HEAD_DIM = 65_536
+MAX_PARAMETERS = 1e15
+MAX_MEMORY_GIB = 1_000_000
+MAX_CONTEXT_TOKENS = 100_000_000
+
+
+class ShapeError(ValueError):
+    """A shape that cannot be planned; ``fields`` names the inputs to give or correct."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] | list[str]) -> None:
+        super().__init__(message)
+        self.fields = tuple(fields)
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -54,6 +75,15 @@ class ModelShape:
     @property
     def weight_bytes(self) -> int:
         return int(self.parameters * dtype_bytes(self.weight_dtype))
+
+
+# Well-known shapes (from each model's config.json and parameter count): the planner's presets.
+KNOWN_SHAPES = {
+    "Llama-3.1-8B": ModelShape(layers=32, kv_heads=8, head_dim=128, parameters=8_030_000_000),
+    "Llama-3.1-70B": ModelShape(layers=80, kv_heads=8, head_dim=128, parameters=70_600_000_000),
+    "Mistral-7B": ModelShape(layers=32, kv_heads=8, head_dim=128, parameters=7_240_000_000),
+    "Qwen2.5-7B": ModelShape(layers=28, kv_heads=4, head_dim=128, parameters=7_620_000_000),
+}
 
 
 @dataclass(frozen=True)
@@ -105,6 +135,53 @@ def plan(shape: ModelShape, *, device_memory_bytes: int, context_tokens: int, me
     )
 
 
+def plan_kv_cache(shape: ModelShape, *, kv_cache_bytes: int, context_tokens: int) -> Plan:
+    """What fits in a KV cache of a fixed size (a CPU engine's ``VLLM_CPU_KVCACHE_SPACE``): the
+    plan of a device that holds exactly the weights and ``kv_cache_bytes``, all of it used."""
+    return plan(
+        shape,
+        device_memory_bytes=shape.weight_bytes + kv_cache_bytes,
+        context_tokens=context_tokens,
+        memory_utilization=1.0,
+    )
+
+
+def shape_of(
+    *,
+    layers: int | None,
+    kv_heads: int | None,
+    head_dim: int | None,
+    parameters: float | None,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
+) -> ModelShape | None:
+    """A shape given by hand: None when none of its numbers is given; ``ShapeError`` naming the
+    missing ones when only some are, or an unknown dtype. ``kv_dtype`` None or "auto" is the
+    weights' (as vLLM's "auto")."""
+    given = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "parameters": parameters}
+    missing = [name for name, value in given.items() if value is None]
+    if len(missing) == len(given):
+        return None
+    if missing:
+        raise ShapeError(f"{', '.join(SHAPE_FIELDS)} go together; missing: {', '.join(missing)}", missing)
+    weights = weight_dtype or "bfloat16"
+    shape = ModelShape(
+        layers=int(layers), kv_heads=int(kv_heads), head_dim=int(head_dim), parameters=int(parameters),
+        weight_dtype=weights, kv_dtype=weights if kv_dtype in (None, "", "auto") else kv_dtype,
+    )  # fmt: skip
+    for field, dtype in (("weight_dtype", shape.weight_dtype), ("kv_dtype", shape.kv_dtype)):
+        try:
+            dtype_bytes(dtype)  # an unknown dtype fails here, not in plan()
+        except ValueError as exc:
+            raise ShapeError(str(exc), [field]) from None
+    return shape
+
+
+def machine_memory_bytes() -> int:
+    """This machine's RAM (the device of a CPU engine)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def shape_from_config(
     config: dict, *, parameters: int, weight_dtype: str | None = None, kv_dtype: str | None = None
 ) -> ModelShape:
@@ -142,6 +219,12 @@ def safetensors_parameters(model_dir: Path) -> int:
     return total
 
 
-def shape_of_model_dir(model_dir: Path, *, kv_dtype: str | None = None) -> ModelShape:
+def shape_of_model_dir(model_dir: Path, *, weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelShape:
+    """``weight_dtype``: the precision the weights are loaded in (None or "auto": the config's)."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    return shape_from_config(config, parameters=safetensors_parameters(model_dir), kv_dtype=kv_dtype)
+    return shape_from_config(
+        config,
+        parameters=safetensors_parameters(model_dir),
+        weight_dtype=None if weight_dtype == "auto" else weight_dtype,
+        kv_dtype=kv_dtype,
+    )

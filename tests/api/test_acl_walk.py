@@ -78,6 +78,10 @@ def test_every_endpoint_hides_what_the_caller_may_not_read(walk):
         ("get", "/api/v1/usage"): lambda: never_shows(client.get("/api/v1/usage")),
         ("get", "/api/v1/admin/usage"): lambda: never_shows(client.get("/api/v1/admin/usage"), status=403),
         ("get", "/api/v1/engine"): lambda: never_shows(client.get("/api/v1/engine")),
+        # The capacity planner reads a model's shape and the engine's report: no user's data.
+        ("get", "/api/v1/capacity"): lambda: never_shows(
+            client.get("/api/v1/capacity", {"layers": 32, "kv_heads": 8, "head_dim": 128, "parameters": 8.03e9})
+        ),
         # The OpenAI-compatible routes read no document: a chat's messages are the caller's own.
         ("get", "/v1/models"): lambda: never_shows(client.get("/v1/models")),
         ("get", "/v1/models/{model}"): lambda: never_shows(client.get("/v1/models/no-such-model"), status=404),

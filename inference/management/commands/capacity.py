@@ -9,18 +9,10 @@ context length on a device, from a model's shape; next to what the running engin
 from __future__ import annotations
 
 import json
-import os
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.measure.capacity import ModelShape, plan, shape_of_model_dir
-
-GIB = 1024**3
-
-
-def machine_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+from inference.measure.capacity import GIB, ShapeError
 
 
 class Command(BaseCommand):
@@ -44,30 +36,33 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **options):
-        kv_dtype = options["kv_dtype"] or settings.APPLIANCE_KV_CACHE_DTYPE
-        manual = [options[k] for k in ("layers", "kv_heads", "head_dim", "params")]
+        # The console's capacity page and GET /api/v1/capacity plan with the same defaults.
+        from console import selectors
+
+        manual = {"layers": "--layers", "kv_heads": "--kv-heads", "head_dim": "--head-dim", "parameters": "--params"}
+        values = {name: options["params" if name == "parameters" else name] for name in manual}
+        if not 0 < options["utilization"] <= 1:
+            raise CommandError("--utilization must be more than 0 and at most 1")
         try:
-            if any(v is not None for v in manual):
-                if any(v is None for v in manual):
-                    raise CommandError("--layers, --kv-heads, --head-dim and --params go together")
-                weights = options["dtype"] or "bfloat16"
-                shape = ModelShape(
-                    layers=options["layers"], kv_heads=options["kv_heads"], head_dim=options["head_dim"],
-                    parameters=int(options["params"]), weight_dtype=weights,
-                    kv_dtype=weights if kv_dtype == "auto" else kv_dtype,
-                )  # fmt: skip
-            else:
-                shape = shape_of_model_dir(options["model_dir"] or settings.APPLIANCE_MODEL, kv_dtype=kv_dtype)
-            memory = int(options["memory_gib"] * GIB) if options["memory_gib"] else machine_memory_bytes()
-            result = plan(
-                shape,
-                device_memory_bytes=memory,
-                context_tokens=options["context"] or settings.APPLIANCE_MAX_MODEL_LEN,
+            result = selectors.capacity_plan(
+                **values,
+                weight_dtype=options["dtype"],
+                kv_dtype=options["kv_dtype"],
+                memory_bytes=int(options["memory_gib"] * GIB) if options["memory_gib"] else None,
+                context_tokens=options["context"],
                 memory_utilization=options["utilization"],
+                model_dir=options["model_dir"],
             )
-        except (OSError, ValueError, KeyError) as exc:
+        except ShapeError as exc:
+            if set(exc.fields) <= set(manual) and any(v is not None for v in values.values()):
+                raise CommandError(f"{', '.join(manual.values())} go together; missing: "
+                                   f"{', '.join(manual[f] for f in exc.fields)}") from None  # fmt: skip
+            raise CommandError(f"{exc} ({exc.__cause__})" if exc.__cause__ else str(exc)) from None
+        except ValueError as exc:
             raise CommandError(str(exc)) from None
-        engine = self._engine() if not options["model_dir"] and not any(manual) else None
+        served = not options["model_dir"] and all(v is None for v in values.values())
+        stats = selectors.engine() if served else None
+        engine = selectors.engine_capacity(stats)
         if options["json"]:
             self.stdout.write(json.dumps({**result.as_dict(), "engine": engine}, indent=2))
             return
@@ -90,15 +85,9 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"engine reports   {engine.get('kv_capacity_tokens'):,} KV tokens ({engine.get('kv_cache_dtype')})"
             )
+            if engine["planned_kv_capacity_tokens"] is not None:
+                self.stdout.write(
+                    f"planner there    {engine['planned_kv_capacity_tokens']:,} KV tokens in the same memory, whole blocks"
+                )
         if not result.fits:
             self.stdout.write(self.style.ERROR(f"does not fit: {result.reason}"))
-
-    def _engine(self) -> dict | None:
-        from console.selectors import engine
-
-        stats = engine()
-        return (
-            {k: stats.get(k) for k in ("model", "kv_capacity_tokens", "kv_cache_dtype", "max_model_len")}
-            if stats
-            else None
-        )
