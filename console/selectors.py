@@ -117,10 +117,19 @@ def capacity_plan(
         shape = served_model_shape(weight_dtype=weight_dtype, kv_dtype=kv_dtype, model_dir=model_dir)
     return plan(
         shape,
-        device_memory_bytes=machine_memory_bytes() if memory_bytes is None else memory_bytes,
+        device_memory_bytes=default_device_memory_bytes() if memory_bytes is None else memory_bytes,
         context_tokens=settings.APPLIANCE_MAX_MODEL_LEN if context_tokens is None else context_tokens,
         memory_utilization=DEFAULT_MEMORY_UTILIZATION if memory_utilization is None else memory_utilization,
     )
+
+
+def default_device_memory_bytes() -> int:
+    """The device the planner assumes when none is given: the engine's GPU, or this machine's
+    memory when the engine runs on the CPU (or does not answer)."""
+    stats = engine()
+    if stats and stats.get("device") == "cuda" and stats.get("device_memory_bytes"):
+        return int(stats["device_memory_bytes"])
+    return machine_memory_bytes()
 
 
 def served_model_check(stats: dict | None) -> dict | None:

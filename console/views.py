@@ -17,7 +17,7 @@ from django.urls import reverse
 from console import selectors
 from console.forms import CapacityForm
 from console.models import AuditEvent
-from inference.measure.capacity import GIB, KNOWN_SHAPES, SHAPE_FIELDS, ShapeError, machine_memory_bytes
+from inference.measure.capacity import GIB, KNOWN_SHAPES, SHAPE_FIELDS, ShapeError
 
 AUDIT_PAGE_SIZE = 50
 PRESET_MEMORY_GIB = (24, 48, 80)
@@ -108,7 +108,7 @@ def capacity(request):
     what the running engine reports and the planner's figure for the same KV memory."""
     form = CapacityForm(request.GET)
     form.show_defaults(
-        memory_gib=f"{machine_memory_bytes() / GIB:.1f}",
+        memory_gib=f"{selectors.default_device_memory_bytes() / GIB:.1f}",
         context_tokens=settings.APPLIANCE_MAX_MODEL_LEN,
         memory_utilization=selectors.DEFAULT_MEMORY_UTILIZATION,
     )

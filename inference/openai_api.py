@@ -121,8 +121,9 @@ class StreamOptions(Schema):
     include_usage: bool = Field(False, description="Send a last chunk with the token usage and no choices.")
     continuous_usage_stats: bool = Field(
         False,
-        description="vLLM's extension: every content chunk also carries `usage` so far, so a client can time "
-        "each token (as `manage.py specsheet` does).",
+        description="vLLM's extension: every content chunk (and the finish chunk) also carries `usage` so far, "
+        "and `appliance.token_times`, when each of its tokens reached the worker as [unix time, tokens] pairs, so "
+        "a client can time each token (as `manage.py specsheet` does).",
     )
 
 
@@ -512,12 +513,18 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
     async def events() -> AsyncIterator[str]:
         finished = False
         text = StreamedText()
-        written = {"prompt_tokens": 0, "completion_tokens": 0}  # this attempt's, for continuous_usage_stats
+        # This attempt's tokens, and when each batch of them reached the worker (sent with the next
+        # chunk), for continuous_usage_stats.
+        written = {"prompt_tokens": 0, "completion_tokens": 0}
+        times: list = []
 
-        def content(new: str) -> str:
+        def content(delta: dict, finish: str | None = None, **extra) -> str:
             if not chat.continuous_usage:
-                return chunk({"content": new})
-            return chunk({"content": new}, usage={**written, "total_tokens": sum(written.values())})
+                return chunk(delta, finish, **extra)
+            usage_so_far = {**written, "total_tokens": sum(written.values())}
+            appliance = {**extra.pop("appliance", {}), "token_times": list(times)}
+            times.clear()
+            return chunk(delta, finish, usage=usage_so_far, appliance=appliance, **extra)
 
         try:
             yield chunk({"role": "assistant", "content": ""})
@@ -526,12 +533,14 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
                     if event == "delta":
                         written["completion_tokens"] += int(data.get("tokens", 0))
                         written["prompt_tokens"] = int(data.get("prompt_tokens", written["prompt_tokens"]))
+                        times.extend(data.get("times", ()))
                         new = text.add(str(data.get("text", "")))
                         if new:
-                            yield content(new)
+                            yield content({"content": new})
                     elif event == "restart":
                         text.restart()
                         written["completion_tokens"] = 0
+                        times.clear()
                     elif event == "keepalive":
                         yield ": keepalive\n\n"
             done = await _finished_job(job.pk)
@@ -541,8 +550,9 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
                 return
             rest = text.rest(done.result_text)
             if rest:
-                yield content(rest)
-            yield chunk({}, finish_reason(done), appliance=measurements(done))
+                yield content({"content": rest})
+            # The finish chunk carries the last usage and times too: tokens that wrote no text.
+            yield content({}, finish_reason(done), appliance=measurements(done))
             if chat.include_usage:
                 yield chunk(usage=usage(done))
             finished = True

@@ -104,18 +104,19 @@ def run_engine(job: Job, request: GenerateRequest, client: EngineClient, *, visi
     run = EngineRun()
     parts: list[str] = []
     pending: list[str] = []
-    pending_tokens = 0
+    pending_times: list[list[float]] = []
     last_publish = 0.0
 
     def flush(now: float) -> bool:
-        # Each delta says how many tokens it carries (and the prompt's), so that a client can
-        # time every token as the worker does (``manage.py specsheet``, ``continuous_usage_stats``).
-        nonlocal last_publish, pending_tokens
+        # Each delta says how many tokens it carries, when each of them reached the worker (the
+        # batch hides the gaps between them) and the prompt's length, so that a client can time
+        # every token (``manage.py specsheet``, ``continuous_usage_stats``).
+        nonlocal last_publish
         last_publish = now
-        data = {"text": "".join(pending), "tokens": pending_tokens}
+        data = {"text": "".join(pending), "tokens": sum(int(n) for _, n in pending_times), "times": list(pending_times)}
         if run.admitted and "prompt_tokens" in run.admitted:
             data["prompt_tokens"] = run.admitted["prompt_tokens"]
-        pending[:], pending_tokens = [], 0
+        pending[:], pending_times[:] = [], []
         return streaming.publish_and_check_cancel(job.pk, "delta", data)
 
     events = client.generate(request, idle_timeout_s=settings.APPLIANCE_JOB_TIME_LIMIT_S)
@@ -139,7 +140,7 @@ def run_engine(job: Job, request: GenerateRequest, client: EngineClient, *, visi
                     run.deltas.append(Delta(at=event.received_at, tokens=int(event.data.get("tokens", 0))))
                     if visible:
                         pending.append(event.data["text"])
-                        pending_tokens += int(event.data.get("tokens", 0))
+                        pending_times.append([round(event.received_at, 4), int(event.data.get("tokens", 0))])
                         if len(run.deltas) == 1 or event.received_at - last_publish >= PUBLISH_INTERVAL_S:
                             cancelled = flush(event.received_at)
                     elif event.received_at - last_publish >= HIDDEN_CANCEL_CHECK_S:

@@ -51,30 +51,41 @@ class Targets:
 
 @dataclass
 class Sample:
-    """One request as the client saw it. ``deltas`` are arrival times (``time.time()``) and token
-    counts; ``error`` is set when it did not finish."""
+    """One request. ``sent_at`` and ``first_token_at`` are the client's clock (``time.time()``):
+    the TTFT the user felt. ``deltas`` are the tokens as they reached the appliance's worker, each
+    batch with its time and count (the stream to the client batches them every 100 ms, which
+    would hide the gaps between them; the worker's clock is the same machine's). ``error`` is set
+    when the request did not finish; ``restarts`` counts the times the appliance started it
+    again (its tokens are then those of the last attempt)."""
 
     kind: str
     sent_at: float
     deltas: list[Delta] = field(default_factory=list)
+    first_token_at: float | None = None
     finished_at: float | None = None
     prompt_tokens: int | None = None
     error: str = ""
+    restarts: int = 0
 
     @property
     def ok(self) -> bool:
         return not self.error and self.finished_at is not None and any(d.tokens for d in self.deltas)
 
     @property
+    def ttft_ms(self) -> float | None:
+        first = self.first_token_at or next((d.at for d in self.deltas if d.tokens), None)
+        return None if first is None else max(0.0, (first - self.sent_at) * 1000)
+
+    @property
     def timing(self):
+        """ITL and decode tokens/s from the tokens' times (its TTFT is ``ttft_ms``'s)."""
         return request_timing(created_at=self.sent_at, started_at=self.sent_at, deltas=self.deltas)
 
     def meets(self, targets: Targets) -> bool:
-        if not self.ok:
+        if not self.ok or self.ttft_ms is None:
             return False
-        timing = self.timing
-        itl_ok = timing.itl_mean_ms is None or timing.itl_mean_ms <= targets.itl_ms
-        return timing.ttft_ms is not None and timing.ttft_ms <= targets.ttft_ms and itl_ok
+        itl = self.timing.itl_mean_ms
+        return self.ttft_ms <= targets.ttft_ms and (itl is None or itl <= targets.itl_ms)
 
 
 def ladder(max_concurrency: int) -> list[int]:
@@ -94,7 +105,7 @@ def summarise_level(samples: list[Sample], *, concurrency: int, wall_s: float, t
     """The figures of one concurrency level of one profile."""
     done = [s for s in samples if s.ok]
     timings = [s.timing for s in done]
-    ttfts = [t.ttft_ms for t in timings if t.ttft_ms is not None]
+    ttfts = [s.ttft_ms for s in done if s.ttft_ms is not None]
     itls = [gap for s in done for gap in inter_token_latencies_ms([d for d in s.deltas if d.tokens > 0])]
     per_user = [t.decode_tokens_per_s for t in timings if t.decode_tokens_per_s is not None]
     output = sum(t.output_tokens for t in timings)
@@ -107,6 +118,7 @@ def summarise_level(samples: list[Sample], *, concurrency: int, wall_s: float, t
         "requests": len(samples),
         "failed": len(samples) - len(done),
         "errors": errors[:3],
+        "restarted": sum(1 for s in samples if s.restarts),
         "ttft_p50_ms": _round(percentile(ttfts, 50)),
         "ttft_p95_ms": _round(percentile(ttfts, 95)),
         "itl_p50_ms": _round(percentile(itls, 50)),
@@ -123,8 +135,11 @@ def summarise_level(samples: list[Sample], *, concurrency: int, wall_s: float, t
     }
 
 
-def users_served(levels: list[dict[str, Any]]) -> int:
-    """The highest concurrency that meets the target with every lower level meeting it too."""
+def users_served(levels: list[dict[str, Any]]) -> int | None:
+    """The highest concurrency that meets the target with every lower level meeting it too
+    (None: nothing was measured, which is not the same as 0)."""
+    if not levels:
+        return None
     served = 0
     for level in sorted(levels, key=lambda row: row["concurrency"]):
         if not level["meets_target"]:
@@ -270,6 +285,10 @@ _COLUMNS = (
 )
 
 
+def _or_not_measured(value) -> str:
+    return "not measured" if value is None else str(value)
+
+
 def level_table(levels: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| " + " | ".join(title for _, title, _ in _COLUMNS) + " |",
@@ -301,7 +320,7 @@ def markdown(sheet: dict[str, Any]) -> str:
             f"## {profile['label']}: {profile['description']}",
             "",
             f"Tokens: {lengths_text(profile)}; {profile['requests_per_user']} request(s) per user, one after "
-            f"another. **Users served: {profile['users_served']}**"
+            f"another. **Users served: {_or_not_measured(profile['users_served'])}**"
             + (f" (stopped by {profile['stopped']})." if profile.get("stopped") else "."),
             "",
         ]
@@ -405,3 +424,29 @@ def draw_charts(sheet: dict[str, Any], *, ttft_path: Path, tokens_path: Path) ->
     figure.tight_layout()
     figure.savefig(tokens_path)
     plt.close(figure)
+
+
+def kv_shortfall(
+    *,
+    requests: dict[str, int],
+    tokens_per_request: dict[str, int],
+    in_flight_cap: dict[str, int],
+    budget_tokens: int,
+    document_budget_tokens: int,
+) -> str | None:
+    """Why the engine host's admission budget cannot hold a level's requests at once, or None.
+    At most ``in_flight_cap`` requests of a kind run at once (its worker pool); the others wait in
+    their queue and need no KV cache yet. Documents may use only ``document_budget_tokens``."""
+    at_once = {kind: min(n, in_flight_cap.get(kind, n)) for kind, n in requests.items()}
+    demand = {kind: at_once[kind] * tokens_per_request[kind] for kind in at_once}
+    if demand.get("document", 0) > document_budget_tokens:
+        return (
+            f"{at_once['document']} document requests at once need {demand['document']:,} tokens of KV cache; "
+            f"documents may use {document_budget_tokens:,}"
+        )
+    if sum(demand.values()) > budget_tokens:
+        return (
+            f"{sum(at_once.values())} requests at once need {sum(demand.values()):,} tokens of KV cache; "
+            f"the admission budget is {budget_tokens:,}"
+        )
+    return None

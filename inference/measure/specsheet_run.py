@@ -29,6 +29,7 @@ GPU box with another model (``APPLIANCE_MODEL``) gives that box's figures.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -40,12 +41,13 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import CommandError
+from django.utils import timezone
 
 from appliance.benchmarking import (
     Progress,
@@ -63,6 +65,7 @@ from appliance.benchmarking import (
 from appliance.env import env_int
 from inference.measure import specsheet as sheet_
 from inference.measure.specsheet import PROFILES, Sample, Targets
+from inference.summarise import section_budget_tokens
 from inference.timing import Delta
 
 USERNAME = "specsheet"
@@ -117,18 +120,27 @@ def run(command, **options) -> dict[str, Any]:
     for noisy in ("httpx", "matplotlib"):  # a line per request, a line per font
         logging.getLogger(noisy).setLevel(logging.WARNING)
     started_at = datetime.now(UTC)
-    started_services = [s for s in (ensure_embedded_database(progress), ensure_embedded_broker(progress)) if s]
-    appliance = _Appliance(progress, options["url"])
-    account = None
-    try:
+    # Undone in reverse order, whatever fails or on Ctrl-C: the token revoked and the jobs
+    # cancelled first, then the processes this command started stopped, then the services.
+    with contextlib.ExitStack() as undo:
+        for service in (ensure_embedded_database(progress), ensure_embedded_broker(progress)):
+            if service:
+                undo.callback(_stop_service, service, progress)
         check_migrated()
+        appliance = _Appliance(progress, options["url"])
+        undo.callback(appliance.close)
         url, engine = appliance.start()
-        account = _Account.create()
+        plan.start_clock()
+        account = _Account.create(expires_at=timezone.now() + timedelta(seconds=plan.budget_s + 3600))
+        undo.callback(account.close)
         client = _Client(url, account.token, timeout_s=options["request_timeout"])
         workload = _Workload(client, progress, plan, engine, seed=options["seed"])
         bandwidth = _memory_bandwidth(options["memory_bandwidth_gbs"], engine, progress)
         profiles = {name: workload.profile(name) for name in plan.profiles}
-        engine = appliance.engine_stats()  # once more, after the run: its counters and its KV use
+        try:
+            engine = appliance.engine_stats()  # once more, after the run: its counters
+        except Exception:  # noqa: BLE001 -- the start-up figures describe the same engine
+            progress("the engine host did not answer after the run; the sheet uses its figures from the start")
         sheet = _assemble(plan=plan, engine=engine, profiles=profiles, bandwidth=bandwidth, started_at=started_at)
         paths = _write(sheet)
         write("")
@@ -138,13 +150,11 @@ def run(command, **options) -> dict[str, Any]:
         for path in paths:
             write(f"written: {path}")
         return sheet
-    finally:
-        if account is not None:
-            account.close()
-        appliance.close()
-        for service in reversed(started_services):
-            progress("stopping the embedded service this command started")
-            service.stop()
+
+
+def _stop_service(service, progress: Progress) -> None:
+    progress("stopping the embedded service this command started")
+    service.stop()
 
 
 # --- what to run --------------------------------------------------------------------------------
@@ -176,25 +186,38 @@ class _Plan:
         if not 0 < targets.min_goodput <= 1 or targets.ttft_ms <= 0 or targets.itl_ms <= 0:
             raise CommandError("the targets must be positive and --min-goodput between 0 and 1")
 
-        def tokens(name: str, default: int, quick_default: int) -> int:
-            value = options[name] if options[name] is not None else (quick_default if quick else default)
-            if value < 1:
-                raise CommandError(f"--{name.replace('_', '-')} must be at least 1")
+        def positive(name: str, value):
+            if value <= 0:
+                raise CommandError(f"--{name.replace('_', '-')} must be more than 0")
             return value
+
+        def tokens(name: str, default: int, quick_default: int) -> int:
+            return positive(name, options[name] if options[name] is not None else (quick_default if quick else default))
+
+        for name in ("request_timeout", "max_minutes", "memory_bandwidth_gbs"):
+            if options[name] is not None:
+                positive(name, options[name])
 
         return cls(
             quick=quick,
             profiles=profiles,
             levels=levels,
-            max_concurrency=options["max_concurrency"],
-            requests_per_user=options["requests_per_user"] or (1 if quick else 2),
+            max_concurrency=None
+            if options["max_concurrency"] is None
+            else positive("max_concurrency", options["max_concurrency"]),
+            requests_per_user=positive("requests_per_user", options["requests_per_user"] or (1 if quick else 2)),
             document_input=tokens("document_input", 8000, 1024),
             document_output=min(tokens("document_output", 256, 32), settings.APPLIANCE_SUMMARY_MAX_TOKENS),
             drafting_input=tokens("drafting_input", 500, 128),
             drafting_output=tokens("drafting_output", 500, 64),
             targets=targets,
-            deadline=time.monotonic() + 60 * (options["max_minutes"] or (10 if quick else 90)),
+            budget_s=60 * (options["max_minutes"] or (10 if quick else 90)),
+            deadline=None,
         )
+
+    def start_clock(self) -> None:
+        """The time budget counts from when the appliance answers (starting it is not measuring)."""
+        self.deadline = time.monotonic() + self.budget_s
 
 
 # --- the appliance: the running one, or processes of this command's own --------------------------
@@ -280,19 +303,20 @@ def _free_port() -> int:
 
 class _Account:
     """A ``specsheet`` account that cannot sign in (no password), with an API token for this run
-    only; afterwards its documents, jobs and token are deleted and the account is switched off."""
+    only (it expires with the run). Afterwards the token is revoked, the account's documents and
+    jobs are deleted and the account is switched off."""
 
     def __init__(self, user, token_row, token: str) -> None:
         self.user, self.token_row, self.token = user, token_row, token
 
     @classmethod
-    def create(cls) -> _Account:
+    def create(cls, *, expires_at: datetime) -> _Account:
         from django.contrib.auth import get_user_model
 
         from api.services import token_create
 
         user, created = get_user_model().objects.get_or_create(username=USERNAME)
-        if not created and user.has_usable_password():
+        if not created and (user.has_usable_password() or user.is_staff or user.is_superuser):
             raise CommandError(
                 f"A person's account is called {USERNAME!r}; this command measures under that name and deletes its "
                 "documents and jobs afterwards. Rename the account first."
@@ -300,29 +324,43 @@ class _Account:
         user.set_unusable_password()
         user.is_active = True
         user.save(update_fields=["password", "is_active"])
-        cls._delete_rows(user)
+        cls._clear(user)  # what a run that was killed left
         row, token = token_create(
-            user=user, name="manage.py specsheet", scopes=["read", "write"], rate_limit_per_minute=10**6
+            user=user,
+            name="manage.py specsheet",
+            scopes=["read", "write"],
+            expires_at=expires_at,
+            rate_limit_per_minute=100_000,  # the run's own polling and streams, not a person's
         )
         return cls(user, row, token)
 
     @staticmethod
-    def _delete_rows(user) -> None:
+    def _clear(user) -> None:
+        from api.models import ApiToken
+        from api.services import token_revoke
         from documents.models import Document
         from inference.models import Job
+        from inference.services import job_cancel
 
+        for token in ApiToken.objects.filter(user=user, revoked_at__isnull=True):
+            token_revoke(token=token)
+        for job in Job.objects.filter(owner=user).exclude(state__in=Job.FINISHED_STATES):
+            job_cancel(job=job)  # a worker still writing stops at its next batch
         Job.objects.filter(owner=user).delete()
         for document in Document.objects.filter(owner=user):
             document.delete()
 
     def close(self) -> None:
-        self._delete_rows(self.user)
-        self.token_row.delete()
+        self._clear(self.user)
         self.user.is_active = False
         self.user.save(update_fields=["is_active"])
 
 
 # --- HTTP -----------------------------------------------------------------------------------
+
+
+class _TimedOut(Exception):
+    pass
 
 
 class _Client:
@@ -334,7 +372,9 @@ class _Client:
     def _http(self):
         import httpx
 
-        return httpx.Client(base_url=self.url, headers=self.headers, timeout=httpx.Timeout(self.timeout_s, connect=10))
+        # A read timeout alone would never fire: a waiting job's stream sends something every few
+        # seconds. Each request also has a deadline (``_lines``).
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=httpx.Timeout(60, connect=10))
 
     def model_id(self) -> str:
         with self._http() as http:
@@ -358,34 +398,55 @@ class _Client:
                 states[document_id] = (body["state"], body.get("error") or "")
         return states
 
+    def _lines(self, stream, deadline: float):
+        for line in stream.iter_lines():
+            yield line
+            if time.monotonic() > deadline:
+                raise _TimedOut
+
+    def _cancel(self, http, job_id: str | None) -> None:
+        if job_id:
+            http.post(f"/api/v1/jobs/{job_id}/cancel")
+
     def summary(self, sample: Sample, *, document_id: int, max_tokens: int) -> None:
-        """A summary job, then its stream: ``delta`` events carry text and token counts."""
+        """A summary job, then its stream: each ``delta`` carries its tokens' times at the worker."""
+        deadline = time.monotonic() + self.timeout_s
+        job_id = None
         with self._http() as http:
-            response = http.post(
-                "/api/v1/jobs/summary",
-                json={"document_id": document_id, "length": "short", "max_tokens": max_tokens, "ignore_eos": True},
-            )
-            _check(response, "POST /api/v1/jobs/summary")
-            job_id = response.json()["id"]
-            with http.stream("GET", f"/api/v1/jobs/{job_id}/stream") as stream:
-                event = ""
-                for line in stream.iter_lines():
-                    if line.startswith("event: "):
-                        event = line[7:]
-                    elif line.startswith("data: ") and event == "delta":
-                        data = json.loads(line[6:])
-                        sample.deltas.append(Delta(at=time.time(), tokens=int(data.get("tokens", 0))))
-                        sample.prompt_tokens = data.get("prompt_tokens", sample.prompt_tokens)
-                    elif line.startswith("data: ") and event in ("failed", "cancelled"):
-                        sample.error = f"the job {event}: {json.loads(line[6:]).get('detail') or 'no reason given'}"
-                        return
-                    elif line.startswith("data: ") and event == "done":
-                        sample.finished_at = time.time()
-                        return
-        sample.error = "the stream ended before the job did"
+            try:
+                response = http.post(
+                    "/api/v1/jobs/summary",
+                    json={"document_id": document_id, "length": "short", "max_tokens": max_tokens, "ignore_eos": True},
+                )
+                _check(response, "POST /api/v1/jobs/summary")
+                job_id = response.json()["id"]
+                with http.stream("GET", f"/api/v1/jobs/{job_id}/stream") as stream:
+                    event = ""
+                    for line in self._lines(stream, deadline):
+                        if line.startswith("event: "):
+                            event = line[7:]
+                            continue
+                        if not line.startswith("data: "):
+                            continue
+                        if event == "delta":
+                            _add_tokens(sample, json.loads(line[6:]), time.time())
+                        elif event == "restart":
+                            _restarted(sample)
+                        elif event in ("failed", "cancelled"):
+                            detail = json.loads(line[6:]).get("detail") or "no reason given"
+                            sample.error = f"the job {event}: {detail}"
+                            return
+                        elif event == "done":
+                            sample.finished_at = time.time()
+                            return
+                sample.error = "the stream ended before the job did"
+            except _TimedOut:
+                sample.error = f"no answer within {self.timeout_s:.0f} s (--request-timeout); the job was cancelled"
+                self._cancel(http, job_id)
 
     def chat(self, sample: Sample, *, model: str, prompt: str, max_tokens: int) -> None:
-        """A streamed chat completion; ``continuous_usage_stats`` gives each chunk's token count."""
+        """A streamed chat completion; with ``continuous_usage_stats`` each chunk carries the usage
+        so far and its tokens' times at the worker."""
         body = {
             "model": model,
             "messages": [{"role": "user", "content": prompt}],
@@ -395,27 +456,57 @@ class _Client:
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
+        deadline = time.monotonic() + self.timeout_s
         written = 0
         with self._http() as http, http.stream("POST", "/v1/chat/completions", json=body) as stream:
             if stream.status_code != 200:
                 stream.read()
                 _check(stream, "POST /v1/chat/completions")
-            for line in stream.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
-                    sample.finished_at = time.time()
-                    return
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    sample.error = str(chunk["error"].get("message") or chunk["error"])
-                    return
-                usage = chunk.get("usage") or {}
-                if chunk.get("choices") and usage.get("completion_tokens") is not None:
-                    tokens, written = usage["completion_tokens"] - written, usage["completion_tokens"]
-                    sample.deltas.append(Delta(at=time.time(), tokens=tokens))
-                    sample.prompt_tokens = usage.get("prompt_tokens") or sample.prompt_tokens
-        sample.error = "the stream ended without [DONE]"
+            try:
+                for line in self._lines(stream, deadline):
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        sample.finished_at = time.time()
+                        return
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        sample.error = str(chunk["error"].get("message") or chunk["error"])
+                        return
+                    usage = chunk.get("usage") or {}
+                    if not chunk.get("choices") or usage.get("completion_tokens") is None:
+                        continue
+                    if usage["completion_tokens"] < written:  # the appliance started it again
+                        _restarted(sample)
+                    written = usage["completion_tokens"]
+                    data = {
+                        "tokens": sum(n for _, n in (chunk.get("appliance") or {}).get("token_times", ())),
+                        "times": (chunk.get("appliance") or {}).get("token_times", ()),
+                        "prompt_tokens": usage.get("prompt_tokens"),
+                    }
+                    _add_tokens(sample, data, time.time())
+                sample.error = "the stream ended without [DONE]"
+            except _TimedOut:
+                sample.error = f"no answer within {self.timeout_s:.0f} s (--request-timeout); the job was cancelled"
+                self._cancel(http, stream.headers.get("X-Appliance-Job-Id"))
+
+
+def _add_tokens(sample: Sample, data: dict, arrived: float) -> None:
+    """A delta of a stream: its tokens at the times the worker received them."""
+    times = [Delta(at=float(at), tokens=int(n)) for at, n in data.get("times") or () if int(n) > 0]
+    if not times and int(data.get("tokens") or 0) > 0:  # a stream that does not say: the client's clock
+        times = [Delta(at=arrived, tokens=int(data["tokens"]))]
+    if times and sample.first_token_at is None:
+        sample.first_token_at = arrived
+    sample.deltas.extend(times)
+    sample.prompt_tokens = data.get("prompt_tokens") or sample.prompt_tokens
+
+
+def _restarted(sample: Sample) -> None:
+    """The appliance lost the worker or the engine and runs the request again from the start: its
+    tokens are counted anew (the first token the user saw stays the first)."""
+    sample.restarts += 1
+    sample.deltas.clear()
 
 
 def _check(response, what: str) -> None:
@@ -446,16 +537,23 @@ class _Workload:
         )
         self.drafting_overhead = max(0, self._count(wrapped) - 1)
         context = int(engine["max_model_len"])
-        # A document and its summary must fit the context in one request (no map-reduce), with
-        # room for the instruction around the text.
-        self.document_input = min(plan.document_input, int(context * 0.75))
+        # A document must be one summary request (a longer one is summarised part by part, and
+        # its TTFT would be the last part's): what a section of the context holds.
+        try:
+            self.document_input = min(plan.document_input, section_budget_tokens(context))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         self.drafting_input = min(plan.drafting_input, context - plan.drafting_output - 64)
         if self.drafting_input < 1:
             raise CommandError(f"--drafting-output {plan.drafting_output} leaves no room in a {context}-token context")
-        # The engine host's admission budget: documents may not use the share kept for drafting.
-        budget = int(engine["kv_capacity_tokens"] * float(engine.get("kv_safety_factor", 1.0)))
-        reserve = float(engine.get("kv_decode_reserve_fraction", 0.0))
-        self.kv_budget = {"drafting": budget, "document": int(budget * (1 - reserve))}
+        # The engine host's admission budget; documents may not use the share kept for drafting.
+        budget = engine.get("kv_budget_tokens") or int(
+            engine["kv_capacity_tokens"] * float(engine.get("kv_safety_factor", 1.0))
+        )
+        reserve = engine.get("kv_decode_reserve_tokens")
+        if reserve is None:
+            reserve = int(budget * float(engine.get("kv_decode_reserve_fraction", 0.0)))
+        self.kv_budget, self.kv_decode_reserve = int(budget), int(reserve)
 
     # text
 
@@ -509,39 +607,49 @@ class _Workload:
             return ["document" if i % 2 else "drafting" for i in range(users)]
         return [name] * users
 
-    def _kv_demand(self, kinds: list[str]) -> dict[str, int]:
-        per_request = {
-            "document": self.document_input + self.plan.document_output,
-            "drafting": self.drafting_input + self.plan.drafting_output,
-        }
-        return {kind: kinds.count(kind) * per_request[kind] for kind in set(kinds)}
+    def _kv_shortfall(self, kinds: list[str]) -> str | None:
+        return sheet_.kv_shortfall(
+            requests={kind: kinds.count(kind) for kind in set(kinds)},
+            tokens_per_request={
+                "document": self.document_input + self.plan.document_output,
+                "drafting": self.drafting_input + self.plan.drafting_output,
+            },
+            in_flight_cap={
+                "document": settings.APPLIANCE_PREFILL_CONCURRENCY,
+                "drafting": settings.APPLIANCE_DECODE_CONCURRENCY,
+            },
+            budget_tokens=self.kv_budget,
+            document_budget_tokens=self.kv_budget - self.kv_decode_reserve,
+        )
 
     def profile(self, name: str) -> dict[str, Any]:
         label, description = PROFILE_TEXT[name]
         levels = [level for level in self._levels() if name != "mixed" or level >= 2]
         rows: list[dict[str, Any]] = []
-        stopped = ""
+        stopped = error = ""
         explicit = bool(self.plan.levels)
         for users in levels:
             kinds = self._kinds(name, users)
-            demand = self._kv_demand(kinds)
-            too_big = [k for k, tokens in demand.items() if tokens > self.kv_budget[k]]
-            if too_big and not explicit:
-                stopped = (
-                    f"the KV budget: {users} users need {sum(demand.values()):,} tokens of KV cache, "
-                    f"the admission budget is {self.kv_budget['drafting']:,}"
-                )
+            shortfall = self._kv_shortfall(kinds)
+            if shortfall and not explicit:
+                stopped = f"the KV budget at {sheet_._users(users)}: {shortfall}"
                 break
             if time.monotonic() > self.plan.deadline:
                 stopped = "the time budget (--max-minutes) ran out"
                 break
-            row = self._level(name, kinds)
+            try:
+                row = self._level(name, kinds)
+            except CommandError as exc:  # the appliance refused to set the level up: say so, go on
+                error = str(exc)
+                stopped = f"an error at {sheet_._users(users)}: {exc}"
+                self.progress(f"{label.lower()} x {users}: {exc}")
+                break
             rows.append(row)
             self.progress(f"{label.lower()} x {users}: {_level_line(row)}")
             if not row["meets_target"] and not explicit:
                 stopped = (
                     f"the latency target: goodput {row['goodput']:.0%} < {self.plan.targets.min_goodput:.0%} "
-                    f"at {users} user{'s' if users > 1 else ''}"
+                    f"at {sheet_._users(users)}"
                 )
                 break
         else:
@@ -563,6 +671,7 @@ class _Workload:
             "levels": rows,
             "users_served": sheet_.users_served(rows),
             "stopped": stopped,
+            "error": error,
         }
 
     def _level(self, name: str, kinds: list[str]) -> dict[str, Any]:
@@ -598,12 +707,17 @@ class _Workload:
                 with lock:
                     samples.append(sample)
 
-        threads = [threading.Thread(target=user, args=(i,), name=f"specsheet-user-{i}") for i in range(len(kinds))]
+        # Daemon threads, joined with a timeout: Ctrl-C reaches this thread, and the command's
+        # clean-up cancels what they asked for.
+        threads = [
+            threading.Thread(target=user, args=(i,), name=f"specsheet-user-{i}", daemon=True) for i in range(len(kinds))
+        ]
         started = time.time()
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            while thread.is_alive():
+                thread.join(0.5)
         wall = max((s.finished_at or time.time()) for s in samples) - started
         row = sheet_.summarise_level(samples, concurrency=len(kinds), wall_s=wall, targets=self.plan.targets)
         if name == "mixed":
@@ -698,7 +812,8 @@ def _memory_bandwidth(given_gbs: float | None, engine: dict, progress: Progress)
             import pynvml
 
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
             clock_mhz = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
             bus_bits = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
             return clock_mhz * 1e6 * 2 * bus_bits / 8, f"NVML: {clock_mhz} MHz x {bus_bits} bits x 2 (theoretical peak)"
@@ -706,8 +821,9 @@ def _memory_bandwidth(given_gbs: float | None, engine: dict, progress: Progress)
             return None, "unknown (no NVML; pass --memory-bandwidth-gbs)"
     import torch
 
-    progress("measuring the memory bandwidth (copies of 256 MiB)")
-    size = 256 * 1024**2
+    # 1 GiB: far larger than any CPU's caches, so the copy measures the memory.
+    progress("measuring the memory bandwidth (copies of 1 GiB)")
+    size = 1024**3
     source = torch.empty(size, dtype=torch.uint8)
     source.fill_(1)
     target = torch.empty_like(source)
@@ -716,7 +832,7 @@ def _memory_bandwidth(given_gbs: float | None, engine: dict, progress: Progress)
         started = time.perf_counter()
         target.copy_(source)
         best = min(best, time.perf_counter() - started)
-    return 2 * size / best, "measured: the best of 5 copies of 256 MiB (read + write)"
+    return 2 * size / best, "measured: the best of 5 copies of 1 GiB (read + write)"
 
 
 # --- the sheet ----------------------------------------------------------------------------------
@@ -769,8 +885,11 @@ def _assemble(*, plan: _Plan, engine: dict, profiles: dict, bandwidth: tuple, st
     drafting = profiles.get("drafting") or profiles.get("mixed")
     single = sheet_.level_at(profiles["drafting"]["levels"], 1) if "drafting" in profiles else None
     try:
+        # The precisions the engine runs at (weights loaded as, KV cache stored as), not the config's.
         shape = shape_of_model_dir(
-            model_dir, kv_dtype=engine.get("kv_cache_dtype") or settings.APPLIANCE_KV_CACHE_DTYPE
+            model_dir,
+            weight_dtype=engine.get("dtype") or None,
+            kv_dtype=engine.get("kv_cache_dtype") or settings.APPLIANCE_KV_CACHE_DTYPE,
         )
         context = drafting["inputs"].get("drafting", 0) + drafting["outputs"].get("drafting", 0) // 2 if drafting else 0
         sheet["decode_ceiling"] = {

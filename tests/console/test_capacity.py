@@ -19,13 +19,6 @@ LLAMA_70B = {"layers": 80, "kv_heads": 8, "head_dim": 128, "parameters": "70.6e9
 
 
 @pytest.fixture
-def staff_client(django_user_model) -> Client:
-    client = Client()
-    client.force_login(django_user_model.objects.create_user("ops", password="pw-ops-long-enough", is_staff=True))
-    return client
-
-
-@pytest.fixture
 def engine_down(monkeypatch):
     monkeypatch.setattr(selectors, "engine", lambda: None)
 

@@ -45,7 +45,7 @@ def sample_sheet(*, quick=False) -> dict:
                 "question": "At what precision are the weights and the KV cache?",
                 "answer": "weights bfloat16, KV cache bfloat16",
             },
-            {"key": "users", "question": "How many users at once?", "answer": "3 drafting, 1 document"},
+            {"key": "users", "question": "How many users at once?", "answer": "2 drafting, 0 document"},
         ],
         "profiles": {
             "document": {
@@ -67,7 +67,7 @@ def sample_sheet(*, quick=False) -> dict:
                     level(2, goodput=1.0, meets=True),
                     level(4, goodput=0.0, meets=False, ttft_p50_ms=None, failed=8),
                 ],
-                "users_served": 3,
+                "users_served": 2,
                 "stopped": "all 8 requests failed at 4 concurrent",
             },
             "mixed": {
@@ -117,13 +117,6 @@ def write_sheet(var_dir, sheet: dict) -> None:
 
 
 @pytest.fixture
-def staff_client(django_user_model) -> Client:
-    client = Client()
-    client.force_login(django_user_model.objects.create_user("ops", password="pw-ops-long-enough", is_staff=True))
-    return client
-
-
-@pytest.fixture
 def var_dir(tmp_path):
     with override_settings(VAR_DIR=tmp_path):
         yield tmp_path
@@ -163,7 +156,7 @@ def test_the_page_shows_the_answers_the_profiles_and_the_hardware(staff_client, 
     assert "Document: 6,144 tokens in, 256 out per request; Drafting: 512 tokens in, 512 out per request." in mixed
     assert "Queue: prefill + decode. 2 requests per user at each level." in mixed
     drafting = html.split('id="specsheet-profile-drafting"')[1].split("</section>")[0]
-    assert '<span class="users-served">3</span>' in drafting
+    assert '<span class="users-served">2</span>' in drafting
     rows = re.findall(r"<tr>(.*?)</tr>", drafting, flags=re.S)[1:]  # after the header row
     assert len(rows) == 3
     assert ">yes<" in rows[0] and "100 %" in rows[0]
@@ -228,7 +221,7 @@ def test_the_overview_shows_users_served_per_profile_with_a_link(staff_client, v
     write_sheet(var_dir, sample_sheet())
     response = staff_client.get("/console/")
     block = response.content.decode().split('id="console-specsheet"')[1].split("</section>")[0]
-    assert "Document: <strong>0</strong>" in block and "Drafting: <strong>3</strong>" in block
+    assert "Document: <strong>0</strong>" in block and "Drafting: <strong>2</strong>" in block
     assert "Mixed: <strong>2</strong>" in block
     assert 'href="/console/specsheet"' in block and "08:06" in block  # when it finished
 
@@ -239,4 +232,4 @@ def test_the_engine_api_still_carries_the_latest_sheet(alice, var_dir):
     write_sheet(var_dir, sample_sheet())
     _, raw = token_create(user=alice, name="tool", scopes=["read"])
     body = Client().get("/api/v1/engine", HTTP_AUTHORIZATION=f"Bearer {raw}").json()
-    assert body["specsheet"]["profiles"]["drafting"]["users_served"] == 3
+    assert body["specsheet"]["profiles"]["drafting"]["users_served"] == 2

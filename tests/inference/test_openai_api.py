@@ -363,6 +363,9 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
     )
     counted = [chunk.usage.completion_tokens for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]
     assert counted and counted == sorted(counted) and counted[-1] == 20
+    # ... and when each token reached the worker: every token once, in order.
+    times = [pair for chunk in chunks for pair in (chunk.model_extra.get("appliance") or {}).get("token_times", [])]
+    assert sum(n for _, n in times) == 20 and [at for at, _ in times] == sorted(at for at, _ in times)
     job = _job_of(chunks[0].id)
     assert job.metrics.output_tokens == 20 and chunks[-1].usage.completion_tokens == 20
     assert {chunk.usage.prompt_tokens for chunk in chunks if chunk.usage} == {job.metrics.prompt_tokens}

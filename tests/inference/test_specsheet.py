@@ -24,7 +24,9 @@ def fake_request(*, ttft_s: float, gap_s: float, tokens: int, kind: str = "draft
         at += gap_s * n
         deltas.append(Delta(at=at, tokens=n))
         written += n
-    return Sample(kind=kind, sent_at=sent, deltas=deltas, finished_at=at, prompt_tokens=500)
+    return Sample(
+        kind=kind, sent_at=sent, deltas=deltas, first_token_at=sent + ttft_s, finished_at=at, prompt_tokens=500
+    )
 
 
 def test_the_ladder_doubles_up_to_its_top():
@@ -74,7 +76,7 @@ def test_users_served_is_the_top_of_the_unbroken_run_of_passing_levels():
 
     assert specsheet.users_served([level(1, True), level(2, True), level(4, False)]) == 2
     assert specsheet.users_served([level(1, False), level(2, True)]) == 0  # a lucky level above a failure
-    assert specsheet.users_served([]) == 0
+    assert specsheet.users_served([]) is None  # not measured is not "serves nobody"
 
 
 def test_the_decode_ceiling_is_bandwidth_over_the_bytes_one_step_reads():
@@ -209,3 +211,130 @@ def test_markdown_and_charts(tmp_path):
     assert "smoke test" not in text
     sheet["quick"] = True
     assert "A quick sheet is a smoke test, not figures to quote." in specsheet.markdown(sheet)
+
+
+def test_the_ttft_is_the_clients_and_the_itl_the_workers():
+    # The first token reached the worker at 100.2 s and the client at 100.35 s (the last hop):
+    # the user felt 350 ms. The tokens' gaps are the worker's, not the 100 ms batches'.
+    sample = Sample(
+        kind="drafting",
+        sent_at=100.0,
+        deltas=[Delta(100.2, 1), Delta(100.23, 1), Delta(100.26, 1), Delta(100.76, 1)],
+        first_token_at=100.35,
+        finished_at=100.9,
+    )
+    assert sample.ttft_ms == pytest.approx(350)
+    row = specsheet.summarise_level([sample], concurrency=1, wall_s=1.0, targets=TARGETS)
+    assert row["itl_p50_ms"] == pytest.approx(30) and row["itl_p95_ms"] == pytest.approx(
+        30 + 0.9 * 470
+    )  # gaps 30, 30, 500
+
+
+def test_stream_deltas_and_restarts_are_counted_from_the_workers_times():
+    from inference.measure.specsheet_run import _add_tokens, _restarted
+
+    sample = Sample(kind="document", sent_at=10.0)
+    _add_tokens(sample, {"text": "Dear", "tokens": 1, "times": [[10.5, 1]], "prompt_tokens": 900}, arrived=10.6)
+    _add_tokens(sample, {"text": " Sir,", "tokens": 3, "times": [[10.55, 2], [10.58, 1]]}, arrived=10.7)
+    assert sample.first_token_at == 10.6 and sample.prompt_tokens == 900
+    assert [(d.at, d.tokens) for d in sample.deltas] == [(10.5, 1), (10.55, 2), (10.58, 1)]
+    _restarted(sample)  # the worker was lost: the answer is written again from the start
+    _add_tokens(sample, {"text": "Dear", "tokens": 1, "times": [[12.0, 1]]}, arrived=12.1)
+    assert sample.restarts == 1 and [(d.at, d.tokens) for d in sample.deltas] == [(12.0, 1)]
+    assert sample.first_token_at == 10.6  # what the user saw first stays first
+    # A stream that does not say when its tokens came: the client's clock.
+    plain = Sample(kind="drafting", sent_at=0.0)
+    _add_tokens(plain, {"tokens": 2}, arrived=1.5)
+    assert [(d.at, d.tokens) for d in plain.deltas] == [(1.5, 2)]
+
+
+def test_the_kv_budget_counts_what_can_be_in_flight_at_once():
+    def shortfall(documents: int, drafts: int) -> str | None:
+        return specsheet.kv_shortfall(
+            requests={"document": documents, "drafting": drafts},
+            tokens_per_request={"document": 6_900, "drafting": 1_000},
+            in_flight_cap={"document": 2, "drafting": 8},
+            budget_tokens=22_000,
+            document_budget_tokens=18_000,
+        )
+
+    assert shortfall(2, 0) is None
+    assert shortfall(16, 0) is None  # 14 of them wait in the prefill queue, holding no KV cache
+    assert shortfall(2, 16) is None  # 13,800 + 8 x 1,000
+    too_many = specsheet.kv_shortfall(
+        requests={"document": 3}, tokens_per_request={"document": 6_900}, in_flight_cap={"document": 4},
+        budget_tokens=20_000, document_budget_tokens=18_000,
+    )  # fmt: skip
+    assert too_many == "3 document requests at once need 20,700 tokens of KV cache; documents may use 18,000"
+    mixed = specsheet.kv_shortfall(
+        requests={"document": 2, "drafting": 8}, tokens_per_request={"document": 6_900, "drafting": 1_000},
+        in_flight_cap={"document": 2, "drafting": 8}, budget_tokens=20_000, document_budget_tokens=18_000,
+    )  # fmt: skip
+    assert mixed == "10 requests at once need 21,800 tokens of KV cache; the admission budget is 20,000"
+
+
+class FakeLevels:
+    """A fake of the workload's one level of requests: it records which levels were asked for
+    and answers a row that meets the target up to ``passes`` users."""
+
+    def __init__(self, passes: int) -> None:
+        self.passes, self.ran = passes, []
+
+    def __call__(self, name: str, kinds: list[str]) -> dict:
+        self.ran.append(len(kinds))
+        slow_start = 0.5 if len(kinds) <= self.passes else 3.0  # half the requests miss the TTFT target
+        samples = [
+            fake_request(ttft_s=0.5, gap_s=0.03, tokens=50),
+            fake_request(ttft_s=slow_start, gap_s=0.03, tokens=50),
+        ]
+        return specsheet.summarise_level(samples, concurrency=len(kinds), wall_s=5.0, targets=TARGETS)
+
+
+def ladder_workload(*, passes: int, budget: int = 10**6, levels=None, deadline_s: float = 3600.0):
+    import time
+    from types import SimpleNamespace
+
+    from inference.measure.specsheet_run import _Workload
+
+    workload = _Workload.__new__(_Workload)
+    workload.plan = SimpleNamespace(
+        levels=levels, max_concurrency=32, requests_per_user=2, targets=TARGETS,
+        deadline=time.monotonic() + deadline_s, document_output=256, drafting_output=500,
+    )  # fmt: skip
+    workload.engine = {"max_num_seqs": 32}
+    workload.document_input, workload.drafting_input = 6_656, 500
+    workload.kv_budget, workload.kv_decode_reserve = budget, budget // 10
+    workload.progress = lambda message: None
+    workload._level = FakeLevels(passes)
+    return workload
+
+
+@pytest.mark.django_db
+def test_the_ladder_stops_at_the_first_level_that_misses_the_target():
+    workload = ladder_workload(passes=2)
+    profile = workload.profile("drafting")
+    assert workload._level.ran == [1, 2, 4]  # 8 is not tried once 4 misses
+    assert profile["users_served"] == 2
+    assert profile["stopped"] == "the latency target: goodput 50% < 90% at 4 users"
+
+
+@pytest.mark.django_db
+def test_the_ladder_stops_before_a_level_the_kv_budget_cannot_hold(settings):
+    settings.APPLIANCE_DECODE_CONCURRENCY = 32  # every drafter in flight at once
+    workload = ladder_workload(passes=32, budget=3_500)  # 1,000 tokens a drafting request
+    profile = workload.profile("drafting")
+    assert workload._level.ran == [1, 2]
+    assert profile["users_served"] == 2
+    assert profile["stopped"].startswith("the KV budget at 4 users: 4 requests at once need 4,000 tokens")
+
+
+@pytest.mark.django_db
+def test_explicit_levels_all_run_and_a_spent_time_budget_measures_nothing():
+    workload = ladder_workload(passes=1, levels=[1, 2, 4])
+    assert workload.profile("drafting")["users_served"] == 1 and workload._level.ran == [1, 2, 4]
+    late = ladder_workload(passes=32, deadline_s=-1)
+    profile = late.profile("document")
+    assert late._level.ran == [] and profile["users_served"] is None
+    assert profile["stopped"] == "the time budget (--max-minutes) ran out"
+    mixed = ladder_workload(passes=32, levels=[1, 2]).profile("mixed")
+    assert [row["concurrency"] for row in mixed["levels"]] == [2]  # a mix needs two users
