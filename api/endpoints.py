@@ -241,7 +241,7 @@ def capacity(
     weight_dtype: Dtype | None = Query(None, description="Weight precision; default: the model's."),  # noqa: B008
     kv_dtype: KvDtype | None = Query(None, description="KV-cache precision; default: the engine's."),  # noqa: B008
     memory_gib: float | None = Query(
-        None, gt=0, le=MAX_MEMORY_GIB, description="Device memory; default: this machine's."
+        None, gt=0, le=MAX_MEMORY_GIB, description="Device memory; default: the engine's GPU, or this machine's memory."
     ),
     context_tokens: int | None = Query(
         None, ge=1, le=MAX_CONTEXT_TOKENS, description="Tokens per request; default: the configured context length."

@@ -62,7 +62,7 @@ class CapacityForm(forms.Form):
         max_value=MAX_MEMORY_GIB,
         validators=[_positive("Device memory")],
         label="Device memory (GiB)",
-        help_text="empty: this machine's memory",
+        help_text="empty: the engine's GPU, or this machine's memory",
         widget=forms.NumberInput(attrs={"min": "0", "step": "any"}),
     )
     context_tokens = forms.IntegerField(

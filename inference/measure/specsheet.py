@@ -225,10 +225,12 @@ def answers(sheet: dict[str, Any]) -> list[dict[str, str]]:
     """The eight questions a buyer should ask, answered from the sheet's own measurements."""
     model, engine, profiles = sheet["model"], sheet["engine"], sheet["profiles"]
     targets = Targets(**sheet["targets"])
-    measured = [p for p in profiles.values() if p.get("levels")]
 
     def per_profile(describe) -> str:
-        return "; ".join(f"{p['label'].lower()}: {describe(p)}" for p in measured) or "not measured"
+        return "; ".join(
+            f"{p['label'].lower()}: {describe(p) if p.get('levels') else 'not measured (' + (p.get('stopped') or '?') + ')'}"
+            for p in profiles.values()
+        )
 
     def at_served(p: dict, describe) -> str:
         """At the lowest level, and at the users served if that is another level."""

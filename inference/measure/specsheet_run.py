@@ -45,6 +45,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils import timezone
@@ -65,6 +66,7 @@ from appliance.benchmarking import (
 from appliance.env import env_int
 from inference.measure import specsheet as sheet_
 from inference.measure.specsheet import PROFILES, Sample, Targets
+from inference.prompts import section_messages
 from inference.summarise import section_budget_tokens
 from inference.timing import Delta
 
@@ -123,15 +125,18 @@ def run(command, **options) -> dict[str, Any]:
     # Undone in reverse order, whatever fails or on Ctrl-C: the token revoked and the jobs
     # cancelled first, then the processes this command started stopped, then the services.
     with contextlib.ExitStack() as undo:
-        for service in (ensure_embedded_database(progress), ensure_embedded_broker(progress)):
-            if service:
+        for ensure in (ensure_embedded_database, ensure_embedded_broker):
+            service = ensure(progress)
+            if service:  # stopped again even if the next one fails to start
                 undo.callback(_stop_service, service, progress)
         check_migrated()
         appliance = _Appliance(progress, options["url"])
         undo.callback(appliance.close)
         url, engine = appliance.start()
         plan.start_clock()
-        account = _Account.create(expires_at=timezone.now() + timedelta(seconds=plan.budget_s + 3600))
+        # Long enough for the last level begun within the time budget to finish.
+        last_level_s = 600 + plan.requests_per_user * (options["request_timeout"] + 60)
+        account = _Account.create(expires_at=timezone.now() + timedelta(seconds=plan.budget_s + last_level_s + 3600))
         undo.callback(account.close)
         client = _Client(url, account.token, timeout_s=options["request_timeout"])
         workload = _Workload(client, progress, plan, engine, seed=options["seed"])
@@ -205,7 +210,10 @@ class _Plan:
             max_concurrency=None
             if options["max_concurrency"] is None
             else positive("max_concurrency", options["max_concurrency"]),
-            requests_per_user=positive("requests_per_user", options["requests_per_user"] or (1 if quick else 2)),
+            requests_per_user=positive(
+                "requests_per_user",
+                options["requests_per_user"] if options["requests_per_user"] is not None else (1 if quick else 2),
+            ),
             document_input=tokens("document_input", 8000, 1024),
             document_output=min(tokens("document_output", 256, 32), settings.APPLIANCE_SUMMARY_MAX_TOKENS),
             drafting_input=tokens("drafting_input", 500, 128),
@@ -274,8 +282,6 @@ class _Appliance:
 
 
 def _answers(url: str) -> bool:
-    import httpx
-
     try:
         return httpx.get(f"{url}/accounts/login/", timeout=3).status_code == 200
     except httpx.HTTPError:
@@ -370,8 +376,6 @@ class _Client:
         self.timeout_s = timeout_s
 
     def _http(self):
-        import httpx
-
         # A read timeout alone would never fire: a waiting job's stream sends something every few
         # seconds. Each request also has a deadline (``_lines``).
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=httpx.Timeout(60, connect=10))
@@ -406,7 +410,8 @@ class _Client:
 
     def _cancel(self, http, job_id: str | None) -> None:
         if job_id:
-            http.post(f"/api/v1/jobs/{job_id}/cancel")
+            with contextlib.suppress(httpx.HTTPError):  # the account's clean-up cancels it otherwise
+                http.post(f"/api/v1/jobs/{job_id}/cancel")
 
     def summary(self, sample: Sample, *, document_id: int, max_tokens: int) -> None:
         """A summary job, then its stream: each ``delta`` carries its tokens' times at the worker."""
@@ -440,8 +445,8 @@ class _Client:
                             sample.finished_at = time.time()
                             return
                 sample.error = "the stream ended before the job did"
-            except _TimedOut:
-                sample.error = f"no answer within {self.timeout_s:.0f} s (--request-timeout); the job was cancelled"
+            except (_TimedOut, httpx.HTTPError) as exc:
+                sample.error = _lost(exc, self.timeout_s)
                 self._cancel(http, job_id)
 
     def chat(self, sample: Sample, *, model: str, prompt: str, max_tokens: int) -> None:
@@ -473,22 +478,18 @@ class _Client:
                     if "error" in chunk:
                         sample.error = str(chunk["error"].get("message") or chunk["error"])
                         return
-                    usage = chunk.get("usage") or {}
-                    if not chunk.get("choices") or usage.get("completion_tokens") is None:
-                        continue
-                    if usage["completion_tokens"] < written:  # the appliance started it again
-                        _restarted(sample)
-                    written = usage["completion_tokens"]
-                    data = {
-                        "tokens": sum(n for _, n in (chunk.get("appliance") or {}).get("token_times", ())),
-                        "times": (chunk.get("appliance") or {}).get("token_times", ()),
-                        "prompt_tokens": usage.get("prompt_tokens"),
-                    }
-                    _add_tokens(sample, data, time.time())
+                    written = _chat_chunk(sample, chunk, written, time.time())
                 sample.error = "the stream ended without [DONE]"
-            except _TimedOut:
-                sample.error = f"no answer within {self.timeout_s:.0f} s (--request-timeout); the job was cancelled"
+            except (_TimedOut, httpx.HTTPError) as exc:
+                sample.error = _lost(exc, self.timeout_s)
                 self._cancel(http, stream.headers.get("X-Appliance-Job-Id"))
+
+
+def _lost(exc: Exception, timeout_s: float) -> str:
+    """Why a request's stream was given up (its job is cancelled)."""
+    if isinstance(exc, _TimedOut):
+        return f"no answer within {timeout_s:.0f} s (--request-timeout); its job was cancelled"
+    return f"the stream broke ({type(exc).__name__}: {exc}); its job was cancelled"
 
 
 def _add_tokens(sample: Sample, data: dict, arrived: float) -> None:
@@ -500,6 +501,22 @@ def _add_tokens(sample: Sample, data: dict, arrived: float) -> None:
         sample.first_token_at = arrived
     sample.deltas.extend(times)
     sample.prompt_tokens = data.get("prompt_tokens") or sample.prompt_tokens
+
+
+def _chat_chunk(sample: Sample, chunk: dict, written: int, arrived: float) -> int:
+    """A chat completion chunk with ``continuous_usage_stats``: its tokens go to ``sample``.
+    Returns the tokens written so far."""
+    usage = chunk.get("usage") or {}
+    if not chunk.get("choices") or usage.get("completion_tokens") is None:
+        return written
+    times = (chunk.get("appliance") or {}).get("token_times")
+    new = sum(n for _, n in times) if times is not None else usage["completion_tokens"] - written
+    # The appliance started the request again: its count starts anew, and chunks resume once the
+    # new attempt has caught up with the text already sent, carrying all of its tokens' times.
+    if times is not None and usage["completion_tokens"] != written + new:
+        _restarted(sample)
+    _add_tokens(sample, {"tokens": new, "times": times or (), "prompt_tokens": usage.get("prompt_tokens")}, arrived)
+    return usage["completion_tokens"]
 
 
 def _restarted(sample: Sample) -> None:
@@ -538,11 +555,13 @@ class _Workload:
         self.drafting_overhead = max(0, self._count(wrapped) - 1)
         context = int(engine["max_model_len"])
         # A document must be one summary request (a longer one is summarised part by part, and
-        # its TTFT would be the last part's): what a section of the context holds.
+        # its TTFT would be the last part's): at most what a section of the context holds, and its
+        # text cut as the appliance will cut it (pages, page marks, title) must make one section.
         try:
             self.document_input = min(plan.document_input, section_budget_tokens(context))
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        self.document_text_tokens = self._one_section_tokens(context)
         self.drafting_input = min(plan.drafting_input, context - plan.drafting_output - 64)
         if self.drafting_input < 1:
             raise CommandError(f"--drafting-output {plan.drafting_output} leaves no room in a {context}-token context")
@@ -556,6 +575,32 @@ class _Workload:
         self.kv_budget, self.kv_decode_reserve = int(budget), int(reserve)
 
     # text
+
+    def _one_section_tokens(self, context: int) -> int:
+        """Tokens of document text that the appliance summarises in one request: the most, up to
+        ``document_input`` in all, whose pages the appliance's own ``split_sections`` keeps in one
+        section (a little less for the next document's other sentences)."""
+        from documents.extraction import paginate
+        from inference.prompts import PageText
+        from inference.summarise import split_sections
+
+        def count_many(prompts: list) -> list[int]:
+            return [
+                self._count(self.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False))
+                for m in prompts
+            ]
+
+        tokens = self.document_input
+        for _ in range(12):
+            text = self._text(tokens)
+            pages = [PageText(i + 1, page) for i, page in enumerate(paginate(text))]
+            sections = split_sections(title="specsheet-0", pages=pages, context_tokens=context, count_many=count_many)
+            if len(sections) == 1:
+                whole = count_many([section_messages(title="specsheet-0", pages=pages, instruction="")])[0]
+                if whole <= self.document_input:
+                    return int(tokens * 0.98)
+            tokens = int(tokens * 0.95)
+        raise CommandError(f"no document fits one summary request in a {context}-token context")
 
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -580,8 +625,10 @@ class _Workload:
         if n == 0:
             return []
         self.progress(f"uploading {n} document(s) of about {self.document_input:,} tokens")
-        text_tokens = max(1, self.document_input - 120)  # the summary prompt's instruction and page marks
-        ids = [self.client.upload(f"specsheet-{self.counter + 1}.txt", self._text(text_tokens)) for _ in range(n)]
+        ids = [
+            self.client.upload(f"specsheet-{self.counter + 1}.txt", self._text(self.document_text_tokens))
+            for _ in range(n)
+        ]
         deadline = time.monotonic() + 600
         while True:
             states = self.client.document_states(ids)

@@ -170,7 +170,7 @@ def test_the_eight_answers_come_from_the_measurements():
     assert text["precision"] == "weights bfloat16, KV cache fp8"
     assert "8,192 tokens configured" in text["context"] and "93,184" in text["context"]
     assert text["users"].startswith("document: 0 (stopped by the latency target); drafting: 2 (")
-    assert "mixed" not in text["users"]  # not measured, so not claimed
+    assert "mixed: not measured" in text["users"]  # not claimed as 0
     assert "6,144 in / 256 out" in text["lengths"] and "500 in / 500 out" in text["lengths"]
     # One user drafts at 1 / 30 ms; two at 1 / 60 ms: both levels are quoted.
     assert "drafting: 33.3 tokens/s at 1 user, 16.7 tokens/s at 2 users" in text["tokens_per_s"]
@@ -338,3 +338,28 @@ def test_explicit_levels_all_run_and_a_spent_time_budget_measures_nothing():
     assert profile["stopped"] == "the time budget (--max-minutes) ran out"
     mixed = ladder_workload(passes=32, levels=[1, 2]).profile("mixed")
     assert [row["concurrency"] for row in mixed["levels"]] == [2]  # a mix needs two users
+
+
+def test_chat_chunks_count_their_tokens_and_notice_a_restart():
+    from inference.measure.specsheet_run import _chat_chunk
+
+    def chunk(text: str, so_far: int, times: list | None) -> dict:
+        body = {"choices": [{"delta": {"content": text}}], "usage": {"prompt_tokens": 40, "completion_tokens": so_far}}
+        if times is not None:
+            body["appliance"] = {"token_times": times}
+        return body
+
+    sample = Sample(kind="drafting", sent_at=0.0)
+    written = _chat_chunk(sample, {"choices": [{"delta": {"role": "assistant"}}]}, 0, arrived=0.1)  # no usage yet
+    written = _chat_chunk(sample, chunk("Dear", 1, [[0.5, 1]]), written, arrived=0.6)
+    written = _chat_chunk(sample, chunk(" Sir,", 3, [[0.53, 1], [0.56, 1]]), written, arrived=0.7)
+    assert written == 3 and sample.restarts == 0 and sum(d.tokens for d in sample.deltas) == 3
+    # Restarted: the new attempt's chunk comes once it has caught up, with all its tokens' times.
+    written = _chat_chunk(sample, chunk(" thank", 4, [[2.0, 1], [2.03, 1], [2.06, 1], [2.09, 1]]), written, arrived=2.1)
+    assert sample.restarts == 1 and [d.at for d in sample.deltas] == [2.0, 2.03, 2.06, 2.09]
+    assert sample.first_token_at == 0.6 and sample.prompt_tokens == 40
+    # A server that does not send the times: the usage's growth, at the client's clock.
+    plain = Sample(kind="drafting", sent_at=0.0)
+    written = _chat_chunk(plain, chunk("Dear", 2, None), 0, arrived=0.4)
+    written = _chat_chunk(plain, chunk(" Sir", 5, None), written, arrived=0.5)
+    assert [(d.at, d.tokens) for d in plain.deltas] == [(0.4, 2), (0.5, 3)] and plain.restarts == 0

@@ -28,7 +28,7 @@ class Command(BaseCommand):
         parser.add_argument("--params", type=float, help="parameter count, e.g. 8.03e9")
         parser.add_argument("--dtype", default=None, help="weight dtype (default: the config's, or bfloat16)")
         parser.add_argument("--kv-dtype", default=None, help="KV-cache dtype (default: APPLIANCE_KV_CACHE_DTYPE)")
-        parser.add_argument("--memory-gib", type=float, help="device memory (default: this machine's RAM)")
+        parser.add_argument("--memory-gib", type=float, help="device memory (default: the engine's GPU, or this machine's RAM)")
         parser.add_argument(
             "--context", type=int, default=None, help="tokens per request (default: APPLIANCE_MAX_MODEL_LEN)"
         )
