@@ -389,7 +389,8 @@ def draw_charts(sheet: dict[str, Any], *, ttft_path: Path, tokens_path: Path) ->
         if levels:
             ax.set_xticks(levels, [str(level) for level in levels])
 
-    figure, ax = axes("time to first token (s)")
+    figure, ax = axes("time to first token (s, log scale)")
+    ax.set_yscale("log")  # a document's seconds and a drafter's fractions of one on one chart
     for label, rows in profiles:
         xs = [row["concurrency"] for row in rows if row["ttft_p50_ms"] is not None]
         line = ax.plot(
@@ -402,6 +403,7 @@ def draw_charts(sheet: dict[str, Any], *, ttft_path: Path, tokens_path: Path) ->
             xs,
             [row["ttft_p95_ms"] / 1000 for row in rows if row["ttft_p50_ms"] is not None],
             linestyle="--",
+            marker="x",  # a level alone still shows its p95
             color=line[0].get_color(),
             label=f"{label} p95",
         )

@@ -624,7 +624,7 @@ class _Workload:
         """``n`` new documents uploaded through the API, once they are ready to summarise."""
         if n == 0:
             return []
-        self.progress(f"uploading {n} document(s) of about {self.document_input:,} tokens")
+        self.progress(f"uploading {n} document(s) of {self.document_text_tokens:,} tokens of text")
         ids = [
             self.client.upload(f"specsheet-{self.counter + 1}.txt", self._text(self.document_text_tokens))
             for _ in range(n)
