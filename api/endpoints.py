@@ -254,6 +254,7 @@ def capacity(
     fit at once, for a model's shape on a device of some memory. `layers`, `kv_heads`, `head_dim`
     and `parameters` go together; without them, the served model. Beside it, what the running
     engine reports."""
+    stats = console_selectors.engine()
     try:
         result = console_selectors.capacity_plan(
             layers=layers,
@@ -265,8 +266,9 @@ def capacity(
             memory_bytes=int(memory_gib * GIB) if memory_gib is not None else None,
             context_tokens=context_tokens,
             memory_utilization=memory_utilization,
+            engine_stats=stats,
         )
     except ShapeError as exc:
         errors = [{"field": name, "message": str(exc)} for name in exc.fields]
         raise ApiProblem(400, "bad-request", f"{', '.join(exc.fields)}: {exc}", errors=errors) from None
-    return {**result.as_dict(), "engine": console_selectors.engine_capacity(console_selectors.engine())}
+    return {**result.as_dict(), "engine": console_selectors.engine_capacity(stats)}

@@ -8,6 +8,7 @@ import platform
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -150,6 +151,23 @@ def start_logged(argv: list[str], *, env: dict[str, str], log_path: Path) -> sub
         return subprocess.Popen(
             argv, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+
+
+def start_appliance_processes(
+    names: set[str], *, tag: str, env: dict[str, str], log_dir: Path, port: int = 0, caps=None
+) -> list[subprocess.Popen]:
+    """The processes of `make run` called ``names``, with its command lines (and ``caps``' pool
+    sizes, default the settings'), each worker named ``<queue>-<tag>@host`` so that it is told
+    apart from the appliance's own, each logging to ``log_dir/<name>.log``."""
+    from appliance.supervisor import appliance_processes
+
+    return [
+        start_logged(
+            [a.replace("@%h", f"-{tag}@%h") for a in spec.argv], env=env, log_path=log_dir / f"{spec.name}.log"
+        )
+        for spec in appliance_processes(python=sys.executable, port=port, settings=caps or settings)
+        if spec.name in names
+    ]
 
 
 def wait_for_engine(socket: Path, *, process: subprocess.Popen | None, log_path: Path, timeout_s: float = 900) -> dict:

@@ -59,12 +59,13 @@ def engine() -> dict | None:
         return None
 
 
-def engine_capacity(stats: dict | None) -> dict | None:
+def engine_capacity(stats: dict | None, check: dict | None = None) -> dict | None:
     """The part of the engine's report the capacity planner is compared with, and the planner's
-    KV capacity for the served model in the same memory, in whole blocks (None: it is down)."""
+    KV capacity for the served model in the same memory, in whole blocks (None: it is down).
+    ``check``: ``served_model_check(stats)`` when the caller has it already."""
     if not stats:
         return None
-    check = served_model_check(stats)
+    check = check or served_model_check(stats)
     return {
         **{name: stats.get(name) for name in ENGINE_CAPACITY_FIELDS},
         "planned_kv_capacity_tokens": check["planned_tokens_in_blocks"] if check else None,
@@ -104,10 +105,12 @@ def capacity_plan(
     context_tokens: int | None = None,
     memory_utilization: float | None = None,
     model_dir=None,
+    engine_stats: dict | None,
 ) -> Plan:
     """The capacity planner with this box's defaults for what is not given: the served model's
-    shape (or ``model_dir``'s), the configured KV-cache precision, this machine's memory and the
-    configured context length. ``ShapeError`` names the inputs to give or correct."""
+    shape (or ``model_dir``'s), the configured KV-cache precision, the device's memory (from
+    ``engine_stats``, the engine's report the caller asked for once) and the configured context
+    length. ``ShapeError`` names the inputs to give or correct."""
     kv_dtype = kv_dtype or settings.APPLIANCE_KV_CACHE_DTYPE
     shape = shape_of(
         layers=layers, kv_heads=kv_heads, head_dim=head_dim, parameters=parameters,
@@ -117,16 +120,15 @@ def capacity_plan(
         shape = served_model_shape(weight_dtype=weight_dtype, kv_dtype=kv_dtype, model_dir=model_dir)
     return plan(
         shape,
-        device_memory_bytes=default_device_memory_bytes() if memory_bytes is None else memory_bytes,
+        device_memory_bytes=default_device_memory_bytes(engine_stats) if memory_bytes is None else memory_bytes,
         context_tokens=settings.APPLIANCE_MAX_MODEL_LEN if context_tokens is None else context_tokens,
         memory_utilization=DEFAULT_MEMORY_UTILIZATION if memory_utilization is None else memory_utilization,
     )
 
 
-def default_device_memory_bytes() -> int:
-    """The device the planner assumes when none is given: the engine's GPU, or this machine's
-    memory when the engine runs on the CPU (or does not answer)."""
-    stats = engine()
+def default_device_memory_bytes(stats: dict | None) -> int:
+    """The device the planner assumes when none is given: the engine's GPU (``stats``, its
+    report), or this machine's memory when the engine runs on the CPU (or does not answer)."""
     if stats and stats.get("device") == "cuda" and stats.get("device_memory_bytes"):
         return int(stats["device_memory_bytes"])
     return machine_memory_bytes()

@@ -106,9 +106,10 @@ def capacity(request):
     """The capacity planner (``inference.measure.capacity``) with what the form gives, the served
     model, this machine's memory and the configured context for what it leaves empty; beside it,
     what the running engine reports and the planner's figure for the same KV memory."""
+    stats = selectors.engine()  # asked once: the defaults, the plan and the comparison use it
     form = CapacityForm(request.GET)
     form.show_defaults(
-        memory_gib=f"{selectors.default_device_memory_bytes() / GIB:.1f}",
+        memory_gib=f"{selectors.default_device_memory_bytes(stats) / GIB:.1f}",
         context_tokens=settings.APPLIANCE_MAX_MODEL_LEN,
         memory_utilization=selectors.DEFAULT_MEMORY_UTILIZATION,
     )
@@ -116,14 +117,13 @@ def capacity(request):
     if form.is_valid():
         arguments = form.plan_arguments()
         try:
-            result = selectors.capacity_plan(**arguments)
+            result = selectors.capacity_plan(**arguments, engine_stats=stats)
         except ShapeError as exc:
             if any(arguments[name] is not None for name in SHAPE_FIELDS):
                 for name in exc.fields:
                     form.add_error(name, str(exc))
             else:  # the served model, unreadable: no field of the form is wrong (staff may read why)
                 form.add_error(None, f"{exc}. {exc.__cause__}" if exc.__cause__ else str(exc))
-    stats = selectors.engine()
     check = selectors.served_model_check(stats)
     return render(
         request,
@@ -136,7 +136,7 @@ def capacity(request):
             "figures": _plan_figures(result) if result else None,
             "served": result is not None and all(request.GET.get(name) in (None, "") for name in SHAPE_FIELDS),
             "presets": _presets(form),
-            "engine": selectors.engine_capacity(stats),
+            "engine": selectors.engine_capacity(stats, check),
             "check": check,
             "check_figures": _plan_figures(check["plan"]) if check else None,
         },

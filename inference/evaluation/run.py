@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from appliance.benchmarking import (
     ensure_embedded_database,
     machine,
     served_queues,
-    start_logged,
+    start_appliance_processes,
     stop_groups,
     wait_for_engine,
     wait_for_queues,
@@ -139,8 +138,6 @@ class _Processes:
         self.log_dir = Path(settings.VAR_DIR) / "evaluate" / "logs"
 
     def start(self) -> dict:
-        from appliance.supervisor import appliance_processes
-
         served = set().union(*served_queues().values())
         if served >= QUEUES:
             self.progress("using the running appliance's workers and engine host")
@@ -153,10 +150,12 @@ class _Processes:
         socket = Path(settings.VAR_DIR) / "evaluate" / "engine.sock"
         env = {**os.environ, "APPLIANCE_ENGINE_SOCKET": str(socket), "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE}
         self.progress("starting an engine host and workers of the evaluation's own; the engine takes a minute or two")
-        for spec in appliance_processes(python=sys.executable, port=0, settings=settings):
-            if spec.name in {"engine", "ingest-worker", "prefill-worker", "decode-worker"}:
-                argv = [a.replace("@%h", "-evaluate@%h") for a in spec.argv]
-                self.started.append(start_logged(argv, env=env, log_path=self.log_dir / f"{spec.name}.log"))
+        self.started = start_appliance_processes(
+            {"engine", "ingest-worker", "prefill-worker", "decode-worker"},
+            tag="evaluate",
+            env=env,
+            log_dir=self.log_dir,
+        )
         stats = wait_for_engine(socket, process=self.started[0], log_path=self.log_dir / "engine.log")
         wait_for_queues(QUEUES, log_dir=self.log_dir)
         return stats

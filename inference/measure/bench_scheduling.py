@@ -51,6 +51,7 @@ from appliance.benchmarking import (
     ensure_embedded_broker,
     ensure_embedded_database,
     machine,
+    start_appliance_processes,
     start_logged,
     stop_groups,
     synthetic_rng,
@@ -245,8 +246,6 @@ class _Bench:
         """Start worker pools as `make run` does: ``split`` (a prefill and a decode pool) or
         ``fifo`` (one pool on one queue). Concurrency lets every request of a phase in at once, so
         that what is compared is the engine host's scheduling."""
-        from appliance.supervisor import appliance_processes
-
         prefill = max(self.options["documents"], 2)
         decode = decode_concurrency or max(self.options["drafts"], self.options["overhead_requests"])
         key = f"{layout}:{prefill}:{decode}"
@@ -260,10 +259,7 @@ class _Bench:
             APPLIANCE_DECODE_CONCURRENCY=decode,
         )
         wanted = {"prefill-worker"} if layout == "fifo" else {"prefill-worker", "decode-worker"}
-        specs = [s for s in appliance_processes(python=sys.executable, port=0, settings=caps) if s.name in wanted]
-        for spec in specs:
-            argv = [a.replace("@%h", "-bench@%h") for a in spec.argv]
-            self.workers.append(start_logged(argv, env=self._env(), log_path=self.log_dir / f"{spec.name}.log"))
+        self.workers += start_appliance_processes(wanted, tag="bench", env=self._env(), log_dir=self.log_dir, caps=caps)
         wait_for_queues({"prefill"} if layout == "fifo" else {"prefill", "decode"}, log_dir=self.log_dir)
         self.worker_layout = key
         self.progress(

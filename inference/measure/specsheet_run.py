@@ -38,7 +38,6 @@ import platform
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -56,7 +55,7 @@ from appliance.benchmarking import (
     ensure_embedded_broker,
     ensure_embedded_database,
     served_queues,
-    start_logged,
+    start_appliance_processes,
     stop_groups,
     synthetic_rng,
     synthetic_sentence,
@@ -239,8 +238,6 @@ class _Appliance:
         self.log_dir = Path(settings.VAR_DIR) / "specsheet" / "logs"
 
     def start(self) -> tuple[str, dict]:
-        from appliance.supervisor import appliance_processes
-
         socket_path = Path(settings.APPLIANCE_ENGINE_SOCKET)
         url = self.url or f"http://127.0.0.1:{env_int('APPLIANCE_PORT', 8000, minimum=1, maximum=65535)}"
         if self.url or _answers(url):
@@ -257,10 +254,10 @@ class _Appliance:
         url = f"http://127.0.0.1:{port}"
         self.progress("starting an engine host, workers and a web server of this command's own (a minute or two)")
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE}
-        for spec in appliance_processes(python=sys.executable, port=port, settings=settings):
-            if spec.name in {"engine", "ingest-worker", "prefill-worker", "decode-worker", "web"}:
-                argv = [a.replace("@%h", "-specsheet@%h") for a in spec.argv]
-                self.started.append(start_logged(argv, env=env, log_path=self.log_dir / f"{spec.name}.log"))
+        self.started = start_appliance_processes(
+            {"engine", "ingest-worker", "prefill-worker", "decode-worker", "web"},
+            tag="specsheet", env=env, log_dir=self.log_dir, port=port,
+        )  # fmt: skip
         engine = wait_for_engine(socket_path, process=self.started[0], log_path=self.log_dir / "engine.log")
         wait_for_queues(QUEUES, log_dir=self.log_dir)
         deadline = time.monotonic() + 60
@@ -549,10 +546,9 @@ class _Workload:
         self.counter = 0
         # What the chat template and the instruction add around a drafting request's letter, so
         # that the whole prompt has the input length asked for.
-        wrapped = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"{DRAFTING_INSTRUCTION}x"}], add_generation_prompt=True, tokenize=False
+        self.drafting_overhead = max(
+            0, self._prompt_tokens([{"role": "user", "content": f"{DRAFTING_INSTRUCTION}x"}]) - 1
         )
-        self.drafting_overhead = max(0, self._count(wrapped) - 1)
         context = int(engine["max_model_len"])
         # A document must be one summary request (a longer one is summarised part by part, and
         # its TTFT would be the last part's): at most what a section of the context holds, and its
@@ -585,10 +581,7 @@ class _Workload:
         from inference.summarise import split_sections
 
         def count_many(prompts: list) -> list[int]:
-            return [
-                self._count(self.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False))
-                for m in prompts
-            ]
+            return [self._prompt_tokens(messages) for messages in prompts]
 
         tokens = self.document_input
         for _ in range(12):
@@ -601,6 +594,10 @@ class _Workload:
                     return int(tokens * 0.98)
             tokens = int(tokens * 0.95)
         raise CommandError(f"no document fits one summary request in a {context}-token context")
+
+    def _prompt_tokens(self, messages: list[dict]) -> int:
+        """Tokens of a chat prompt as the engine host counts them: the chat template, then the text."""
+        return self._count(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
 
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))

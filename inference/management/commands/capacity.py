@@ -28,7 +28,9 @@ class Command(BaseCommand):
         parser.add_argument("--params", type=float, help="parameter count, e.g. 8.03e9")
         parser.add_argument("--dtype", default=None, help="weight dtype (default: the config's, or bfloat16)")
         parser.add_argument("--kv-dtype", default=None, help="KV-cache dtype (default: APPLIANCE_KV_CACHE_DTYPE)")
-        parser.add_argument("--memory-gib", type=float, help="device memory (default: the engine's GPU, or this machine's RAM)")
+        parser.add_argument(
+            "--memory-gib", type=float, help="device memory (default: the engine's GPU, or this machine's RAM)"
+        )
         parser.add_argument(
             "--context", type=int, default=None, help="tokens per request (default: APPLIANCE_MAX_MODEL_LEN)"
         )
@@ -43,9 +45,11 @@ class Command(BaseCommand):
         values = {name: options["params" if name == "parameters" else name] for name in manual}
         if not 0 < options["utilization"] <= 1:
             raise CommandError("--utilization must be more than 0 and at most 1")
+        stats = selectors.engine()
         try:
             result = selectors.capacity_plan(
                 **values,
+                engine_stats=stats,
                 weight_dtype=options["dtype"],
                 kv_dtype=options["kv_dtype"],
                 memory_bytes=int(options["memory_gib"] * GIB) if options["memory_gib"] else None,
@@ -61,8 +65,7 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         served = not options["model_dir"] and all(v is None for v in values.values())
-        stats = selectors.engine() if served else None
-        engine = selectors.engine_capacity(stats)
+        engine = selectors.engine_capacity(stats if served else None)
         if options["json"]:
             self.stdout.write(json.dumps({**result.as_dict(), "engine": engine}, indent=2))
             return
