@@ -13,11 +13,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference.engine.protocol import MAX_LINE_BYTES, GenerateRequest, decode, encode
+from inference.engine.protocol import MAX_LINE_BYTES, ErrorCode, GenerateRequest, decode, encode
 
 
 class EngineUnavailable(ConnectionError):
     """The engine host is not running or not answering."""
+
+
+class EngineRestarting(EngineUnavailable):
+    """The engine core died and the host is starting it again: try the request later.
+    ``in_flight``: the request was in the engine when it died (it may be what killed it)."""
+
+    def __init__(self, detail: str, *, in_flight: bool) -> None:
+        super().__init__(detail)
+        self.in_flight = in_flight
 
 
 class EngineRequestError(RuntimeError):
@@ -72,6 +81,8 @@ class EngineClient:
                     return
                 message = decode(line)
                 if message.get("type") == "error":
+                    if message.get("code") == ErrorCode.ENGINE_RESTARTING:
+                        raise EngineRestarting(str(message.get("detail")), in_flight=bool(message.get("in_flight")))
                     raise EngineRequestError(str(message.get("code")), str(message.get("detail")))
                 yield message
         finally:

@@ -33,6 +33,28 @@ def decode(line: bytes) -> dict[str, Any]:
     return message
 
 
+class EngineState:
+    """``state`` in a ``stats`` answer. While the host starts its engine core again it still
+    answers ``stats`` (with ``restarting`` and what it knows), so that health checks go red at
+    once rather than time out, and turn green when the new engine core is ready."""
+
+    READY = "ready"
+    RESTARTING = "restarting"
+
+
+class ErrorCode:
+    """``code`` of an ``error`` event. The client turns ``ENGINE_RESTARTING`` into
+    ``EngineRestarting`` (retry later); every other code into ``EngineRequestError`` (final)."""
+
+    PROTOCOL = "protocol"  # a malformed line
+    TOO_LONG = "too_long"  # prompt + max_tokens do not fit the model's context
+    KV_BUDGET = "kv_budget"  # the request could never fit the KV cache
+    ENGINE = "engine"  # the engine failed this request (and lives on)
+    # The engine core died or is being started again. ``in_flight``: this request was in the
+    # engine when it died (so it may be the cause); false when it arrived during the restart.
+    ENGINE_RESTARTING = "engine_restarting"
+
+
 class Priority:
     """Engine priorities: a lower number is scheduled first (vLLM's ``priority`` scheduling)."""
 
@@ -54,6 +76,11 @@ class GenerateRequest:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False  # benchmarks: always write max_tokens
     json_schema: dict[str, Any] | None = None  # guided decoding: the output must match this schema
+    # Who the request is for (the job's owner): the engine's scheduler takes turns between users.
+    user: str = ""
+    # The job was in the engine when its engine core died: the host runs such requests one at a
+    # time, so that a request that kills the engine takes no other suspect with it.
+    suspect: bool = False
 
     def to_message(self) -> dict[str, Any]:
         return {"op": "generate", **asdict(self)}
@@ -74,6 +101,8 @@ class GenerateRequest:
                 stop=[str(s) for s in message.get("stop", [])],
                 ignore_eos=bool(message.get("ignore_eos", False)),
                 json_schema=message.get("json_schema"),
+                user=str(message.get("user", "")),
+                suspect=bool(message.get("suspect", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"bad generate request: {exc!r}") from None
