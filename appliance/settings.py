@@ -171,7 +171,7 @@ APPLIANCE_MAX_MODEL_LEN = env_int("APPLIANCE_MAX_MODEL_LEN", 8192, minimum=256)
 APPLIANCE_MAX_NUM_SEQS = env_int("APPLIANCE_MAX_NUM_SEQS", 32, minimum=1)
 APPLIANCE_MAX_NUM_BATCHED_TOKENS = env_int("APPLIANCE_MAX_NUM_BATCHED_TOKENS", 2048, minimum=64)
 # vLLM's cap on prompt tokens one request may prefill per step while others run (0: off). The
-# prefill lane already slices documents; this bounds long drafting prompts (a pasted letter).
+# appliance's scheduler already sizes document chunks; this would bound long drafting prompts.
 APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD = env_int("APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD", 0, minimum=0)
 APPLIANCE_GPU_MEMORY_UTILIZATION = env_float("APPLIANCE_GPU_MEMORY_UTILIZATION", 0.85, minimum=0.1, maximum=0.99)
 # CPU build only: the KV cache size in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE).
@@ -183,20 +183,26 @@ APPLIANCE_KV_BLOCK_SIZE = env_int("APPLIANCE_KV_BLOCK_SIZE", 0, minimum=0) or No
 # device, and for `bench scheduling`'s peak on a CPU, where filling gigabytes takes hours.
 APPLIANCE_KV_CAPACITY_TOKENS = env_int("APPLIANCE_KV_CAPACITY_TOKENS", 0, minimum=0) or None
 
-# --- Scheduling (inference/engine/scheduling.py) ----------------------------------------------
+# --- Scheduling (inference/engine/step_policy.py, vllm_scheduler.py) ------------------------
 
-# appliance: KV admission + drafting first + the prefill lane. engine: vLLM's priority scheduling
-# alone. fifo: one queue, arrival order. The last two are baselines for `bench scheduling`.
+# appliance: the appliance's scheduler inside vLLM (drafting first, documents in what is left of
+# each step, KV admission by blocks). engine: vLLM's priority scheduling alone. fifo: one queue,
+# arrival order, one priority. The last two are baselines for `bench scheduling`.
 APPLIANCE_SCHEDULING = env_choice("APPLIANCE_SCHEDULING", "appliance", ("appliance", "engine", "fifo"))
-# Share of the KV capacity vLLM reports that reservations may fill, and the part of that budget
-# only drafting requests may use (so that a drafter can always start).
-APPLIANCE_KV_SAFETY_FACTOR = env_float("APPLIANCE_KV_SAFETY_FACTOR", 0.9, minimum=0.1, maximum=1.0)
+# What a request reserves of the KV cache when it enters the engine: its prompt and its max
+# output ("max": never preempted), or its prompt and the output its kind usually writes
+# ("predicted": the 90th percentile of recent ones; vLLM's preemption is the safety net).
+APPLIANCE_KV_RESERVATION = env_choice("APPLIANCE_KV_RESERVATION", "max", ("max", "predicted"))
+# Share of the KV blocks reservations may fill, and the part of that only drafting may use (so
+# that a drafter can always start).
+APPLIANCE_KV_SAFETY_FACTOR = env_float("APPLIANCE_KV_SAFETY_FACTOR", 0.95, minimum=0.1, maximum=1.0)
 APPLIANCE_KV_DECODE_RESERVE = env_float("APPLIANCE_KV_DECODE_RESERVE", 0.1, minimum=0.0, maximum=0.9)
-# Documents prefill in slices of this many tokens (rounded up to whole KV blocks); a drafter
-# waits at most one slice. 0: 128 on a CPU, 512 on a GPU.
-APPLIANCE_PREFILL_SLICE_TOKENS = env_int("APPLIANCE_PREFILL_SLICE_TOKENS", 0, minimum=0) or None
-# The longest documents wait for drafting traffic before they get a slice anyway.
-APPLIANCE_PREFILL_MAX_PAUSE_S = env_float("APPLIANCE_PREFILL_MAX_PAUSE_S", 5.0, minimum=0.1)
+# While drafting runs, a step may hold document prefill chunks as long as it then takes at most
+# this many times as long as the same step without them (drafters' inter-token latency), as the
+# scheduler's step-cost model (fitted on this machine) predicts. Or, when set, an absolute
+# inter-token latency target in milliseconds instead.
+APPLIANCE_DRAFTING_ITL_SLOWDOWN = env_float("APPLIANCE_DRAFTING_ITL_SLOWDOWN", 1.3, minimum=1.0, maximum=10.0)
+APPLIANCE_DRAFTING_ITL_TARGET_MS = env_float("APPLIANCE_DRAFTING_ITL_TARGET_MS", 0.0, minimum=0.0)
 # Past this many waiting jobs in a queue, new jobs are refused with 429 and Retry-After.
 APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 200, minimum=1)
 # A running job whose worker has not reported for this long is handed to another worker.

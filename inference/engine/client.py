@@ -111,9 +111,14 @@ class EngineClient:
     def abort(self, request_id: str, *, timeout_s: float = 5.0) -> None:
         self._call({"op": "abort", "request_id": request_id}, timeout_s=timeout_s)
 
-    def set_scheduling(self, scheduling: str, *, timeout_s: float = 5.0) -> str:
-        """Switch the running host's policy (``appliance``, ``engine`` or ``fifo``)."""
-        return str(self._call({"op": "set_scheduling", "scheduling": scheduling}, timeout_s=timeout_s)["scheduling"])
+    def set_scheduling(
+        self, scheduling: str | None = None, *, timeout_s: float = 30.0, **settings: Any
+    ) -> dict[str, Any]:
+        """Switch the running host's policy (``appliance``, ``engine`` or ``fifo``) and any of the
+        scheduler's settings (``step_policy.PolicyConfig``: ``reservation``, ``itl_slowdown``,
+        ``long_prefill_token_threshold``, ...). Returns the policy now in force."""
+        message = {"op": "set_scheduling", "scheduling": scheduling, "settings": settings}
+        return self._call(message, timeout_s=timeout_s)
 
     def reset_prefix_cache(self, *, timeout_s: float = 30.0) -> None:
         self._call({"op": "reset_prefix_cache"}, timeout_s=timeout_s)

@@ -2,15 +2,28 @@
 
 It owns the device, loads the model once, and serves the thin Celery workers over a Unix socket
 (see ``protocol.py``): ``generate`` streams token deltas, ``abort`` stops a request, ``stats``
-reports the engine, ``count_tokens`` measures a prompt. Requests pass KV admission before they
-reach the engine. This module and its siblings are the only code that imports vLLM, and only
-inside functions: vLLM starts its engine core with ``spawn``.
+reports the engine, ``count_tokens`` measures a prompt. Scheduling happens inside vLLM's engine
+core, at every step, in the appliance's scheduler class (``vllm_scheduler.py``, the policy in
+``step_policy.py``): drafting first, documents in what is left of each step, KV admission by
+blocks. The host hands each request to vLLM at once, tagged with its user, and reads the
+scheduler's state once a second (queue positions, prefill progress, reservations).
+
+When vLLM's engine core process dies while the host lives, the host notices within a second,
+answers every request that was in the engine with ``engine_restarting`` (``in_flight``: the
+worker retries it, and counts it against the job in case the job is the cause), answers
+``stats`` with ``state: restarting`` (``/healthz`` goes red), starts a new engine core, and
+goes back to ``ready``. Requests marked ``suspect`` (their job was in the engine when it died)
+run one at a time, so that a request that kills the engine takes no other suspect with it.
+
+This module and its siblings are the only code that imports vLLM, and only inside functions:
+vLLM starts its engine core with ``spawn``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import platform
@@ -20,13 +33,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference.engine.admission import AdmissionRefused, KvAdmission
-from inference.engine.protocol import MAX_LINE_BYTES, GenerateRequest, Priority, ProtocolError, decode, encode
-from inference.engine.scheduling import PrefillLane, Scheduling, round_to_block
+from inference.engine.protocol import (
+    MAX_LINE_BYTES,
+    EngineState,
+    ErrorCode,
+    GenerateRequest,
+    Priority,
+    ProtocolError,
+    decode,
+    encode,
+)
+from inference.engine.step_policy import Mode, PolicyConfig, Reservation, refusal
 
 logger = logging.getLogger(__name__)
 
 WAITING_REPORT_INTERVAL_S = 1.0
+SCHEDULER_POLL_INTERVAL_S = 1.0
+ENGINE_WATCH_INTERVAL_S = 0.5
+MAX_START_FAILURES = 5  # engine cores that fail to start in a row before the host gives up
 
 
 @dataclass(frozen=True)
@@ -44,11 +68,12 @@ class EngineConfig:
     cpu_kv_cache_gib: int = 2
     kv_block_size: int | None = None  # None: vLLM's default for the device
     kv_capacity_tokens: int | None = None  # None: all the KV cache vLLM finds room for
-    kv_safety_factor: float = 0.9
+    scheduling: Mode = Mode.APPLIANCE
+    kv_reservation: Reservation = Reservation.MAX
+    kv_safety_factor: float = 0.95
     kv_decode_reserve_fraction: float = 0.1
-    scheduling: Scheduling = Scheduling.APPLIANCE
-    prefill_slice_tokens: int | None = None  # None: 128 on a CPU, 512 on a GPU
-    prefill_max_pause_s: float = 5.0
+    itl_slowdown: float = 1.3
+    itl_target_ms: float = 0.0
 
     @classmethod
     def from_settings(cls) -> EngineConfig:
@@ -68,11 +93,23 @@ class EngineConfig:
             cpu_kv_cache_gib=settings.APPLIANCE_CPU_KV_CACHE_GIB,
             kv_block_size=settings.APPLIANCE_KV_BLOCK_SIZE,
             kv_capacity_tokens=settings.APPLIANCE_KV_CAPACITY_TOKENS,
+            scheduling=Mode(settings.APPLIANCE_SCHEDULING),
+            kv_reservation=Reservation(settings.APPLIANCE_KV_RESERVATION),
             kv_safety_factor=settings.APPLIANCE_KV_SAFETY_FACTOR,
             kv_decode_reserve_fraction=settings.APPLIANCE_KV_DECODE_RESERVE,
-            scheduling=Scheduling(settings.APPLIANCE_SCHEDULING),
-            prefill_slice_tokens=settings.APPLIANCE_PREFILL_SLICE_TOKENS,
-            prefill_max_pause_s=settings.APPLIANCE_PREFILL_MAX_PAUSE_S,
+            itl_slowdown=settings.APPLIANCE_DRAFTING_ITL_SLOWDOWN,
+            itl_target_ms=settings.APPLIANCE_DRAFTING_ITL_TARGET_MS,
+        )
+
+    def policy(self) -> PolicyConfig:
+        return PolicyConfig(
+            mode=self.scheduling,
+            reservation=self.kv_reservation,
+            itl_slowdown=self.itl_slowdown,
+            itl_target_ms=self.itl_target_ms,
+            kv_safety_factor=self.kv_safety_factor,
+            kv_decode_reserve_fraction=self.kv_decode_reserve_fraction,
+            drafting_priority=Priority.DECODE,
         )
 
 
@@ -82,15 +119,11 @@ class _Run:
 
     request: GenerateRequest
     prompt_ids: list[int]
-    scheduling: Scheduling
+    mode: Mode
     submitted_at: float = field(default_factory=time.time)
-    admitted_at: float | None = None
     first_token_at: float | None = None
-    waiting_for: str | None = None  # "kv_budget" or "prefill_lane" while it waits
-    engine_request_id: str = ""
-    sliced_tokens: int = 0  # prompt tokens already in the prefix cache by this request's slices
-    slices: int = 0
-    cached_tokens: int = 0  # prompt tokens found in the prefix cache, computed before this request
+    in_engine: bool = False  # handed to vLLM (and not finished): an engine death concerns it
+    isolated_wait: bool = False  # a suspect waiting for the one-suspect-at-a-time turn
 
 
 class _EngineStats:
@@ -154,25 +187,33 @@ def _device_description() -> dict[str, Any]:
 class EngineHost:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.policy = config.policy()
         self.engine = None
         self.tokenizer = None
-        self.admission: KvAdmission | None = None
-        self.scheduling = config.scheduling
-        self.lane = PrefillLane(max_pause_s=config.prefill_max_pause_s)
-        self.slice_tokens = 0
+        self.state = EngineState.RESTARTING  # until the first engine core is ready
+        self.restarts = 0
+        self.last_death: dict[str, Any] | None = None
         self.stats = _EngineStats()
         self.info: dict[str, Any] = {}
+        self.scheduler_state: dict[str, Any] = {}
         self.started_at = time.time()
         self.requests_served = 0
+        self.runs: dict[str, _Run] = {}
+        self._suspect_turn: asyncio.Lock | None = None
+        self._restart_task: asyncio.Task | None = None
 
     # --- start-up ------------------------------------------------------------------------
 
-    def start_engine(self) -> None:
+    def _build_engine(self):
+        """A new ``AsyncLLM`` (blocks until its engine core has loaded the model), with the
+        appliance's scheduler class: the synchronous or the asynchronous variant, as vLLM
+        decided for this device."""
         import torch
-        import vllm
         from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        from inference.engine.vllm_scheduler import CONFIG_ENV, scheduler_class_path
 
         cfg = self.config
         cache_args: dict[str, int] = {}
@@ -201,23 +242,29 @@ class EngineHost:
             # Compact JSON: a model may not spend its token budget on whitespace between fields.
             structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         )
-        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
-        self.tokenizer = self.engine.get_tokenizer()
-        vcfg = self.engine.vllm_config
+        vllm_config = args.create_engine_config()
+        scheduler = vllm_config.scheduler_config
+        scheduler.scheduler_cls = scheduler_class_path(async_scheduling=bool(scheduler.async_scheduling))
+        os.environ[CONFIG_ENV] = json.dumps(self.policy.to_dict())  # the spawned engine core reads it
+        return AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[_stat_logger_factory(self.stats)])
+
+    def start_engine(self) -> None:
+        self._engine_ready(self._build_engine())
+
+    def _engine_ready(self, engine) -> None:
+        import torch
+        import vllm
+
+        self.engine = engine
+        self.tokenizer = engine.get_tokenizer()
+        vcfg = engine.vllm_config
         cache = vcfg.cache_config
         capacity = int((cache.num_gpu_blocks or 0) * cache.block_size)
-        self.admission = KvAdmission(
-            capacity,
-            safety_factor=cfg.kv_safety_factor,
-            decode_reserve_fraction=cfg.kv_decode_reserve_fraction,
-        )
         device = _device_description()
-        default_slice = 128 if device["device"] == "cpu" else 512
-        self.slice_tokens = round_to_block(cfg.prefill_slice_tokens or default_slice, int(cache.block_size))
         self.info = {
-            "model": cfg.model.name,
-            "model_path": str(cfg.model),
-            "licence": cfg.licence,
+            "model": self.config.model.name,
+            "model_path": str(self.config.model),
+            "licence": self.config.licence,
             "dtype": str(vcfg.model_config.dtype).removeprefix("torch."),
             # "auto" means the KV cache is stored in the model's own dtype: say which.
             "kv_cache_dtype": str(vcfg.model_config.dtype).removeprefix("torch.")
@@ -226,39 +273,133 @@ class EngineHost:
             "max_model_len": int(vcfg.model_config.max_model_len),
             "kv_capacity_tokens": capacity,
             "kv_block_size": int(cache.block_size),
-            "max_num_seqs": cfg.max_num_seqs,
-            "max_num_batched_tokens": cfg.max_num_batched_tokens,
-            "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
+            "kv_blocks": int(cache.num_gpu_blocks or 0),
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "prefix_caching": True,
             "vllm_scheduling_policy": "priority",
-            "prefill_slice_tokens": self.slice_tokens,
-            "prefill_max_pause_s": cfg.prefill_max_pause_s,
-            "kv_safety_factor": cfg.kv_safety_factor,
-            "kv_decode_reserve_fraction": cfg.kv_decode_reserve_fraction,
+            "scheduler_class": str(vcfg.scheduler_config.scheduler_cls),
+            "async_scheduling": bool(vcfg.scheduler_config.async_scheduling),
             "pid": os.getpid(),
             "vllm_version": vllm.__version__,
             "torch_version": torch.__version__,
             **device,
         }
+        self.state = EngineState.READY
         logger.info("engine ready: %s", self.info)
+
+    # --- the scheduler inside the engine core ------------------------------------------------
+
+    async def _scheduler_call(self, command: str, payload: dict | None = None) -> dict[str, Any]:
+        from inference.engine.vllm_scheduler import UTILITY_METHOD
+
+        answer = await self.engine.engine_core.call_utility_async(UTILITY_METHOD, command, json.dumps(payload or {}))
+        return json.loads(answer)
+
+    async def _poll_scheduler(self) -> None:
+        """Once a second: the scheduler's state (queue positions, prefill progress, ...)."""
+        while True:
+            if self.state == EngineState.READY and self.engine is not None and not self.engine.errored:
+                try:
+                    self.scheduler_state = await asyncio.wait_for(self._scheduler_call("snapshot"), timeout=10)
+                except Exception:  # noqa: BLE001 - an engine that died is the watcher's business
+                    logger.debug("scheduler snapshot failed", exc_info=True)
+            await asyncio.sleep(SCHEDULER_POLL_INTERVAL_S)
+
+    def kv_budget_tokens(self) -> int:
+        blocks = int(self.info.get("kv_blocks", 0)) - 1
+        return int(blocks * self.policy.kv_safety_factor) * int(self.info.get("kv_block_size", 1))
+
+    # --- engine death ------------------------------------------------------------------------
+
+    async def _watch_engine(self) -> None:
+        while True:
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            engine = self.engine
+            if engine is not None and engine.errored:
+                self._engine_died(engine)
+
+    def _engine_died(self, engine) -> None:
+        """The engine core of ``engine`` is gone (seen by the watcher, or by a request that was
+        in it, whichever is first): from now on new requests are answered ``restarting``, and a
+        new engine core is started. Idempotent per engine."""
+        if engine is not self.engine or self.state != EngineState.READY:
+            return
+        in_flight = sorted(rid for rid, run in self.runs.items() if run.in_engine)
+        self.state = EngineState.RESTARTING
+        self.restarts += 1
+        self.last_death = {"at": time.time(), "in_flight": in_flight}
+        logger.error(
+            "the engine core died (restart %d); %d request(s) were in it: %s", self.restarts, len(in_flight), in_flight
+        )
+        self._restart_task = asyncio.get_running_loop().create_task(self._restart_engine())
+
+    async def _restart_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        with contextlib.suppress(Exception):
+            engine.shutdown()
+        failures = 0
+        started = time.monotonic()
+        while True:
+            try:
+                new_engine = await asyncio.to_thread(self._build_engine)
+                break
+            except Exception:
+                failures += 1
+                logger.exception("the engine core did not start (%d in a row)", failures)
+                if failures >= MAX_START_FAILURES:
+                    # The supervisor starts the whole host again, with a growing pause.
+                    logger.critical("giving up: the engine host exits")
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                await asyncio.sleep(min(30.0, 2.0**failures))
+        self.scheduler_state = {}
+        self._engine_ready(new_engine)
+        logger.warning("the engine core is ready again after %.0f s", time.monotonic() - started)
+
+    def _restarting_error(self, *, in_flight: bool) -> dict[str, Any]:
+        detail = (
+            "The engine stopped while this request was in it; it is being started again."
+            if in_flight
+            else "The engine is being started again; try again in a few seconds."
+        )
+        return {"type": "error", "code": ErrorCode.ENGINE_RESTARTING, "in_flight": in_flight, "detail": detail}
 
     # --- requests --------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        assert self.admission is not None
+        state = self.scheduler_state
+        kv = state.get("kv", {})
+        block = int(kv.get("block_size", self.info.get("kv_block_size", 1)))
+        waiting = state.get("waiting", [])
         queries = self.stats.prefix_cache_queries
         return {
             **self.info,
+            "state": EngineState.RESTARTING if self.engine is not None and self.engine.errored else self.state,
+            "restarts": self.restarts,
+            "last_engine_death": self.last_death,
             "running": self.stats.running,
             "waiting": self.stats.waiting,
             "kv_usage": round(self.stats.kv_usage, 4),
             "prefix_cache_hit_rate": round(self.stats.prefix_cache_hits / queries, 4) if queries else 0.0,
             "preemptions": self.stats.preemptions,
             "requests_served": self.requests_served,
+            "requests_in_host": len(self.runs),
             "uptime_s": round(time.time() - self.started_at, 1),
-            "scheduling": str(self.scheduling),
-            **self.admission.snapshot(),
-            **self.lane.snapshot(),
+            "scheduling": str(self.policy.mode),
+            "kv_reservation": str(self.policy.reservation),
+            "kv_budget_tokens": self.kv_budget_tokens() if self.info else 0,
+            "kv_reserved_tokens": int(kv.get("reserved_tokens", 0)),
+            "kv_reserved_future_tokens": int(kv.get("reserved_future_blocks", 0)) * block,
+            "admitted_requests": len(state.get("reservations", {})),
+            "waiting_for_admission": sum(1 for _, why in waiting if why == "kv_budget"),
+            "drafting_requests": sum(
+                1 for run in self.runs.values() if run.in_engine and run.request.priority <= Priority.DECODE
+            ),
+            "documents_held": int(state.get("plan", {}).get("held", 0)),
+            "document_budget_tokens": state.get("plan", {}).get("document_budget_tokens"),
+            "target_step_ms": state.get("target_step_ms"),
+            "scheduler": {k: v for k, v in state.items() if k not in ("waiting", "prefill", "reservations")},
         }
 
     def prompt_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -274,20 +415,17 @@ class EngineHost:
             op = message.get("op")
             if op == "stats":
                 writer.write(encode({"type": "stats", **self.snapshot()}))
-            elif op == "count_tokens":
+            elif op == "count_tokens":  # the tokenizer lives in this process: works while restarting
                 prompts = message.get("prompts", [])
                 counts = await asyncio.to_thread(lambda: [len(self.prompt_token_ids(m)) for m in prompts])
                 writer.write(encode({"type": "counts", "counts": counts}))
+            elif self.state != EngineState.READY or self.engine is None:
+                writer.write(encode(self._restarting_error(in_flight=False)))
             elif op == "abort":
                 await self.engine.abort(str(message.get("request_id")))
                 writer.write(encode({"type": "aborted"}))
             elif op == "set_scheduling":
-                try:
-                    self.scheduling = Scheduling(str(message.get("scheduling")))
-                except ValueError:
-                    raise ProtocolError(f"unknown scheduling {message.get('scheduling')!r}") from None
-                logger.info("scheduling is now %s", self.scheduling)
-                writer.write(encode({"type": "scheduling", "scheduling": str(self.scheduling)}))
+                writer.write(encode({"type": "scheduling", **await self._set_scheduling(message)}))
             elif op == "reset_prefix_cache":
                 await self.engine.reset_prefix_cache()
                 writer.write(encode({"type": "reset"}))
@@ -298,126 +436,142 @@ class EngineHost:
             else:
                 raise ProtocolError(f"unknown op {op!r}")
         except ProtocolError as exc:
-            writer.write(encode({"type": "error", "code": "protocol", "detail": str(exc)}))
+            writer.write(encode({"type": "error", "code": ErrorCode.PROTOCOL, "detail": str(exc)}))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception as exc:  # the host keeps serving whatever one request does
             logger.exception("request failed")
             with contextlib.suppress(Exception):
-                writer.write(encode({"type": "error", "code": "engine", "detail": f"{type(exc).__name__}: {exc}"}))
+                writer.write(
+                    encode({"type": "error", "code": ErrorCode.ENGINE, "detail": f"{type(exc).__name__}: {exc}"})
+                )
         finally:
             with contextlib.suppress(Exception):
                 await writer.drain()
                 writer.close()
 
+    async def _set_scheduling(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Benchmarks: switch the policy (``appliance``, ``engine`` or ``fifo``) and any of the
+        scheduler's settings (``PolicyConfig``) on the running engine."""
+        settings = dict(message.get("settings") or {})
+        if message.get("scheduling") is not None:
+            settings["mode"] = str(message["scheduling"])
+        try:
+            policy = self.policy.updated(settings)
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"bad scheduling settings: {exc}") from None
+        await self._scheduler_call("configure", policy.to_dict())
+        self.policy = policy
+        logger.info("scheduling is now %s", policy.to_dict())
+        return {"scheduling": str(policy.mode), "settings": policy.to_dict()}
+
     async def _generate(
         self, request: GenerateRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        scheduling = self.scheduling
-        # A drafter counts from the moment it arrives: documents hold their prefill from now on.
-        drafting = scheduling.prefill_lane and request.priority <= Priority.DECODE
-        if drafting:
-            self.lane.drafting_started()
-        try:
-            # Tokenising a long document takes a while: off the loop, so that streams keep flowing.
-            prompt_ids = await asyncio.to_thread(self.prompt_token_ids, request.messages)
-            max_len = self.info["max_model_len"]
-            if len(prompt_ids) + request.max_tokens > max_len:
-                detail = (
-                    f"the prompt has {len(prompt_ids)} tokens and asks for {request.max_tokens} more; "
-                    f"the model's context holds {max_len}"
-                )
-                writer.write(encode({"type": "error", "code": "too_long", "detail": detail}))
+        # Tokenising a long document takes a while: off the loop, so that streams keep flowing.
+        prompt_ids = await asyncio.to_thread(self.prompt_token_ids, request.messages)
+        max_len = self.info["max_model_len"]
+        if len(prompt_ids) + request.max_tokens > max_len:
+            detail = (
+                f"the prompt has {len(prompt_ids)} tokens and asks for {request.max_tokens} more; "
+                f"the model's context holds {max_len}"
+            )
+            writer.write(encode({"type": "error", "code": ErrorCode.TOO_LONG, "detail": detail}))
+            return
+        mode = self.policy.mode
+        if mode is Mode.APPLIANCE:
+            refused = refusal(
+                len(prompt_ids),
+                request.max_tokens,
+                drafting=request.priority <= Priority.DECODE,
+                total_blocks=int(self.info["kv_blocks"]) - 1,
+                block_size=int(self.info["kv_block_size"]),
+                config=self.policy,
+            )
+            if refused:
+                writer.write(encode({"type": "error", "code": ErrorCode.KV_BUDGET, "detail": refused}))
                 return
-            # The connection is the request: when the client goes away, give everything back.
-            gone = asyncio.create_task(reader.read(1))
-            run = _Run(request=request, prompt_ids=prompt_ids, scheduling=scheduling)
-            work = asyncio.create_task(self._run(run, writer))
-            ticker = asyncio.create_task(self._report_waiting(run, writer))
-            try:
-                done, _ = await asyncio.wait({gone, work}, return_when=asyncio.FIRST_COMPLETED)
-                if work not in done:  # client gone
-                    work.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await work
-                    if run.engine_request_id:
-                        await self.engine.abort(run.engine_request_id)
-                else:
-                    work.result()
-            finally:
-                gone.cancel()
-                ticker.cancel()
+        if request.request_id in self.runs:
+            raise ProtocolError(f"request {request.request_id!r} is already running")
+        run = _Run(request=request, prompt_ids=prompt_ids, mode=mode)
+        self.runs[request.request_id] = run
+        # The connection is the request: when the client goes away, give everything back.
+        gone = asyncio.create_task(reader.read(1))
+        work = asyncio.create_task(self._run_isolated(run, writer) if request.suspect else self._run(run, writer))
+        ticker = asyncio.create_task(self._report_waiting(run, writer))
+        try:
+            done, _ = await asyncio.wait({gone, work}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:  # client gone
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+                if run.in_engine and self.engine is not None:
+                    await self.engine.abort(request.request_id)
+            else:
+                work.result()
         finally:
-            if drafting:
-                self.lane.drafting_finished()
+            gone.cancel()
+            ticker.cancel()
+            self.runs.pop(request.request_id, None)
+
+    async def _run_isolated(self, run: _Run, writer: asyncio.StreamWriter) -> None:
+        """A suspect runs only while no other suspect does."""
+        if self._suspect_turn is None:
+            self._suspect_turn = asyncio.Lock()
+        run.isolated_wait = True
+        async with self._suspect_turn:
+            run.isolated_wait = False
+            await self._run(run, writer)
 
     async def _run(self, run: _Run, writer: asyncio.StreamWriter) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+        from vllm.v1.engine.exceptions import EngineDeadError
 
-        assert self.admission is not None
         request, prompt_ids = run.request, run.prompt_ids
-        kv_tokens = len(prompt_ids) + request.max_tokens
-        reservation = None
-        lane_held = False
+        engine = self.engine
+        if engine is not None and engine.errored:
+            self._engine_died(engine)
+        if engine is None or self.state != EngineState.READY:
+            writer.write(encode(self._restarting_error(in_flight=False)))
+            return
+        writer.write(
+            encode(
+                {
+                    "type": "admitted",
+                    "prompt_tokens": len(prompt_ids),
+                    "kv_reservation_tokens": self._reservation_tokens(run),
+                    "admission_wait_ms": 0.0,  # the wait for KV blocks is in the engine: see "done"
+                    "engine": platform.node(),
+                    "model": self.info["model"],
+                    "scheduling": str(run.mode),
+                }
+            )
+        )
+        await writer.drain()
+        priority = request.priority if run.mode is not Mode.FIFO else Priority.DECODE
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            frequency_penalty=request.frequency_penalty,
+            seed=request.seed,
+            stop=request.stop or None,
+            ignore_eos=request.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+            structured_outputs=StructuredOutputsParams(json=request.json_schema) if request.json_schema else None,
+            extra_args={"appliance": {"id": request.request_id, "user": request.user}},
+        )
+        outputs = engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id, priority=priority)
+        output_tokens = 0
+        run.in_engine = True
         try:
-            if run.scheduling.admission_control:
-                run.waiting_for = "kv_budget"
-                try:
-                    reservation = await self.admission.acquire(request.request_id, kv_tokens, request.priority)
-                except AdmissionRefused as exc:
-                    writer.write(encode({"type": "error", "code": "kv_budget", "detail": str(exc)}))
-                    return
-                finally:
-                    run.waiting_for = None
-            run.admitted_at = time.time()
-            writer.write(
-                encode(
-                    {
-                        "type": "admitted",
-                        "prompt_tokens": len(prompt_ids),
-                        "kv_reservation_tokens": kv_tokens if reservation else 0,
-                        "admission_wait_ms": round((run.admitted_at - run.submitted_at) * 1000, 3),
-                        "engine": platform.node(),
-                        "model": self.info["model"],
-                        "scheduling": str(run.scheduling),
-                    }
-                )
-            )
-            await writer.drain()
-            priority = request.priority if run.scheduling.priorities else Priority.DECODE
-            if run.scheduling.prefill_lane and request.priority > Priority.DECODE:
-                await self._prefill_in_slices(run, priority)
-                run.waiting_for = "prefill_lane"
-                await self.lane.acquire(len(prompt_ids) - run.sliced_tokens)
-                run.waiting_for = None
-                lane_held = True
-            params = SamplingParams(
-                max_tokens=request.max_tokens,
-                temperature=request.temperature,
-                top_p=request.top_p,
-                frequency_penalty=request.frequency_penalty,
-                seed=request.seed,
-                stop=request.stop or None,
-                ignore_eos=request.ignore_eos,
-                output_kind=RequestOutputKind.DELTA,
-                structured_outputs=StructuredOutputsParams(json=request.json_schema) if request.json_schema else None,
-            )
-            run.engine_request_id = request.request_id
-            outputs = self.engine.generate(
-                {"prompt_token_ids": prompt_ids}, params, request.request_id, priority=priority
-            )
-            output_tokens = 0
             # aclosing: if the client leaves mid-stream, vLLM's generator is closed (and the
             # request aborted) now, not whenever it is garbage-collected.
             async with contextlib.aclosing(outputs):
                 async for output in outputs:
-                    if lane_held:  # the prompt is in: the next document may prefill
-                        self.lane.release()
-                        lane_held = False
                     if run.first_token_at is None:
                         run.first_token_at = time.time()
-                        run.cached_tokens += max(0, int(output.num_cached_tokens or 0) - run.sliced_tokens)
                     completion = output.outputs[0]
                     output_tokens += len(completion.token_ids)
                     if completion.text or completion.token_ids:
@@ -428,88 +582,73 @@ class EngineHost:
                     if output.finished:
                         self.requests_served += 1
                         writer.write(encode(self._done_message(run, output, completion, output_tokens)))
+        except Exception as exc:
+            # The engine core died under it: not this request's own failure.
+            if not (isinstance(exc, EngineDeadError) or engine.errored):
+                raise
+            self._engine_died(engine)
+            writer.write(encode(self._restarting_error(in_flight=True)))
         finally:
-            if lane_held:
-                self.lane.release()
-            if reservation is not None:
-                self.admission.release(reservation)
+            run.in_engine = False
 
-    async def _prefill_in_slices(self, run: _Run, priority: int) -> None:
-        """Prefill all of a document's prompt but its last slice, one lane turn per slice.
-
-        Each slice is a request for the next block-aligned prefix with one output token; the
-        prefix cache keeps it for the next slice and the final request. A slice that was already
-        cached (the same document read by an earlier job) costs nothing, so the next one is
-        twice as long."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(max_tokens=1, temperature=0.0)
-        size = self.slice_tokens
-        total = len(run.prompt_ids)
-        while run.sliced_tokens + size + 1 < total:
-            end = run.sliced_tokens + size
-            run.waiting_for = "prefill_lane"
-            await self.lane.acquire(total - run.sliced_tokens)
-            run.waiting_for = None
-            try:
-                run.engine_request_id = f"{run.request.request_id}-slice{run.slices}"
-                found = 0
-                # One token past the block boundary: vLLM always computes a prompt's last token,
-                # so only then does a fully cached slice show as cached up to ``end``.
-                outputs = self.engine.generate(
-                    {"prompt_token_ids": run.prompt_ids[: end + 1]}, params, run.engine_request_id, priority=priority
-                )
-                async with contextlib.aclosing(outputs):
-                    async for output in outputs:
-                        found = int(output.num_cached_tokens or 0)
-            finally:
-                self.lane.release()
-            run.cached_tokens += max(0, found - run.sliced_tokens)
-            size = size * 2 if found >= end else self.slice_tokens
-            run.sliced_tokens = end
-            run.slices += 1
+    def _reservation_tokens(self, run: _Run) -> int:
+        """What the scheduler reserves for the request (its own figure once it has started)."""
+        reserved = self.scheduler_state.get("reservations", {}).get(run.request.request_id)
+        if reserved is not None:
+            return int(reserved)
+        if run.mode is not Mode.APPLIANCE:
+            return 0
+        output = run.request.max_tokens
+        if self.policy.reservation is Reservation.PREDICTED:
+            kind = "drafting" if run.request.priority <= Priority.DECODE else "document"
+            guess = self.scheduler_state.get("predicted_output_tokens", {}).get(kind)
+            output = min(output, int(guess)) if guess else output
+        return len(run.prompt_ids) + output
 
     async def _report_waiting(self, run: _Run, writer: asyncio.StreamWriter) -> None:
-        """Until the first token, say once a second what the request is doing (waiting for KV
-        budget or its prefill turn, or reading its prompt): the worker shows it to the user and
-        uses it to notice a cancel."""
-        assert self.admission is not None
+        """Until the first token, say once a second what the request is doing (waiting to start
+        in the engine and why, or reading its prompt and how far): the worker shows it to the
+        user and uses it to notice a cancel."""
+        request_id = run.request.request_id
         while run.first_token_at is None:
             await asyncio.sleep(WAITING_REPORT_INTERVAL_S)
-            reason = run.waiting_for
-            if reason == "kv_budget":
-                message = {
-                    "type": "waiting",
-                    "reason": reason,
-                    "position": self.admission.position(run.request.request_id),
-                }
-            elif reason is not None:
-                message = {"type": "waiting", "reason": reason, "position": self.lane.waiting}
-            elif run.admitted_at is not None and run.first_token_at is None:
-                message = {"type": "prefill", "tokens_done": run.sliced_tokens, "prompt_tokens": len(run.prompt_ids)}
+            state = self.scheduler_state
+            waiting = [rid for rid, _ in state.get("waiting", [])]
+            if run.isolated_wait:
+                message = {"type": "waiting", "reason": "engine_recovery", "position": None}
+            elif request_id in waiting:
+                why = dict(state.get("waiting", [])).get(request_id, "queued")
+                message = {"type": "waiting", "reason": why, "position": waiting.index(request_id) + 1}
             else:
-                continue
+                done, total = state.get("prefill", {}).get(request_id, (None, len(run.prompt_ids)))
+                message = {"type": "prefill", "tokens_done": done, "prompt_tokens": total}
             writer.write(encode(message))
             await writer.drain()
 
-    @staticmethod
-    def _done_message(run: _Run, output, completion, output_tokens: int) -> dict[str, Any]:
+    def _done_message(self, run: _Run, output, completion, output_tokens: int) -> dict[str, Any]:
         metrics = getattr(output, "metrics", None)
-        prefill_ms = (run.first_token_at - run.admitted_at) * 1000 if run.first_token_at and run.admitted_at else None
+        queued = float(getattr(metrics, "queued_ts", 0.0) or 0.0)
+        scheduled = float(getattr(metrics, "scheduled_ts", 0.0) or 0.0)
+        admission_wait_ms = (scheduled - queued) * 1000 if queued and scheduled >= queued else None
+        prefill_ms = (run.first_token_at - run.submitted_at) * 1000 if run.first_token_at else None
+        if prefill_ms is not None and admission_wait_ms is not None:
+            prefill_ms = max(0.0, prefill_ms - admission_wait_ms)
         return {
             "type": "done",
             "finish_reason": completion.finish_reason,
             "prompt_tokens": len(run.prompt_ids),
             "output_tokens": output_tokens,
-            "cached_prompt_tokens": run.cached_tokens,
+            "cached_prompt_tokens": int(output.num_cached_tokens or 0),
             "prefill_ms": round(prefill_ms, 3) if prefill_ms is not None else None,
-            "prefill_slices": run.slices,
+            "admission_wait_ms": round(admission_wait_ms, 3) if admission_wait_ms is not None else None,
+            "kv_reservation_tokens": self._reservation_tokens(run),
             "preemptions": int(getattr(metrics, "num_preemptions", 0) or 0),
         }
 
     async def _run_direct(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Benchmarks: run requests straight on ``AsyncLLM``, all at once, with no admission, lane,
-        socket streaming or worker in between: the baseline the appliance's path is compared to."""
+        """Benchmarks: run requests straight on ``AsyncLLM``, all at once, with no socket
+        streaming or worker in between (under the engine's current policy): the baseline the
+        appliance's path is compared to."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -524,7 +663,9 @@ class EngineHost:
                 output_kind=RequestOutputKind.DELTA,
             )
             start, first, tokens = time.perf_counter(), None, 0
-            async for output in self.engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
+            async for output in self.engine.generate(
+                {"prompt_token_ids": prompt_ids}, params, request.request_id, priority=request.priority
+            ):
                 tokens += len(output.outputs[0].token_ids)
                 first = first or time.perf_counter()
             return tokens, (first or start) - start, time.perf_counter() - start
@@ -534,6 +675,7 @@ class EngineHost:
         return {
             "output_tokens": sum(r[0] for r in results),
             "ttft_s": [round(r[1], 4) for r in results],
+            "finished_s": [round(r[2], 4) for r in results],
             "elapsed_s": round(time.perf_counter() - started, 4),
         }
 
@@ -550,14 +692,18 @@ class EngineHost:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        background = [asyncio.create_task(self._watch_engine()), asyncio.create_task(self._poll_scheduler())]
         logger.info("engine host listening on %s", path)
         async with server:
             await stop.wait()
         logger.info("engine host stopping")
+        for task in background:
+            task.cancel()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         engine, self.engine = self.engine, None
-        engine.shutdown()
+        if engine is not None:
+            engine.shutdown()
 
 
 def run(config: EngineConfig) -> None:

@@ -1,0 +1,431 @@
+"""What one engine step should hold: drafting first, documents in what is left. Pure: no vLLM.
+
+vLLM's scheduler builds a batch at every step of the engine: running requests first (each takes
+what it needs, a long prompt a chunk of the step's token budget), then waiting ones. Left
+alone it lets documents in mid-prefill eat each step's budget, so a drafting request that
+arrives behind them waits for their prefill, and every drafter's next token waits for the
+document chunk in its step. The appliance's scheduler (``vllm_scheduler.py``) asks this module,
+before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
+
+- **Drafting first.** While an admissible drafting request waits to start, document prefill
+  chunks are held back for that step (not preempted: they keep their KV and resume the next
+  step), so the drafter is admitted and prefilled at once.
+- **Documents in what is left.** While drafting requests are running, each step holds their
+  decode tokens and, besides, document prefill chunks up to a token budget the step-cost model
+  (``StepCostModel``) says keeps the step within the drafting ITL target: the time a step of
+  drafting alone takes, times ``itl_slowdown`` (or an absolute ``itl_target_ms``). Never less
+  than one KV block: documents always progress.
+- **Work-conserving.** With no drafting request in the engine, documents get the whole budget,
+  several batched together, exactly as vLLM alone would.
+- **Fair between users.** Document chunks go to users in turn (the user served longest ago
+  first), and to the document with the least prefill left within a user.
+- **KV admission by blocks** (``admit``): a waiting request enters the engine only while its
+  reservation fits beside the reservations of the running requests: ``prompt + max output``
+  tokens (``Reservation.MAX``, never a preemption) or ``prompt + predicted output``
+  (``Reservation.PREDICTED``, vLLM's preemption as the safety net), in KV blocks, counting the
+  blocks of a prefix it shares with a running request once. The reservation is taken when the
+  request enters the engine, not while it waits. Documents may not use the last
+  ``decode_reserve_fraction`` of the blocks, so that a drafter can always start.
+
+``Mode.ENGINE`` and ``Mode.FIFO`` leave vLLM's scheduling alone (they are the baselines of
+``bench scheduling``); ``ENGINE`` may set vLLM's ``long_prefill_token_threshold`` per step, so
+that the baseline can be tuned without restarting the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    APPLIANCE = "appliance"  # this module's plan, KV admission by blocks
+    ENGINE = "engine"  # vLLM's priority scheduling alone (drafting at a higher priority)
+    FIFO = "fifo"  # vLLM alone, every request at the same priority
+
+
+class Reservation(StrEnum):
+    MAX = "max"  # prompt + max output tokens: never preempted
+    PREDICTED = "predicted"  # prompt + predicted output; vLLM preempts if a request outgrows it
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """How the appliance's scheduler behaves; the engine host sends it, and can change it on a
+    running engine (``manage.py bench scheduling`` compares modes in one run)."""
+
+    mode: Mode = Mode.APPLIANCE
+    reservation: Reservation = Reservation.MAX
+    # A step holding document chunks beside drafting may take this many times as long as the
+    # same step without them (or ``itl_target_ms`` when that is set).
+    itl_slowdown: float = 1.3
+    itl_target_ms: float = 0.0
+    kv_safety_factor: float = 0.95  # share of the KV blocks reservations may fill
+    kv_decode_reserve_fraction: float = 0.1  # of those, kept for drafting
+    long_prefill_token_threshold: int = 0  # ENGINE mode: vLLM's own per-request chunk cap
+    drafting_priority: int = 0  # requests at or below this priority are drafting
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", Mode(self.mode))
+        object.__setattr__(self, "reservation", Reservation(self.reservation))
+        if self.itl_slowdown < 1.0:
+            raise ValueError("itl_slowdown must be at least 1")
+        if self.itl_target_ms < 0:
+            raise ValueError("itl_target_ms must not be negative")
+        if not 0.0 < self.kv_safety_factor <= 1.0:
+            raise ValueError("kv_safety_factor must be in (0, 1]")
+        if not 0.0 <= self.kv_decode_reserve_fraction < 1.0:
+            raise ValueError("kv_decode_reserve_fraction must be in [0, 1)")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must not be negative")
+
+    def to_dict(self) -> dict:
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), StrEnum) else v) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> PolicyConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown scheduler settings: {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+    def updated(self, values: dict) -> PolicyConfig:
+        return PolicyConfig.from_dict({**self.to_dict(), **values})
+
+
+# --- the engine's state as the plan sees it ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunningRequest:
+    request_id: str
+    drafting: bool
+    user: str
+    arrival: float
+    need_tokens: int  # what vLLM would schedule for it this step, unconstrained
+    prefill_left: int  # prompt tokens not computed yet (0: decoding)
+    context_tokens: int  # tokens computed so far
+
+
+@dataclass(frozen=True)
+class WaitingRequest:
+    request_id: str
+    drafting: bool
+    user: str
+    ready: bool = True  # False: vLLM would skip it anyway (e.g. waiting for a grammar)
+    reserve_blocks: int = 0  # blocks its reservation needs beyond the shared prefix (``admit`` may ask)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    hold: frozenset[str] = frozenset()  # running requests vLLM must not schedule this step
+    order: tuple[str, ...] = ()  # running requests in the order vLLM should visit them
+    token_budget: int | None = None  # the step's token budget; None: vLLM's own
+    defer: frozenset[str] = frozenset()  # waiting requests not to start this step
+    document_budget_tokens: int | None = None  # document prefill tokens allowed beside drafting
+    reason: str = "no_drafting"
+
+
+# --- KV admission -----------------------------------------------------------------------------
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-max(0, tokens) // block_size)
+
+
+@dataclass(frozen=True)
+class KvState:
+    total_blocks: int
+    free_blocks: int  # free now, cached-but-unused blocks included (vLLM evicts them on demand)
+    running_future_blocks: int  # blocks the running requests' reservations may still claim
+    free_slots: int  # max_num_seqs minus running requests
+
+
+def admit(
+    waiting: Sequence[WaitingRequest],
+    kv: KvState,
+    config: PolicyConfig,
+    *,
+    reserve_blocks: Callable[[WaitingRequest], int] = lambda request: request.reserve_blocks,
+) -> tuple[list[str], set[str], dict[str, str]]:
+    """Which waiting requests may start this step, in vLLM's order (drafting first). The first
+    one that does not fit stops the rest (a large document is not starved by small ones
+    behind it). ``reserve_blocks`` is asked only for the requests up to that one (counting a
+    long prompt's shared prefix costs a look-up per block). Returns (admitted, deferred, why
+    each deferred request waits)."""
+    usable = kv.free_blocks - math.floor(kv.total_blocks * (1.0 - config.kv_safety_factor)) - kv.running_future_blocks
+    reserve = math.floor(kv.total_blocks * config.kv_safety_factor * config.kv_decode_reserve_fraction)
+    slots = kv.free_slots
+    admitted: list[str] = []
+    deferred: set[str] = set()
+    why: dict[str, str] = {}
+    blocked = None
+    for request in waiting:
+        if blocked is None and request.ready:
+            limit = usable if request.drafting else usable - reserve
+            need = reserve_blocks(request) if slots > 0 else 0
+            if slots <= 0:
+                blocked = "slots"
+            elif need > limit:
+                blocked = "kv_budget"
+            else:
+                admitted.append(request.request_id)
+                usable -= need
+                slots -= 1
+                continue
+        if blocked is not None:
+            deferred.add(request.request_id)
+            why[request.request_id] = blocked
+    return admitted, deferred, why
+
+
+def refusal(prompt_tokens: int, max_tokens: int, *, drafting: bool, total_blocks: int, block_size: int,
+            config: PolicyConfig) -> str | None:  # fmt: skip
+    """Why a request could never be admitted (its reservation exceeds what its kind may ever
+    reserve), or None. The engine host refuses such a request at once instead of queueing it."""
+    limit = math.floor(total_blocks * config.kv_safety_factor)
+    if not drafting:
+        limit -= math.floor(total_blocks * config.kv_safety_factor * config.kv_decode_reserve_fraction)
+    need = blocks_for(prompt_tokens + max_tokens, block_size)
+    if need > limit:
+        return (
+            f"needs {need * block_size} KV tokens ({prompt_tokens} prompt + {max_tokens} output) but at most "
+            f"{limit * block_size} can ever be reserved for a {'drafting' if drafting else 'document'} request"
+        )
+    return None
+
+
+class OutputLengths:
+    """Recent output lengths per kind, for ``Reservation.PREDICTED``: a request reserves the
+    90th percentile of what recent requests of its kind wrote (never more than its max), and
+    its max until ``min_samples`` requests of its kind have finished."""
+
+    def __init__(self, *, window: int = 200, min_samples: int = 20, quantile: float = 0.9) -> None:
+        self.window = window
+        self.min_samples = min_samples
+        self.quantile = quantile
+        self._lengths: dict[bool, deque[int]] = {True: deque(maxlen=window), False: deque(maxlen=window)}
+
+    def record(self, *, drafting: bool, output_tokens: int) -> None:
+        self._lengths[drafting].append(int(output_tokens))
+
+    def predicted(self, *, drafting: bool) -> int | None:
+        lengths = self._lengths[drafting]
+        if len(lengths) < self.min_samples:
+            return None
+        ordered = sorted(lengths)
+        return ordered[min(len(ordered) - 1, math.ceil(self.quantile * len(ordered)) - 1)]
+
+    def reserve_output(self, *, drafting: bool, max_tokens: int, reservation: Reservation) -> int:
+        if reservation is Reservation.MAX:
+            return max_tokens
+        guess = self.predicted(drafting=drafting)
+        return max_tokens if guess is None else max(1, min(max_tokens, guess))
+
+
+# --- step costs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step computes, in the terms its duration depends on."""
+
+    decode_requests: int = 0  # requests computing one token (or a few: speculative)
+    decode_context_tokens: int = 0  # their contexts, summed (attention reads them)
+    prefill_tokens: int = 0  # prompt tokens computed
+    prefill_attention: float = 0.0  # sum over prefill chunks of tokens x mean position
+
+    def features(self) -> tuple[float, ...]:
+        return (
+            1.0,
+            float(self.decode_requests),
+            self.decode_context_tokens / 1e3,
+            float(self.prefill_tokens),
+            self.prefill_attention / 1e6,
+        )
+
+    @classmethod
+    def of(cls, decodes: Iterable[int], chunks: Iterable[tuple[int, int]]) -> StepShape:
+        """From the contexts of decoding requests and the (start, tokens) of prefill chunks."""
+        contexts = list(decodes)
+        chunk_list = list(chunks)
+        return cls(
+            decode_requests=len(contexts),
+            decode_context_tokens=sum(contexts),
+            prefill_tokens=sum(n for _, n in chunk_list),
+            prefill_attention=sum(n * (start + n / 2) for start, n in chunk_list),
+        )
+
+
+class StepCostModel:
+    """Step duration as a linear function of ``StepShape.features``, fitted by least squares
+    (coefficients kept non-negative) over the last ``window`` steps the engine ran, refitted
+    every ``refit_every`` steps: learned on the machine it runs on, CPU or GPU alike."""
+
+    FEATURES = ("intercept_s", "per_decode_request_s", "per_1k_decode_context_s", "per_prefill_token_s",
+                "per_prefill_attention_s")  # fmt: skip
+
+    def __init__(self, *, window: int = 512, refit_every: int = 16, min_steps: int = 32) -> None:
+        self.window = window
+        self.refit_every = refit_every
+        self.min_steps = min_steps
+        self._rows: deque[tuple[tuple[float, ...], float]] = deque(maxlen=window)
+        self._since_fit = 0
+        self.coefficients: tuple[float, ...] | None = None
+        self.steps_seen = 0
+
+    def observe(self, shape: StepShape, seconds: float) -> None:
+        if seconds <= 0 or (shape.decode_requests == 0 and shape.prefill_tokens == 0):
+            return
+        self._rows.append((shape.features(), seconds))
+        self.steps_seen += 1
+        self._since_fit += 1
+        if self._since_fit >= self.refit_every and len(self._rows) >= self.min_steps:
+            self._fit()
+
+    def _fit(self) -> None:
+        import numpy as np
+
+        self._since_fit = 0
+        x = np.array([r[0] for r in self._rows], dtype=float)
+        y = np.array([r[1] for r in self._rows], dtype=float)
+        active = [i for i in range(x.shape[1]) if np.any(x[:, i] != x[0, i]) or i == 0]
+        coefficients = np.zeros(x.shape[1])
+        while active:  # least squares; a negative coefficient leaves the model (an active set)
+            solution, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+            if np.all(solution >= 0):
+                coefficients[active] = solution
+                break
+            active.pop(int(np.argmin(solution)))
+        self.coefficients = tuple(float(c) for c in coefficients)
+
+    @classmethod
+    def from_coefficients(cls, coefficients: tuple[float, ...]) -> StepCostModel:
+        """A fitted model from another's ``snapshot`` (benchmarks read the engine's)."""
+        model = cls()
+        model.coefficients = tuple(float(c) for c in coefficients)
+        return model
+
+    @property
+    def ready(self) -> bool:
+        return self.coefficients is not None
+
+    def predict(self, shape: StepShape) -> float | None:
+        if self.coefficients is None:
+            return None
+        return sum(c * f for c, f in zip(self.coefficients, shape.features(), strict=True))
+
+    def prefill_budget(self, base: StepShape, *, position: int, target_s: float) -> int | None:
+        """Prefill tokens (one chunk starting at ``position``) that fit in a step beside ``base``
+        within ``target_s``; None while the model is not fitted yet."""
+        if self.coefficients is None:
+            return None
+        spare = target_s - (self.predict(base) or 0.0)
+        per_token = self.coefficients[3] + self.coefficients[4] * position / 1e6
+        if spare <= 0:
+            return 0
+        if per_token <= 0:
+            return None  # prefill costs nothing measurable here: no limit from this model
+        # Attention grows with the chunk itself: solve c3*n + c4*n*(p + n/2)/1e6 = spare for n.
+        a = self.coefficients[4] / 2e6
+        if a <= 0:
+            return int(spare / per_token)
+        return int((-per_token + math.sqrt(per_token * per_token + 4 * a * spare)) / (2 * a))
+
+    def snapshot(self) -> dict:
+        return {
+            "steps_seen": self.steps_seen,
+            "fitted": self.coefficients is not None,
+            **({k: v for k, v in zip(self.FEATURES, self.coefficients, strict=True)} if self.coefficients else {}),
+        }
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Planner:
+    """Keeps what the plan needs across steps (the cost model, who was served last) and
+    makes each step's ``StepPlan``."""
+
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+    block_size: int = 16
+    max_budget_tokens: int = 2048
+    cost: StepCostModel = field(default_factory=StepCostModel)
+    # Before the cost model is fitted, a document chunk beside drafting is this many blocks.
+    unfitted_chunk_blocks: int = 2
+    # Steps documents are held for one waiting drafter that vLLM then does not start (it may
+    # wait for something this module cannot see): past this, documents go on beside it.
+    max_hold_steps: int = 4
+    _served_at: dict[str, int] = field(default_factory=dict)
+    _held_for: dict[str, int] = field(default_factory=dict)
+    _step: int = 0
+
+    def target_step_s(self, base: StepShape) -> float | None:
+        if self.config.itl_target_ms > 0:
+            return self.config.itl_target_ms / 1000.0
+        alone = self.cost.predict(base)
+        return None if alone is None else alone * self.config.itl_slowdown
+
+    def document_budget(self, base: StepShape, position: int) -> int:
+        """Document prefill tokens allowed in a step beside the drafting work ``base``: what the
+        ITL target leaves, at least one block, at most the step's budget."""
+        target = self.target_step_s(base)
+        budget = None if target is None else self.cost.prefill_budget(base, position=position, target_s=target)
+        if budget is None:
+            budget = self.unfitted_chunk_blocks * self.block_size if not self.cost.ready else self.max_budget_tokens
+        return max(self.block_size, min(self.max_budget_tokens, budget))
+
+    def fair_order(self, documents: Sequence[RunningRequest]) -> list[RunningRequest]:
+        """Documents in mid-prefill: users in turn (served longest ago first), within a user the
+        document with the least prefill left first."""
+        by_user: dict[str, list[RunningRequest]] = {}
+        for request in sorted(documents, key=lambda r: (r.prefill_left, r.arrival)):
+            by_user.setdefault(request.user, []).append(request)
+        users = sorted(by_user, key=lambda u: (self._served_at.get(u, -1), min(r.arrival for r in by_user[u])))
+        ordered: list[RunningRequest] = []
+        while any(by_user.values()):
+            for user in users:
+                if by_user[user]:
+                    ordered.append(by_user[user].pop(0))
+        return ordered
+
+    def plan(self, running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], admitted: Sequence[str],
+             deferred: set[str]) -> StepPlan:  # fmt: skip
+        self._step += 1
+        drafting = [r for r in running if r.drafting]
+        doc_decodes = [r for r in running if not r.drafting and r.prefill_left == 0]
+        doc_prefills = self.fair_order([r for r in running if not r.drafting and r.prefill_left > 0])
+        order = tuple(r.request_id for r in [*sorted(drafting, key=lambda r: r.arrival), *doc_decodes, *doc_prefills])
+        admitted_set = set(admitted)
+        starting = [w.request_id for w in waiting if w.drafting and w.request_id in admitted_set]
+        self._held_for = {rid: self._held_for.get(rid, 0) + 1 for rid in starting}
+        drafting_waiting = any(n <= self.max_hold_steps for n in self._held_for.values())
+        if doc_prefills:
+            self._served_at[doc_prefills[0].user] = self._step
+        if drafting_waiting:
+            # A drafter can start: documents hold their prefill for this step, and no document
+            # starts in it, so the drafter's prompt gets the step.
+            hold = frozenset(r.request_id for r in doc_prefills)
+            defer = deferred | {w.request_id for w in waiting if not w.drafting}
+            return StepPlan(hold=hold, order=order, defer=frozenset(defer), reason="drafting_waiting")
+        if drafting:
+            base = StepShape.of(
+                [r.context_tokens for r in [*drafting, *doc_decodes] if r.prefill_left == 0],
+                [(r.context_tokens, r.need_tokens) for r in drafting if r.prefill_left > 0],
+            )
+            position = doc_prefills[0].context_tokens if doc_prefills else 0
+            documents = self.document_budget(base, position)
+            fixed = sum(r.need_tokens for r in [*drafting, *doc_decodes])
+            return StepPlan(
+                order=order,
+                token_budget=max(1, min(self.max_budget_tokens, fixed + documents)),
+                defer=frozenset(deferred),
+                document_budget_tokens=documents,
+                reason="drafting_running",
+            )
+        return StepPlan(order=order, defer=frozenset(deferred), reason="no_drafting")

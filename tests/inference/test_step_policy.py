@@ -1,0 +1,268 @@
+"""The scheduler's decisions, on a fake engine state (views of requests, no vLLM)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inference.engine.step_policy import (
+    KvState,
+    Mode,
+    OutputLengths,
+    Planner,
+    PolicyConfig,
+    Reservation,
+    RunningRequest,
+    StepCostModel,
+    StepShape,
+    WaitingRequest,
+    admit,
+    blocks_for,
+    refusal,
+)
+
+BLOCK = 16
+
+
+def draft(rid: str, *, context: int = 100, user: str = "u1", arrival: float = 0.0) -> RunningRequest:
+    return RunningRequest(rid, drafting=True, user=user, arrival=arrival, need_tokens=1, prefill_left=0,
+                          context_tokens=context)  # fmt: skip
+
+
+def document(rid: str, *, left: int, done: int = 0, user: str = "u1", arrival: float = 0.0) -> RunningRequest:
+    return RunningRequest(rid, drafting=False, user=user, arrival=arrival, need_tokens=left, prefill_left=left,
+                          context_tokens=done)  # fmt: skip
+
+
+class FakeStepCosts:
+    """A fake machine: a step costs 20 ms, 2 ms per decoding request, 0.1 ms per prefill token."""
+
+    @staticmethod
+    def seconds(shape: StepShape) -> float:
+        return 0.020 + 0.002 * shape.decode_requests + 0.0001 * shape.prefill_tokens
+
+
+def fitted_model(seed: int = 1) -> StepCostModel:
+    rng = random.Random(seed)
+    model = StepCostModel(window=256, refit_every=8, min_steps=16)
+    for _ in range(200):
+        shape = StepShape(decode_requests=rng.randint(0, 16), prefill_tokens=rng.choice([0, 0, 64, 256, 1024, 2048]))
+        model.observe(shape, FakeStepCosts.seconds(shape) * rng.uniform(0.98, 1.02))
+    return model
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+
+def test_config_round_trips_and_refuses_nonsense():
+    config = PolicyConfig(mode="engine", reservation="predicted", long_prefill_token_threshold=256)
+    assert PolicyConfig.from_dict(config.to_dict()) == config
+    assert config.updated({"mode": "appliance"}).mode is Mode.APPLIANCE
+    assert config.updated({"mode": "appliance"}).long_prefill_token_threshold == 256
+    with pytest.raises(ValueError):
+        PolicyConfig.from_dict({"mode": "round-robin"})
+    with pytest.raises(ValueError):
+        PolicyConfig.from_dict({"slices": 3})
+    with pytest.raises(ValueError):
+        PolicyConfig(itl_slowdown=0.5)
+
+
+# --- KV admission ----------------------------------------------------------------------------
+
+
+def kv(free: int, *, total: int = 100, future: int = 0, slots: int = 32) -> KvState:
+    return KvState(total_blocks=total, free_blocks=free, running_future_blocks=future, free_slots=slots)
+
+
+def test_admission_counts_the_running_requests_future_and_stops_at_the_first_that_does_not_fit():
+    config = PolicyConfig(kv_safety_factor=1.0, kv_decode_reserve_fraction=0.0)
+    waiting = [
+        WaitingRequest("a", drafting=True, user="u", reserve_blocks=30),
+        WaitingRequest("b", drafting=False, user="u", reserve_blocks=40),  # does not fit beside a
+        WaitingRequest("c", drafting=False, user="u", reserve_blocks=1),  # would fit, but waits behind b
+    ]
+    admitted, deferred, why = admit(waiting, kv(free=80, future=20), config)
+    assert admitted == ["a"]
+    assert deferred == {"b", "c"}
+    assert why == {"b": "kv_budget", "c": "kv_budget"}
+    # Without the running requests' future growth, b fits too.
+    assert admit(waiting, kv(free=80, future=0), config)[0] == ["a", "b", "c"]
+
+
+def test_documents_may_not_use_the_drafting_reserve():
+    config = PolicyConfig(kv_safety_factor=1.0, kv_decode_reserve_fraction=0.2)  # 20 of 100 blocks
+    document_request = [WaitingRequest("doc", drafting=False, user="u", reserve_blocks=30)]
+    drafter = [WaitingRequest("draft", drafting=True, user="u", reserve_blocks=30)]
+    assert admit(document_request, kv(free=45), config)[0] == []
+    assert admit(drafter, kv(free=45), config)[0] == ["draft"]
+
+
+def test_the_safety_factor_keeps_blocks_out_of_reach():
+    config = PolicyConfig(kv_safety_factor=0.9, kv_decode_reserve_fraction=0.0)
+    request = [WaitingRequest("a", drafting=True, user="u", reserve_blocks=95)]
+    assert admit(request, kv(free=100), config)[0] == []
+    assert admit([WaitingRequest("a", drafting=True, user="u", reserve_blocks=90)], kv(free=100), config)[0] == ["a"]
+
+
+def test_admission_stops_when_the_engine_has_no_slot_left():
+    waiting = [WaitingRequest(str(i), drafting=True, user="u", reserve_blocks=1) for i in range(5)]
+    admitted, deferred, why = admit(waiting, kv(free=100, slots=2), PolicyConfig())
+    assert admitted == ["0", "1"] and deferred == {"2", "3", "4"} and set(why.values()) == {"slots"}
+
+
+def test_admission_counts_only_up_to_the_first_blocked_request():
+    asked: list[str] = []
+
+    def reserve(request: WaitingRequest) -> int:
+        asked.append(request.request_id)
+        return 60
+
+    waiting = [WaitingRequest(str(i), drafting=True, user="u") for i in range(10)]
+    admitted, _, _ = admit(waiting, kv(free=100), PolicyConfig(kv_safety_factor=1.0), reserve_blocks=reserve)
+    assert admitted == ["0"]
+    assert asked == ["0", "1"]  # the blocks of a long queue's tail are never counted
+
+
+def test_a_request_that_is_not_ready_neither_starts_nor_blocks_others():
+    waiting = [
+        WaitingRequest("grammar", drafting=True, user="u", ready=False, reserve_blocks=1),
+        WaitingRequest("next", drafting=True, user="u", reserve_blocks=1),
+    ]
+    admitted, deferred, _ = admit(waiting, kv(free=100), PolicyConfig())
+    assert admitted == ["next"] and deferred == set()
+
+
+def test_a_request_that_can_never_fit_is_refused_with_its_figures():
+    config = PolicyConfig(kv_safety_factor=0.5, kv_decode_reserve_fraction=0.5)
+    assert refusal(100, 100, drafting=True, total_blocks=100, block_size=BLOCK, config=config) is None
+    reason = refusal(600, 100, drafting=False, total_blocks=100, block_size=BLOCK, config=config)
+    assert reason is not None and "document" in reason and str(25 * BLOCK) in reason
+    assert refusal(600, 100, drafting=True, total_blocks=100, block_size=BLOCK, config=config) is None
+
+
+def test_predicted_reservations_use_what_requests_of_the_kind_wrote():
+    lengths = OutputLengths(min_samples=10)
+    assert lengths.reserve_output(drafting=True, max_tokens=512, reservation=Reservation.PREDICTED) == 512
+    for n in range(1, 101):  # drafts that wrote 1..100 tokens
+        lengths.record(drafting=True, output_tokens=n)
+    assert lengths.predicted(drafting=True) == 90
+    assert lengths.reserve_output(drafting=True, max_tokens=512, reservation=Reservation.PREDICTED) == 90
+    assert lengths.reserve_output(drafting=True, max_tokens=64, reservation=Reservation.PREDICTED) == 64
+    assert lengths.reserve_output(drafting=True, max_tokens=512, reservation=Reservation.MAX) == 512
+    assert lengths.predicted(drafting=False) is None  # documents have their own history
+
+
+def test_blocks_round_up():
+    assert blocks_for(0, 16) == 0 and blocks_for(1, 16) == 1 and blocks_for(16, 16) == 1 and blocks_for(17, 16) == 2
+
+
+# --- step costs ------------------------------------------------------------------------------
+
+
+def test_the_cost_model_learns_a_machines_step_costs():
+    model = fitted_model()
+    shape = StepShape(decode_requests=8, prefill_tokens=512)
+    assert model.predict(shape) == pytest.approx(FakeStepCosts.seconds(shape), rel=0.05)
+    base = StepShape(decode_requests=8)
+    target = 1.5 * FakeStepCosts.seconds(base)  # 54 ms against 36 ms: 18 ms, i.e. 180 tokens
+    budget = model.prefill_budget(base, position=0, target_s=target)
+    assert 160 <= budget <= 200
+    assert model.prefill_budget(base, position=0, target_s=0.010) == 0  # no room at all
+
+
+def test_the_cost_model_is_not_used_before_it_has_seen_enough_steps():
+    model = StepCostModel(min_steps=32)
+    for _ in range(10):
+        model.observe(StepShape(decode_requests=4, prefill_tokens=100), 0.05)
+    assert not model.ready and model.predict(StepShape(decode_requests=4)) is None
+
+
+def test_attention_makes_a_late_chunk_costlier():
+    model = StepCostModel(window=256, refit_every=8, min_steps=16)
+    rng = random.Random(3)
+    for _ in range(200):  # a fake machine whose prefill cost grows with the chunk's position
+        start, tokens = rng.randint(0, 6000), rng.choice([64, 256, 1024])
+        shape = StepShape.of([100] * 4, [(start, tokens)])
+        model.observe(shape, 0.02 + 0.0001 * tokens + 2e-8 * tokens * (start + tokens / 2))
+    base = StepShape.of([100] * 4, [])
+    early = model.prefill_budget(base, position=0, target_s=0.06)
+    late = model.prefill_budget(base, position=6000, target_s=0.06)
+    assert late < early
+
+
+# --- the plan --------------------------------------------------------------------------------
+
+
+def planner(**config) -> Planner:
+    return Planner(config=PolicyConfig(**config), block_size=BLOCK, max_budget_tokens=2048, cost=fitted_model())
+
+
+def test_with_nobody_drafting_documents_get_the_whole_step():
+    plan = planner().plan([document("d1", left=3000), document("d2", left=3000)], [], [], set())
+    assert plan.reason == "no_drafting"
+    assert plan.hold == frozenset() and plan.token_budget is None  # vLLM's own budget, for all of them
+
+
+def test_a_drafter_that_can_start_holds_document_prefill_back_for_its_step():
+    waiting = [WaitingRequest("new-draft", drafting=True, user="u2"), WaitingRequest("doc3", drafting=False, user="u1")]
+    running = [document("d1", left=3000), draft("old-draft"), document("d2", left=0, done=900)]
+    plan = planner().plan(running, waiting, ["new-draft", "doc3"], set())
+    assert plan.reason == "drafting_waiting"
+    assert plan.hold == {"d1"}  # held, not preempted: a document decoding keeps its token
+    assert "doc3" in plan.defer and "new-draft" not in plan.defer
+    assert plan.order[0] == "old-draft"
+
+
+def test_beside_running_drafts_documents_get_what_the_itl_target_leaves():
+    p = planner(itl_slowdown=1.5)
+    running = [draft(f"draft{i}") for i in range(8)] + [document("d1", left=5000)]
+    plan = p.plan(running, [], [], set())
+    assert plan.reason == "drafting_running" and not plan.hold
+    documents = plan.document_budget_tokens
+    assert plan.token_budget == 8 + documents
+    # The step with the document chunk stays within 1.5x the drafting step alone, and uses most of it.
+    alone = FakeStepCosts.seconds(StepShape(decode_requests=8))
+    with_documents = FakeStepCosts.seconds(StepShape(decode_requests=8, prefill_tokens=documents))
+    assert 1.35 * alone <= with_documents <= 1.55 * alone
+
+
+def test_an_absolute_itl_target_replaces_the_slowdown():
+    running = [draft("a"), document("d1", left=5000)]
+    loose = planner(itl_target_ms=300).plan(running, [], [], set()).document_budget_tokens
+    tight = planner(itl_slowdown=1.1).plan(running, [], [], set()).document_budget_tokens
+    assert loose == 2048 and tight < loose  # 300 ms fits a whole step of prefill here
+
+
+def test_documents_always_progress_by_at_least_a_block():
+    plan = planner(itl_target_ms=1).plan([draft("a"), document("d1", left=5000)], [], [], set())
+    assert plan.document_budget_tokens == BLOCK
+
+
+def test_before_the_cost_model_is_fitted_documents_take_small_chunks_beside_drafting():
+    p = Planner(config=PolicyConfig(), block_size=BLOCK, max_budget_tokens=2048)
+    plan = p.plan([draft("a"), document("d1", left=5000)], [], [], set())
+    assert plan.document_budget_tokens == 2 * BLOCK
+
+
+def test_document_chunks_go_to_users_in_turn_and_to_the_shortest_within_a_user():
+    p = planner()
+    running = [
+        document("alice-long", left=4000, user="alice", arrival=1),
+        document("alice-short", left=500, user="alice", arrival=2),
+        document("bob", left=3000, user="bob", arrival=3),
+        draft("drafter"),
+    ]
+    first = p.plan(running, [], [], set()).order
+    second = p.plan(running, [], [], set()).order
+    assert first[1:] == ("alice-short", "bob", "alice-long")
+    assert second[1:] == ("bob", "alice-short", "alice-long")  # bob's turn first the next step
+
+
+def test_a_drafter_vllm_does_not_start_holds_documents_only_a_few_steps():
+    p = planner()
+    running = [document("d1", left=3000)]
+    waiting = [WaitingRequest("stuck-draft", drafting=True, user="u")]
+    reasons = [p.plan(running, waiting, ["stuck-draft"], set()).reason for _ in range(p.max_hold_steps + 2)]
+    assert reasons[: p.max_hold_steps] == ["drafting_waiting"] * p.max_hold_steps
+    assert reasons[-1] == "no_drafting"
