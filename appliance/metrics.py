@@ -37,10 +37,13 @@ ENGINE_GAUGES = {
     "prefix_cache_hit_rate": ("appliance_engine_prefix_cache_hit_ratio", "Prefix-cache hits / queries since start"),
     "kv_capacity_tokens": ("appliance_engine_kv_capacity_tokens", "KV cache capacity vLLM reports, in tokens"),
     "kv_budget_tokens": ("appliance_engine_kv_budget_tokens", "KV tokens admission may reserve"),
-    "kv_reserved_tokens": ("appliance_engine_kv_reserved_tokens", "KV tokens reserved by admitted requests"),
-    "waiting_for_admission": ("appliance_engine_admission_waiting_requests", "Requests waiting for KV budget"),
-    "drafting_requests": ("appliance_engine_drafting_requests", "Drafting requests in the engine host"),
-    "prefill_lane_waiting": ("appliance_engine_prefill_lane_waiting_requests", "Documents waiting for a prefill turn"),
+    "kv_reserved_tokens": ("appliance_engine_kv_reserved_tokens", "KV tokens reserved by requests in the engine"),
+    "waiting_for_admission": ("appliance_engine_admission_waiting_requests", "Requests waiting for KV blocks"),
+    "drafting_requests": ("appliance_engine_drafting_requests", "Drafting requests in the engine"),
+    "documents_held": ("appliance_engine_documents_held_requests", "Document prefills held back this step for drafting"),
+    "document_budget_tokens": ("appliance_engine_document_budget_tokens", "Document prefill tokens a step may hold beside drafting"),
+    "target_step_ms": ("appliance_engine_target_step_milliseconds", "Step duration the drafting ITL target allows"),
+    "restarts": ("appliance_engine_restarts", "Engine cores the host has started again after one died"),
     "max_model_len": ("appliance_engine_max_model_len_tokens", "Context length configured"),
 }
 
@@ -156,7 +159,7 @@ def _engine_metrics():
     )
     yield info
     for key, (name, documentation) in ENGINE_GAUGES.items():
-        if key in stats:
+        if stats.get(key) is not None:  # some are known only while drafting runs
             yield GaugeMetricFamily(name, documentation, value=float(stats[key]))
     yield CounterMetricFamily(
         "appliance_engine_preemptions", "Preemptions since the engine started", value=stats.get("preemptions", 0)

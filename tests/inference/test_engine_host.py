@@ -1,4 +1,5 @@
-"""The engine host with the real model: stats, streaming, priorities accepted, abort on disconnect."""
+"""The engine host with the real model: stats, streaming, abort on disconnect, and the appliance's
+scheduler inside vLLM (documents beside drafting, KV admission by blocks)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def _request(**overrides) -> GenerateRequest:
 
 def test_stats_describe_the_engine(engine_host):
     stats = engine_host.stats()
+    assert stats["state"] == "ready"
+    assert stats["scheduler_class"].startswith("inference.engine.vllm_scheduler.Appliance")
     assert stats["model"] == "SmolLM2-135M-Instruct"
     assert stats["licence"] == "Apache-2.0"
     assert stats["dtype"] in {"bfloat16", "float32", "float16"}
@@ -77,11 +80,12 @@ def test_disconnecting_aborts_the_request_and_frees_its_reservation(engine_host)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         stats = engine_host.stats()
-        if stats["kv_reserved_tokens"] == 0 and stats["running"] == 0:
+        if stats["kv_reserved_tokens"] == 0 and stats["running"] == 0 and stats["requests_in_host"] == 0:
             break
         time.sleep(0.2)
     assert stats["kv_reserved_tokens"] == 0
     assert stats["admitted_requests"] == 0
+    assert stats["requests_in_host"] == 0
 
 
 def _document_request(tokens_of_text: int = 700, **overrides) -> GenerateRequest:
@@ -101,6 +105,18 @@ def _document_request(tokens_of_text: int = 700, **overrides) -> GenerateRequest
     return _request(**fields)
 
 
+def _document_of_tokens(engine_host, tokens: int, **overrides) -> GenerateRequest:
+    """A document request whose prompt is about ``tokens`` tokens long (measured)."""
+    clauses = max(1, tokens // 25)
+    for _ in range(4):
+        request = _document_request(clauses * 20, **overrides)
+        measured = engine_host.count_tokens([request.messages])[0]
+        if abs(measured - tokens) <= tokens * 0.05:
+            return request
+        clauses = max(1, round(clauses * tokens / measured))
+    return request
+
+
 def _until_waiting(stream):
     for event in stream:
         yield event
@@ -112,85 +128,183 @@ def _done(events):
     return next(e for e in events if e.type == "done")
 
 
-def test_documents_prefill_in_slices_and_a_second_read_hits_the_prefix_cache(engine_host):
+def _scheduler(engine_host) -> dict:
+    return engine_host.stats()["scheduler"]
+
+
+def test_a_document_is_one_engine_request_and_a_second_read_hits_the_prefix_cache(engine_host):
     request = _document_request()
     first = _done(list(engine_host.generate(request)))
-    slice_tokens = engine_host.stats()["prefill_slice_tokens"]
-    assert first.data["prompt_tokens"] > 3 * slice_tokens
-    assert first.data["prefill_slices"] == (first.data["prompt_tokens"] - 2) // slice_tokens
     assert first.data["cached_prompt_tokens"] == 0  # nobody read this text before
+    block = engine_host.stats()["kv_block_size"]
 
     again = GenerateRequest(**{**request.__dict__, "request_id": f"test-{uuid.uuid4()}"})
     second = _done(list(engine_host.generate(again)))
-    # The same document again: found in the prefix cache, and the slices grew while they hit it.
-    assert second.data["cached_prompt_tokens"] >= second.data["prompt_tokens"] - slice_tokens
-    assert second.data["prefill_slices"] < first.data["prefill_slices"]
+    # The same document again: all of it but the last, partly filled block is in the cache.
+    assert second.data["cached_prompt_tokens"] >= second.data["prompt_tokens"] - block
 
 
-def test_a_document_waits_for_its_prefill_turn_while_a_drafter_streams(engine_host):
+def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_leaves(engine_host):
+    """The prefill lane made a document wait until nobody drafted; the scheduler gives it what
+    each step has left, so it finishes while the drafter is still writing."""
     import threading
 
     drafter_events: list = []
     drafter_started = threading.Event()
 
     def drafter():
-        for event in engine_host.generate(_request(max_tokens=96, ignore_eos=True)):
+        for event in engine_host.generate(_request(max_tokens=400, ignore_eos=True)):
             drafter_events.append(event)
             if event.type == "delta":
                 drafter_started.set()
 
+    before = _scheduler(engine_host)["counters"].get("steps_drafting_running", 0)
     thread = threading.Thread(target=drafter)
     thread.start()
-    assert drafter_started.wait(60)
-    document_events = list(engine_host.generate(_document_request()))
-    thread.join(60)
+    assert drafter_started.wait(120)
+    document_events = list(engine_host.generate(_document_of_tokens(engine_host, 1500)))
+    thread.join(300)
+    document_done = _done(document_events)
     drafter_done = _done(drafter_events)
-    waiting = [e for e in document_events if e.type == "waiting"]
-    first_document_token = next(e for e in document_events if e.type == "delta")
-    assert waiting and waiting[0].data["reason"] == "prefill_lane"
-    # Not one token of the document before the drafter finished: its prefill waited.
-    assert first_document_token.received_at >= drafter_done.received_at
-    assert drafter_done.data["output_tokens"] == 96
+    assert document_done.received_at < drafter_done.received_at  # not starved behind the drafter
+    assert drafter_done.data["output_tokens"] == 400
+    assert [e.type for e in document_events if e.type in ("waiting",)] == []  # it never queued for a turn
+    counters = _scheduler(engine_host)["counters"]
+    assert counters.get("steps_drafting_running", 0) > before  # steps sized for drafting were planned
 
 
-def test_leaving_while_waiting_for_a_prefill_turn_gives_everything_back(engine_host):
+def test_a_drafter_that_arrives_while_a_document_prefills_starts_before_the_document(engine_host):
+    """Under vLLM alone a document in mid-prefill takes each step's budget first, and a drafter
+    that arrives behind it waits for the whole prefill; held back for a step, the document lets
+    the drafter in at once."""
     import threading
 
-    drafter_started = threading.Event()
+    document_events: list = []
+    prefilling = threading.Event()
 
-    def drafter():
-        for event in engine_host.generate(_request(max_tokens=150, ignore_eos=True)):
-            if event.type == "delta":
-                drafter_started.set()
+    def document():
+        for event in engine_host.generate(_document_of_tokens(engine_host, 7000, max_tokens=4)):
+            document_events.append(event)
+            if event.type == "prefill" and event.data.get("tokens_done"):
+                prefilling.set()
 
-    thread = threading.Thread(target=drafter)
+    held_before = _scheduler(engine_host)["counters"].get("held_document_steps", 0)
+    thread = threading.Thread(target=document)
     thread.start()
-    assert drafter_started.wait(60)
-    stream = engine_host.generate(_document_request())
-    seen = [event.type for event in _until_waiting(stream)]
-    stream.close()  # cancelled while it waits
-    assert seen[-1] == "waiting" and "delta" not in seen
-    thread.join(60)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        stats = engine_host.stats()
-        if stats["kv_reserved_tokens"] == 0 and stats["prefill_lane_waiting"] == 0 and stats["running"] == 0:
-            break
-        time.sleep(0.2)
-    assert stats["kv_reserved_tokens"] == 0
-    assert stats["prefill_lane_waiting"] == 0
-    assert stats["drafting_requests"] == 0
+    assert prefilling.wait(120), "the document never reported its prefill"
+    drafter_events = list(engine_host.generate(_request(max_tokens=8, ignore_eos=True)))
+    thread.join(300)
+    drafter_first = next(e for e in drafter_events if e.type == "delta")
+    document_first = next(e for e in document_events if e.type == "delta")
+    assert drafter_first.received_at < document_first.received_at
+    assert _scheduler(engine_host)["counters"].get("held_document_steps", 0) > held_before
 
 
-def test_the_baseline_policies_skip_admission_and_the_lane(engine_host):
+def test_requests_sharing_a_prefix_reserve_its_blocks_once(engine_host):
+    """Six requests of one long prompt, each reserving prompt + max output: counted one by one
+    they would overflow the KV budget; sharing the prompt's blocks, all six run at once."""
+    import threading
+
+    stats = engine_host.stats()
+    budget, block = stats["kv_budget_tokens"], stats["kv_block_size"]
+    shared = _document_of_tokens(engine_host, 6000)
+    prompt_tokens = engine_host.count_tokens([shared.messages])[0]
+    output = 2000
+    assert 6 * (prompt_tokens + output) > budget  # one by one, they would not fit
+    assert prompt_tokens + 6 * (output + 2 * block) < 0.9 * budget  # sharing the prompt, they do
+    streams: list = []
+    waited: list = []
+    first_started = threading.Event()
+    all_generating = threading.Barrier(7)
+
+    def one(index: int) -> None:
+        stream = engine_host.generate(
+            GenerateRequest(
+                **{**shared.__dict__, "request_id": f"test-{uuid.uuid4()}", "max_tokens": output, "ignore_eos": True}
+            )  # fmt: skip
+        )
+        streams.append(stream)
+        for event in stream:
+            if event.type == "waiting" and event.data.get("reason") == "kv_budget":
+                waited.append(index)
+            if event.type == "delta":
+                first_started.set()
+                all_generating.wait(600)
+                return
+
+    threads = [threading.Thread(target=one, args=(0,))]
+    threads[0].start()
     try:
-        assert engine_host.set_scheduling("engine") == "engine"
+        assert first_started.wait(300)  # its prompt is computed: in the prefix cache for the others
+        for index in range(1, 6):
+            threads.append(threading.Thread(target=one, args=(index,)))
+            threads[-1].start()
+        all_generating.wait(600)  # all six are generating at once
+        assert waited == []
+    finally:
+        for stream in streams:
+            stream.close()
+        for thread in threads:
+            thread.join(60)
+
+
+def test_a_request_waits_in_the_engine_while_the_kv_budget_is_reserved(engine_host):
+    import threading
+
+    stats = engine_host.stats()
+    budget = stats["kv_budget_tokens"]
+    output = 8000
+    holders = budget // (output + 200)  # requests that reserve nearly all of the budget
+    streams = []
+    started = threading.Semaphore(0)
+
+    def hold():
+        stream = engine_host.generate(_request(max_tokens=output, ignore_eos=True))
+        streams.append(stream)
+        for event in stream:
+            if event.type == "delta":
+                started.release()
+                break
+
+    threads = [threading.Thread(target=hold) for _ in range(holders)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(holders):
+            assert started.acquire(timeout=300)
+        late = engine_host.generate(_request(max_tokens=output, ignore_eos=True))
+        events = []
+        for event in late:
+            events.append(event)
+            if event.type == "waiting":
+                break
+        assert events[-1].type == "waiting" and events[-1].data["reason"] == "kv_budget"
+        assert events[-1].data["position"] == 1
+        assert engine_host.stats()["waiting_for_admission"] == 1
+        streams[0].close()  # one holder leaves: its blocks are free, the late one starts
+        for event in late:
+            if event.type == "delta":
+                break
+        else:
+            pytest.fail("the waiting request never started")
+        late.close()
+    finally:
+        for stream in streams:
+            stream.close()
+        for thread in threads:
+            thread.join(60)
+
+
+def test_the_baseline_policies_leave_vllm_alone(engine_host):
+    try:
+        answer = engine_host.set_scheduling("engine", long_prefill_token_threshold=256)
+        assert answer["scheduling"] == "engine" and answer["settings"]["long_prefill_token_threshold"] == 256
         assert engine_host.stats()["scheduling"] == "engine"
         events = list(engine_host.generate(_document_request()))
         assert events[0].data["kv_reservation_tokens"] == 0  # no admission control
-        assert _done(events).data["prefill_slices"] == 0  # the whole prompt at once
+        assert _done(events).data["output_tokens"] > 0
     finally:
-        engine_host.set_scheduling("appliance")
+        engine_host.set_scheduling("appliance", long_prefill_token_threshold=0)
     assert engine_host.stats()["scheduling"] == "appliance"
     with pytest.raises(EngineRequestError) as error:
         engine_host.set_scheduling("round-robin")

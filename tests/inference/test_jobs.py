@@ -119,7 +119,7 @@ def test_jobs_in_flight_when_the_engine_host_crashes_finish_after_it_is_back(ali
     assert job.attempts == 1  # the engine's outage did not count against the job
 
 
-def test_cancelling_a_document_job_while_it_waits_for_its_prefill_turn_frees_it_at_once(alice, workers, engine_host):
+def test_cancelling_a_document_job_while_its_prompt_is_read_frees_the_engine_at_once(alice, workers, engine_host):
     from documents.models import Document, Page
 
     document = Document.objects.create(
@@ -130,19 +130,28 @@ def test_cancelling_a_document_job_while_it_waits_for_its_prefill_turn_frees_it_
         sha256="1" * 64,
         state=Document.State.READY,
     )
-    text = " ".join(f"Clause {i}: the supplier delivers the goods to the customer every Friday." for i in range(60))
+    text = " ".join(f"Clause {i}: the supplier delivers the goods to the customer every Friday." for i in range(350))
     Page.objects.create(document=document, number=1, text=text)
     drafter = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=300, ignore_eos=True)
     wait_until(lambda: "delta" in _events(drafter.pk), timeout_s=300, message="the drafter to stream")
     summary = services.job_create_summary(owner=alice, document=document, length="short")
-    wait_until(lambda: "waiting" in _events(summary.pk), timeout_s=120, message="the summary to wait for its turn")
+
+    def reading():
+        import json
+
+        return any(
+            fields[b"event"] == b"progress" and json.loads(fields[b"data"]).get("prompt_tokens_done")
+            for _, fields in streaming.sync_client().xrange(streaming.stream_key(summary.pk))
+        )
+
+    wait_until(reading, timeout_s=120, message="the summary to report reading its prompt")
     assert services.job_cancel(job=summary)
 
     def released():
         stats = engine_host.stats()
-        return stats["prefill_lane_waiting"] == 0 and stats["admitted_requests"] == 1  # the drafter's alone
+        return stats["requests_in_host"] == 1 and stats["admitted_requests"] <= 1  # the drafter's alone
 
-    wait_until(released, timeout_s=10, message="the engine host to drop the waiting summary")
+    wait_until(released, timeout_s=15, message="the engine host to drop the cancelled summary")
     drafter = wait_until(lambda: _finished(drafter.pk), timeout_s=300, message="the drafter")
     assert drafter.state == Job.State.SUCCEEDED
     summary.refresh_from_db()
