@@ -212,38 +212,44 @@ def test_requests_sharing_a_prefix_reserve_its_blocks_once(engine_host):
     output = 2000
     assert 6 * (prompt_tokens + output) > budget  # one by one, they would not fit
     assert prompt_tokens + 6 * (output + 2 * block) < 0.9 * budget  # sharing the prompt, they do
-    streams: list = []
+    requests = [
+        GenerateRequest(
+            **{**shared.__dict__, "request_id": f"test-{uuid.uuid4()}", "max_tokens": output, "ignore_eos": True}
+        )  # fmt: skip
+        for _ in range(6)
+    ]
     waited: list = []
     first_started = threading.Event()
     all_generating = threading.Barrier(7)
 
-    def one(index: int) -> None:
-        stream = engine_host.generate(
-            GenerateRequest(
-                **{**shared.__dict__, "request_id": f"test-{uuid.uuid4()}", "max_tokens": output, "ignore_eos": True}
-            )  # fmt: skip
-        )
-        streams.append(stream)
-        for event in stream:
-            if event.type == "waiting" and event.data.get("reason") == "kv_budget":
-                waited.append(index)
-            if event.type == "delta":
-                first_started.set()
-                all_generating.wait(600)
-                return
+    def one(request: GenerateRequest) -> None:
+        stream = engine_host.generate(request)
+        try:
+            for event in stream:
+                if event.type == "waiting" and event.data.get("reason") == "kv_budget":
+                    waited.append(request.request_id)
+                if event.type == "delta":
+                    first_started.set()
+                    all_generating.wait(900)
+                    return
+        except Exception:  # noqa: S110 - aborted by the test's clean-up
+            pass
+        finally:
+            stream.close()
 
-    threads = [threading.Thread(target=one, args=(0,))]
+    threads = [threading.Thread(target=one, args=(requests[0],))]
     threads[0].start()
     try:
-        assert first_started.wait(300)  # its prompt is computed: in the prefix cache for the others
-        for index in range(1, 6):
-            threads.append(threading.Thread(target=one, args=(index,)))
+        assert first_started.wait(900)  # its prompt is computed: in the prefix cache for the others
+        for request in requests[1:]:
+            threads.append(threading.Thread(target=one, args=(request,)))
             threads[-1].start()
-        all_generating.wait(600)  # all six are generating at once
+        all_generating.wait(900)  # all six are generating at once
         assert waited == []
     finally:
-        for stream in streams:
-            stream.close()
+        all_generating.abort()
+        for request in requests:
+            engine_host.abort(request.request_id)
         for thread in threads:
             thread.join(60)
 
@@ -252,27 +258,32 @@ def test_a_request_waits_in_the_engine_while_the_kv_budget_is_reserved(engine_ho
     import threading
 
     stats = engine_host.stats()
-    budget = stats["kv_budget_tokens"]
     output = 8000
-    holders = budget // (output + 200)  # requests that reserve nearly all of the budget
-    streams = []
+    holders = [_request(max_tokens=output, ignore_eos=True) for _ in range(stats["kv_budget_tokens"] // (output + 200))]
     started = threading.Semaphore(0)
+    finished = threading.Event()
 
-    def hold():
-        stream = engine_host.generate(_request(max_tokens=output, ignore_eos=True))
-        streams.append(stream)
-        for event in stream:
-            if event.type == "delta":
-                started.release()
-                break
+    def hold(request: GenerateRequest) -> None:
+        stream = engine_host.generate(request)
+        try:
+            for event in stream:
+                if event.type == "delta":
+                    started.release()
+                    finished.wait(900)  # keep the request (its connection) until the test ends
+                    return
+        except Exception:  # noqa: S110 - aborted by the test's clean-up
+            pass
+        finally:
+            stream.close()
 
-    threads = [threading.Thread(target=hold) for _ in range(holders)]
+    threads = [threading.Thread(target=hold, args=(request,)) for request in holders]
     for thread in threads:
         thread.start()
+    late_request = _request(max_tokens=output, ignore_eos=True)
     try:
-        for _ in range(holders):
-            assert started.acquire(timeout=300)
-        late = engine_host.generate(_request(max_tokens=output, ignore_eos=True))
+        for _ in holders:
+            assert started.acquire(timeout=900)
+        late = engine_host.generate(late_request)
         events = []
         for event in late:
             events.append(event)
@@ -281,7 +292,7 @@ def test_a_request_waits_in_the_engine_while_the_kv_budget_is_reserved(engine_ho
         assert events[-1].type == "waiting" and events[-1].data["reason"] == "kv_budget"
         assert events[-1].data["position"] == 1
         assert engine_host.stats()["waiting_for_admission"] == 1
-        streams[0].close()  # one holder leaves: its blocks are free, the late one starts
+        engine_host.abort(holders[0].request_id)  # one holder leaves: its blocks are free
         for event in late:
             if event.type == "delta":
                 break
@@ -289,8 +300,9 @@ def test_a_request_waits_in_the_engine_while_the_kv_budget_is_reserved(engine_ho
             pytest.fail("the waiting request never started")
         late.close()
     finally:
-        for stream in streams:
-            stream.close()
+        finished.set()
+        for request in [*holders, late_request]:
+            engine_host.abort(request.request_id)
         for thread in threads:
             thread.join(60)
 
