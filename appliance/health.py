@@ -1,6 +1,8 @@
 """``GET /healthz``: the state of every part the appliance needs, as JSON.
 
-200 when all are up, 503 when any is down, with a line per part saying what is wrong.
+200 when all are up, 503 when any is down, with a line per part saying what is wrong. The engine
+is up only while its host answers with ``state: "ready"``: while the host starts its engine core
+again it still answers, with ``restarting``, and the check is red at once rather than timing out.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from inference.engine.client import EngineClient, EngineRequestError, EngineUnavailable
+from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
+from inference.engine.protocol import EngineState
 
 REQUIRED_QUEUES = ("ingest", "prefill", "decode")
 
@@ -70,10 +73,16 @@ def check_workers(broker_ok: bool) -> dict:
 def check_engine() -> dict:
     try:
         stats = EngineClient.from_settings().stats(timeout_s=2.0)
+    except EngineRestarting as exc:
+        return {"ok": False, "state": EngineState.RESTARTING, "detail": f"the engine is restarting: {exc}"}
     except (EngineUnavailable, EngineRequestError, OSError) as exc:
         return {"ok": False, "detail": str(exc)}
-    return {
-        "ok": True,
+    # A host from before the state field answers only once its engine is ready.
+    state = str(stats.get("state", EngineState.READY))
+    result = {
+        "ok": state == EngineState.READY,
+        "state": state,
+        "restarts": stats.get("restarts"),  # engine-core restarts since the host started, if it counts them
         "model": stats.get("model"),
         "kv_capacity_tokens": stats.get("kv_capacity_tokens"),
         "max_model_len": stats.get("max_model_len"),
@@ -81,6 +90,13 @@ def check_engine() -> dict:
         "waiting": stats.get("waiting"),
         "kv_usage": stats.get("kv_usage"),
     }
+    if state == EngineState.RESTARTING:
+        result["detail"] = "the engine is restarting: its engine core stopped and is being started again"
+    elif state != EngineState.READY:
+        result["detail"] = f"the engine is {state}, not ready"
+    if "detail" in result and result["restarts"] is not None:
+        result["detail"] += f" ({result['restarts']} restart(s) since its host started)"
+    return result
 
 
 @never_cache

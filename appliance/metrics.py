@@ -4,7 +4,10 @@ Workers store one ``RequestMetrics`` row per request and the engine host keeps i
 the web process has nothing to count in memory: each scrape reads queue depths from the broker,
 per-queue latency histograms and token counters from the database (cumulative over all stored
 rows, so they only grow, as Prometheus counters must), and the engine's gauges from the engine
-host. A part that is down is reported by its ``*_up`` gauge, not by a failed scrape.
+host. A part that is down is reported by its ``*_up`` gauge, not by a failed scrape: with the
+database down, the families read from it are left out and ``appliance_database_up`` is 0. The
+engine's state (``ready``, or ``restarting`` while its host starts the engine core again) is the
+``appliance_engine_state`` gauge, one series per state with 1 for the current one.
 
 When ``APPLIANCE_METRICS_TOKEN`` is set, scrapes must send it as a bearer token.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 import hmac
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.http import HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -22,7 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from appliance.health import REQUIRED_QUEUES, check_broker
-from inference.engine.client import EngineClient, EngineRequestError, EngineUnavailable
+from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
+from inference.engine.protocol import EngineState
 from inference.models import Job, Queue
 
 # Seconds. From a drafter's first token (tens of ms) to a long document's (minutes on a CPU).
@@ -84,34 +88,44 @@ class ApplianceCollector:
             depth.add_metric([queue], broker.get("queue_depths", {}).get(queue, 0))
         yield depth
 
-        jobs = GaugeMetricFamily("appliance_jobs", "Jobs per queue and state", labels=["queue", "state"])
-        counts = {(row["queue"], row["state"]): row["n"] for row in _job_counts()}
-        for queue in Queue.values:
-            for state in Job.State.values:
-                jobs.add_metric([queue, state], counts.get((queue, state), 0))
-        yield jobs
-
-        yield _histogram("appliance_request_ttft_seconds", "Time to first token, per queue", "ttft_ms", TTFT_BUCKETS_S)
-        yield _histogram(
-            "appliance_request_itl_seconds",
-            "Mean inter-token latency of each request, per queue",
-            "itl_mean_ms",
-            ITL_BUCKETS_S,
-        )
-        yield _histogram(
-            "appliance_request_itl_p95_seconds",
-            "p95 inter-token latency of each request, per queue",
-            "itl_p95_ms",
-            ITL_BUCKETS_S,
-        )
-        yield _histogram(
-            "appliance_request_queue_wait_seconds",
-            "Job created -> a worker started it, per queue",
-            "queue_wait_ms",
-            QUEUE_WAIT_BUCKETS_S,
-        )
-        yield from _token_counters()
+        try:
+            database = list(_database_families())
+        except DatabaseError:
+            database = []
+        yield GaugeMetricFamily("appliance_database_up", "1 when the database answers", value=int(bool(database)))
+        yield from database
         yield from _engine_metrics()
+
+
+def _database_families():
+    """What is read from the database: job counts, per-queue latency histograms, token counters."""
+    jobs = GaugeMetricFamily("appliance_jobs", "Jobs per queue and state", labels=["queue", "state"])
+    counts = {(row["queue"], row["state"]): row["n"] for row in _job_counts()}
+    for queue in Queue.values:
+        for state in Job.State.values:
+            jobs.add_metric([queue, state], counts.get((queue, state), 0))
+    yield jobs
+
+    yield _histogram("appliance_request_ttft_seconds", "Time to first token, per queue", "ttft_ms", TTFT_BUCKETS_S)
+    yield _histogram(
+        "appliance_request_itl_seconds",
+        "Mean inter-token latency of each request, per queue",
+        "itl_mean_ms",
+        ITL_BUCKETS_S,
+    )
+    yield _histogram(
+        "appliance_request_itl_p95_seconds",
+        "p95 inter-token latency of each request, per queue",
+        "itl_p95_ms",
+        ITL_BUCKETS_S,
+    )
+    yield _histogram(
+        "appliance_request_queue_wait_seconds",
+        "Job created -> a worker started it, per queue",
+        "queue_wait_ms",
+        QUEUE_WAIT_BUCKETS_S,
+    )
+    yield from _token_counters()
 
 
 def _job_counts():
@@ -142,13 +156,34 @@ def _token_counters():
         yield family
 
 
+def _engine_state(state: str) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "appliance_engine_state", "1 for the state the engine host reports (ready, restarting)", labels=["state"]
+    )
+    for each in dict.fromkeys((EngineState.READY, EngineState.RESTARTING, state)):
+        family.add_metric([each], int(each == state))
+    return family
+
+
 def _engine_metrics():
     try:
         stats = EngineClient.from_settings().stats(timeout_s=2.0)
+    except EngineRestarting:
+        yield GaugeMetricFamily("appliance_engine_up", "1 when the engine host answers", value=1)
+        yield _engine_state(EngineState.RESTARTING)
+        return
     except (EngineUnavailable, EngineRequestError, OSError):
         yield GaugeMetricFamily("appliance_engine_up", "1 when the engine host answers", value=0)
         return
     yield GaugeMetricFamily("appliance_engine_up", "1 when the engine host answers", value=1)
+    # A host from before the state field answers only once its engine is ready.
+    yield _engine_state(str(stats.get("state", EngineState.READY)))
+    if "restarts" in stats:
+        yield CounterMetricFamily(
+            "appliance_engine_restarts",
+            "Engine-core restarts since the engine host started",
+            value=stats["restarts"],
+        )
     info = GaugeMetricFamily(
         "appliance_engine_info",
         "The engine's model and precision",

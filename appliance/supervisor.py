@@ -3,8 +3,15 @@
 It starts the embedded services when no external ones are configured, prepares the model,
 migrates, makes sure an administrator exists, then starts and watches the processes of the
 appliance: the ASGI web server, the engine host and one Celery worker pool per queue. A process
-that dies is started again (with a growing pause if it keeps dying); Ctrl-C or SIGTERM stops
-them all, newest first, then the embedded services it started.
+that dies is started again (with a growing pause if it keeps dying); so is an embedded service
+it started (Postgres, Valkey), whose server process it watches. Ctrl-C or SIGTERM stops the
+processes, newest first, then those services, newest first.
+
+Nothing else is restarted when a service comes back: the web server opens a database connection
+per request and the workers one per task (``CONN_MAX_AGE = 0``, ``CONN_HEALTH_CHECKS``), and the
+Celery workers reconnect to the broker by themselves. A service's restart runs in the watch loop
+(Valkey in well under a second, Postgres in seconds of crash recovery), so no other process is
+noticed dying meanwhile.
 """
 
 from __future__ import annotations
@@ -15,12 +22,18 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 logger = logging.getLogger("appliance.supervisor")
 
 _PR_SET_PDEATHSIG = 1
+
+# A process or service that dies sooner than this after starting waits longer each time before
+# it is started again (2, 4, 8, ... s, up to ``max_backoff_s``); one that ran longer, half a second.
+QUICK_DEATH_S = 60.0
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -38,13 +51,44 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
+class ServerProcess(Protocol):
+    pid: int
+
+    def alive(self) -> bool: ...
+
+
+class Service(Protocol):
+    """An embedded service (``appliance.embedded``): a server that runs detached, named by its pid."""
+
+    name: str
+
+    def start(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+    def server_process(self) -> ServerProcess | None: ...
+
+
 @dataclass
 class _Running:
     spec: ProcessSpec
     process: subprocess.Popen
     started_at: float
-    restarts: int = 0
+    restarts: int = 0  # quick deaths in a row
     next_start_at: float | None = None
+
+
+@dataclass
+class _Watched:
+    service: Service
+    server: ServerProcess | None
+    started_at: float
+    restarts: int = 0  # quick deaths (or failed starts) in a row
+    next_start_at: float | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.next_start_at is None and self.server is not None and self.server.alive()
 
 
 def appliance_processes(*, python: str, port: int, settings) -> list[ProcessSpec]:
@@ -127,11 +171,23 @@ def appliance_processes(*, python: str, port: int, settings) -> list[ProcessSpec
 
 
 class Supervisor:
-    def __init__(self, specs: list[ProcessSpec], *, cwd: Path, max_backoff_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        specs: list[ProcessSpec],
+        *,
+        cwd: Path,
+        services: Sequence[Service] = (),
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        """``services``: the embedded services this supervisor started (running already), in the
+        order they were started; it watches them and stops them last. A service someone else
+        runs (an external ``DATABASE_URL``, one left by another session) is not for it to restart."""
         self.specs = specs
         self.cwd = cwd
         self.max_backoff_s = max_backoff_s
         self.running: dict[str, _Running] = {}
+        now = time.monotonic()
+        self.services = [_Watched(service, service.server_process(), now) for service in services]
         self.stopping = False
 
     def _spawn(self, spec: ProcessSpec) -> subprocess.Popen:
@@ -148,8 +204,14 @@ class Supervisor:
         for spec in self.specs:
             self.running[spec.name] = _Running(spec, self._spawn(spec), time.monotonic())
 
+    def _pause_after_death(self, entry: _Running | _Watched, lived_s: float) -> float:
+        entry.restarts = 0 if lived_s > QUICK_DEATH_S else entry.restarts + 1
+        return min(self.max_backoff_s, 2.0**entry.restarts) if entry.restarts else 0.5
+
     def poll_once(self) -> None:
-        """Restart what died; a process that dies within a minute of starting waits longer each time."""
+        """Restart what died; one that dies within a minute of starting waits longer each time.
+        Services first: a worker started again finds its broker and database back."""
+        self._poll_services()
         now = time.monotonic()
         for entry in self.running.values():
             if entry.next_start_at is not None:
@@ -162,15 +224,62 @@ class Supervisor:
                 continue
             _signal_group(entry.process, signal.SIGKILL)  # what it left behind (vLLM's engine core)
             lived = now - entry.started_at
-            entry.restarts = 0 if lived > 60 else entry.restarts + 1
-            pause = min(self.max_backoff_s, 2.0**entry.restarts) if entry.restarts else 0.5
+            pause = self._pause_after_death(entry, lived)
             logger.error(
                 "%s exited with code %s after %.0f s; starting it again in %.1f s", entry.spec.name, code, lived, pause
             )
             entry.next_start_at = now + pause
 
+    def _poll_services(self) -> None:
+        for entry in self.services:
+            if self.stopping:
+                return
+            now = time.monotonic()
+            if entry.next_start_at is not None:
+                if now >= entry.next_start_at:
+                    self._start_again(entry)
+                continue
+            if entry.server is not None and entry.server.alive():
+                continue
+            lived = now - entry.started_at
+            pause = self._pause_after_death(entry, lived)
+            logger.error(
+                "%s (pid %s) is gone after %.0f s; starting it again in %.1f s",
+                entry.service.name,
+                entry.server.pid if entry.server is not None else "unknown",
+                lived,
+                pause,
+            )
+            entry.server, entry.next_start_at = None, now + pause
+
+    def _start_again(self, entry: _Watched) -> None:
+        name = entry.service.name
+        logger.info("starting %s again", name)
+        try:
+            started = entry.service.start()
+        except Exception as exc:  # whatever stopped it, the watch goes on
+            pause = self._pause_after_death(entry, 0.0)  # a failed start counts as a quick death
+            logger.error("%s did not start: %s; trying again in %.1f s", name, exc, pause)
+            entry.next_start_at = time.monotonic() + pause
+            return
+        entry.server = entry.service.server_process()
+        entry.started_at, entry.next_start_at = time.monotonic(), None
+        if not started:
+            logger.warning("%s: a server already answers on its port; watching the one its pid file names", name)
+        logger.info("%s is back (pid %s)", name, entry.server.pid if entry.server is not None else "unknown")
+
     def stop_all(self, timeout_s: float = 30.0) -> None:
+        """Stop the processes, newest first, then the services it watches, newest first."""
         self.stopping = True
+        try:
+            self._stop_processes(timeout_s)
+        finally:
+            for entry in reversed(self.services):
+                if entry.up:
+                    logger.info("stopping %s", entry.service.name)
+                    entry.service.stop()
+
+    def _stop_processes(self, timeout_s: float) -> None:
         entries = [e for e in reversed(list(self.running.values())) if e.process.poll() is None]
         for entry in entries:
             logger.info("stopping %s", entry.spec.name)

@@ -50,3 +50,75 @@ def test_healthz_reports_a_missing_engine_host(settings, tmp_path):
     assert response.status_code == 503
     assert response.json()["engine"]["ok"] is False
     assert "not answering" in response.json()["engine"]["detail"]
+
+
+@pytest.fixture
+def workers_up(monkeypatch):
+    """The workers part answered as up: no worker pools run in these unit tests, and the engine's
+    part is the one under test."""
+    monkeypatch.setattr(
+        "appliance.health.check_workers",
+        lambda broker_ok: {"ok": True, "queues": {"ingest": 1, "prefill": 1, "decode": 1}},
+    )
+
+
+def test_healthz_is_red_while_the_engine_restarts_and_green_once_it_is_ready(fake_engine, workers_up):
+    client = Client()
+    fake_engine.stats.update(state="ready", restarts=0)
+    response = client.get("/healthz")
+    assert response.status_code == 200, response.json()
+    assert response.json()["engine"] == {
+        "ok": True,
+        "state": "ready",
+        "restarts": 0,
+        "model": "fake-model",
+        "kv_capacity_tokens": 4096,
+        "max_model_len": 2048,
+        "running": 0,
+        "waiting": 0,
+        "kv_usage": 0.0,
+    }
+
+    fake_engine.stats.update(state="restarting", restarts=1)
+    response = client.get("/healthz")
+    body = response.json()
+    assert response.status_code == 503
+    assert body["status"] == "degraded"
+    assert body["engine"]["ok"] is False
+    assert body["engine"]["state"] == "restarting"
+    assert "restarting" in body["engine"]["detail"] and "1 restart(s)" in body["engine"]["detail"]
+    assert body["engine"]["restarts"] == 1
+    assert body["engine"]["model"] == "fake-model"  # what the host still knows is shown
+    assert body["database"]["ok"] is True and body["broker"]["ok"] is True  # only the engine is red
+
+    fake_engine.stats.update(state="ready")
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+    assert response.json()["engine"]["ok"] is True and "detail" not in response.json()["engine"]
+
+
+def test_an_engine_host_that_reports_no_state_is_ready_when_it_answers(fake_engine, workers_up):
+    del fake_engine.stats["state"]  # a host from before the state field
+    response = Client().get("/healthz")
+    assert response.status_code == 200
+    engine = response.json()["engine"]
+    assert engine["ok"] is True and engine["state"] == "ready"
+    assert engine["restarts"] is None  # not counted by that host: shown as unknown, not as 0
+
+
+def test_an_engine_in_a_state_other_than_ready_is_red(fake_engine, workers_up):
+    fake_engine.stats["state"] = "loading"
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["engine"]["ok"] is False
+    assert response.json()["engine"]["detail"] == "the engine is loading, not ready"
+
+
+def test_an_engine_restarting_error_to_stats_is_red_and_says_restarting(fake_engine, workers_up):
+    fake_engine.error = {"code": "engine_restarting", "detail": "the engine core is starting", "in_flight": False}
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    engine = response.json()["engine"]
+    assert engine["ok"] is False and engine["state"] == "restarting"
+    assert "the engine core is starting" in engine["detail"]

@@ -79,6 +79,42 @@ def test_an_engine_that_does_not_answer_is_reported_not_an_error(settings, tmp_p
     assert _sample(families, "appliance_engine_up") == 0
 
 
+def test_the_engine_state_is_a_gauge_per_state(fake_engine):
+    fake_engine.stats.update(state="restarting", restarts=2)
+    families = _scrape()
+    assert _sample(families, "appliance_engine_up") == 1  # the host answers, its engine core does not
+    assert _sample(families, "appliance_engine_state", state="restarting") == 1
+    assert _sample(families, "appliance_engine_state", state="ready") == 0
+    assert _sample(families, "appliance_engine_restarts_total") == 2
+
+    fake_engine.stats["state"] = "ready"
+    families = _scrape()
+    assert _sample(families, "appliance_engine_state", state="ready") == 1
+    assert _sample(families, "appliance_engine_state", state="restarting") == 0
+
+
+def test_an_engine_host_that_does_not_count_restarts_exports_no_restart_counter(fake_engine):
+    fake_engine.stats.pop("restarts", None)
+    families = _scrape()
+    assert "appliance_engine_restarts" not in families
+    assert _sample(families, "appliance_engine_state", state="ready") == 1
+
+
+def test_a_database_that_is_down_is_reported_not_an_error(monkeypatch):
+    from django.db import OperationalError, connection
+
+    assert _sample(_scrape(), "appliance_database_up") == 1
+
+    def refused(*args, **kwargs):
+        raise OperationalError("connection refused (as if the database were down)")
+
+    monkeypatch.setattr(connection, "cursor", refused)
+    families = _scrape()
+    assert _sample(families, "appliance_database_up") == 0
+    assert "appliance_jobs" not in families and "appliance_request_ttft_seconds" not in families
+    assert "appliance_broker_up" in families and "appliance_engine_up" in families  # the rest is still there
+
+
 def test_a_configured_token_is_required():
     with override_settings(APPLIANCE_METRICS_TOKEN="s3cret-scrape-token"):
         client = Client()

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from appliance.embedded import EmbeddedServiceError, ServerProcess
 from appliance.supervisor import ProcessSpec, Supervisor
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -212,3 +215,149 @@ def test_stop_all_also_stops_what_a_child_left_in_its_group(supervisors, tmp_pat
     finally:
         if not _gone(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+# --- Watched services ---------------------------------------------------------------------------
+
+
+class FakeService:
+    """A fake embedded service: its "server" is a real sleeping process, started detached like the
+    real ones, so that killing it is a real death the supervisor must notice."""
+
+    def __init__(self, name: str, events: list, *, failing_starts: int = 0) -> None:
+        self.name = name
+        self.events = events
+        self.failing_starts = failing_starts
+        self.servers: list[subprocess.Popen] = []
+        self.start()
+
+    def start(self) -> bool:
+        self.events.append(("start", self.name))
+        if self.failing_starts:
+            self.failing_starts -= 1
+            raise EmbeddedServiceError(f"{self.name} cannot start (as told)")
+        self.servers.append(subprocess.Popen(SLEEPER, start_new_session=True))
+        return True
+
+    def stop(self) -> None:
+        self.events.append(("stop", self.name))
+        server = self.servers[-1]
+        server.terminate()
+        server.wait(timeout=5)
+
+    def server_process(self) -> ServerProcess | None:
+        return ServerProcess.of(self.servers[-1].pid) if self.servers else None
+
+    def kill(self) -> None:
+        """SIGKILL the server, not reaped: the zombie left must count as dead."""
+        server = self.servers[-1]
+        server.kill()
+        assert wait_until(lambda: Path(f"/proc/{server.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z")
+
+    def cleanup(self) -> None:
+        for server in self.servers:
+            if server.poll() is None:
+                server.kill()
+            server.wait(timeout=5)
+
+
+@pytest.fixture
+def fake_services():
+    made: list[FakeService] = []
+
+    def make(name, events, **kwargs) -> FakeService:
+        made.append(FakeService(name, events, **kwargs))
+        return made[-1]
+
+    yield make
+    for service in made:
+        service.cleanup()
+
+
+def test_a_watched_service_whose_server_dies_is_started_again(supervisors, fake_services, caplog):
+    events: list = []
+    broker = fake_services("fake broker", events)
+    supervisor = supervisors([], services=[broker], max_backoff_s=0.2)
+    first = broker.servers[-1]
+    supervisor.poll_once()
+    assert len(broker.servers) == 1  # alive: left alone
+
+    caplog.set_level(logging.INFO, logger="appliance.supervisor")
+    broker.kill()
+    assert poll_until(supervisor, lambda: len(broker.servers) == 2, timeout_s=5)
+    assert broker.servers[-1].pid != first.pid and broker.servers[-1].poll() is None
+    assert supervisor.services[0].restarts == 1  # it died within a minute of being watched
+    assert supervisor.services[0].server.pid == broker.servers[-1].pid  # the new server is the one watched
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(f"fake broker (pid {first.pid}) is gone" in m and "starting it again" in m for m in messages)
+    assert any(f"fake broker is back (pid {broker.servers[-1].pid})" in m for m in messages)
+    # The new server is watched in turn.
+    broker.kill()
+    assert poll_until(supervisor, lambda: len(broker.servers) == 3, timeout_s=5)
+    assert supervisor.services[0].restarts == 2
+    supervisor.stop_all(timeout_s=5)
+
+
+def test_a_service_that_fails_to_start_is_tried_again_each_time_later(supervisors, fake_services, caplog):
+    events: list = []
+    database = fake_services("fake database", events)
+    supervisor = supervisors([], services=[database], max_backoff_s=0.2)
+    database.failing_starts = 2
+    database.kill()
+    caplog.set_level(logging.ERROR, logger="appliance.supervisor")
+    assert poll_until(supervisor, lambda: supervisor.services[0].up, timeout_s=10)
+    assert events.count(("start", "fake database")) == 4  # the first, two that failed, the one that worked
+    # Each failed start counts as one more quick death: the pause grows (up to max_backoff_s).
+    assert supervisor.services[0].restarts == 3
+    failures = [r.getMessage() for r in caplog.records if "did not start" in r.getMessage()]
+    assert len(failures) == 2 and "cannot start (as told)" in failures[0]
+    supervisor.stop_all(timeout_s=5)
+
+
+def test_stop_all_stops_the_processes_newest_first_then_the_services_newest_first(supervisors, fake_services, caplog):
+    events: list = []
+    database = fake_services("fake database", events)
+    broker = fake_services("fake broker", events)
+    supervisor = supervisors([ProcessSpec("a", SLEEPER), ProcessSpec("b", SLEEPER)], services=[database, broker])
+    supervisor.start_all()
+    processes = [entry.process for entry in supervisor.running.values()]
+    exited_when_services_stopped = []
+    original_stop = FakeService.stop
+
+    def stop_after_checking(self):
+        exited_when_services_stopped.append(all(p.poll() is not None for p in processes))
+        original_stop(self)
+
+    caplog.set_level(logging.INFO, logger="appliance.supervisor")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FakeService, "stop", stop_after_checking)
+        supervisor.stop_all(timeout_s=5)
+    stopping = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping ")]
+    assert stopping == ["stopping b", "stopping a", "stopping fake broker", "stopping fake database"]
+    assert [e for e in events if e[0] == "stop"] == [("stop", "fake broker"), ("stop", "fake database")]
+    assert exited_when_services_stopped == [True, True]  # the services outlive every process
+    for server in (database.servers[-1], broker.servers[-1]):
+        assert server.poll() is not None
+
+
+def test_a_service_is_not_started_again_once_stopping(supervisors, fake_services):
+    events: list = []
+    broker = fake_services("fake broker", events)
+    supervisor = supervisors([], services=[broker], max_backoff_s=0.1)
+    supervisor.stop_all(timeout_s=5)
+    assert events == [("start", "fake broker"), ("stop", "fake broker")]
+    deadline = time.monotonic() + 0.5  # well past the pause
+    while time.monotonic() < deadline:
+        supervisor.poll_once()
+        time.sleep(0.05)
+    assert events == [("start", "fake broker"), ("stop", "fake broker")]
+
+
+def test_a_dead_service_is_not_stopped(supervisors, fake_services):
+    events: list = []
+    broker = fake_services("fake broker", events)
+    supervisor = supervisors([], services=[broker], max_backoff_s=5)
+    broker.kill()
+    supervisor.poll_once()  # noticed; a restart is due later
+    supervisor.stop_all(timeout_s=5)
+    assert ("stop", "fake broker") not in events

@@ -12,7 +12,8 @@ from appliance.env import env_int, env_str
 from appliance.supervisor import Supervisor, appliance_processes
 from documents.embeddings import model_path as embedding_model_path
 from documents.services import document_reembed_stale
-from inference.engine.client import EngineClient, EngineUnavailable
+from inference.engine.client import EngineClient, EngineRequestError, EngineUnavailable
+from inference.engine.protocol import EngineState
 
 
 class Command(BaseCommand):
@@ -22,16 +23,26 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=env_int("APPLIANCE_PORT", 8000, minimum=1, maximum=65535))
 
     def handle(self, *args, port, **options):
+        # The embedded services this command starts, and so watches and stops; an external
+        # DATABASE_URL / REDIS_URL, or a server someone else left running, is not its to restart.
         started_services = []
         postgres, valkey = embedded_services(settings.VAR_DIR, settings.EMBEDDED_PG_PORT, settings.EMBEDDED_REDIS_PORT)
-        if env_str("DATABASE_URL") is None:
-            self.stdout.write(f"embedded Postgres on 127.0.0.1:{postgres.port} (data in {postgres.data_dir})")
-            if postgres.start():
-                started_services.append(postgres)
-        if env_str("REDIS_URL") is None:
-            self.stdout.write(f"embedded Valkey on 127.0.0.1:{valkey.port} (data in {valkey.data_dir})")
-            if valkey.start():
-                started_services.append(valkey)
+        wanted = [(postgres, "DATABASE_URL"), (valkey, "REDIS_URL")]
+        try:
+            for service, variable in wanted:
+                if env_str(variable) is not None:
+                    continue
+                self.stdout.write(f"{service.name} on 127.0.0.1:{service.port} (data in {service.data_dir})")
+                if service.start():
+                    started_services.append(service)
+                else:
+                    self.stdout.write(
+                        self.style.WARNING(f"{service.name} was already running: used, but not watched or stopped")
+                    )
+        except BaseException:
+            for service in reversed(started_services):
+                service.stop()
+            raise
 
         supervisor = None
         try:
@@ -43,7 +54,7 @@ class Command(BaseCommand):
             if stale:
                 self.stdout.write(f"the embedding model changed: {stale} document(s) queued for re-embedding")
             specs = appliance_processes(python=sys.executable, port=port, settings=settings)
-            supervisor = Supervisor(specs, cwd=settings.BASE_DIR)
+            supervisor = Supervisor(specs, cwd=settings.BASE_DIR, services=started_services)
             stop = {"requested": False}
 
             def request_stop(signum, frame):
@@ -67,9 +78,10 @@ class Command(BaseCommand):
             self.stdout.write("stopping the appliance...")
         finally:
             if supervisor is not None:
-                supervisor.stop_all()
-            for service in reversed(started_services):
-                service.stop()
+                supervisor.stop_all()  # the processes, then the services it watches
+            else:
+                for service in reversed(started_services):
+                    service.stop()
             self.stdout.write("stopped.")
 
 
@@ -85,7 +97,7 @@ def _answers(url: str) -> bool:
 
 def _engine_ready() -> bool:
     try:
-        EngineClient.from_settings().stats(timeout_s=1.0)
-    except (EngineUnavailable, OSError):
+        stats = EngineClient.from_settings().stats(timeout_s=1.0)
+    except (EngineUnavailable, EngineRequestError, OSError):
         return False
-    return True
+    return stats.get("state", EngineState.READY) == EngineState.READY
