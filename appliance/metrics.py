@@ -47,7 +47,6 @@ ENGINE_GAUGES = {
     "documents_held": ("appliance_engine_documents_held_requests", "Document prefills held back this step for drafting"),
     "document_budget_tokens": ("appliance_engine_document_budget_tokens", "Document prefill tokens a step may hold beside drafting"),
     "target_step_ms": ("appliance_engine_target_step_milliseconds", "Step duration the drafting ITL target allows"),
-    "restarts": ("appliance_engine_restarts", "Engine cores the host has started again after one died"),
     "max_model_len": ("appliance_engine_max_model_len_tokens", "Context length configured"),
 }
 
