@@ -119,6 +119,65 @@ def test_jobs_in_flight_when_the_engine_host_crashes_finish_after_it_is_back(ali
     assert job.attempts == 1  # the engine's outage did not count against the job
 
 
+def _kill_engine_core(engine_host) -> int:
+    """SIGKILL vLLM's engine core process (the engine host, its parent, lives on)."""
+    import psutil
+
+    host = psutil.Process(int(engine_host.stats()["pid"]))
+    cores = [p for p in host.children(recursive=True) if p.cmdline()[:1] == ["VLLM::EngineCore"]]
+    assert len(cores) == 1, [p.cmdline() for p in host.children(recursive=True)]
+    cores[0].kill()
+    return cores[0].pid
+
+
+def _health(browser) -> tuple[int, dict]:
+    response = browser.get("/healthz")
+    return response.status_code, response.json()
+
+
+def test_a_job_in_flight_when_the_engine_core_dies_succeeds_after_the_host_restarts_it(
+    alice, workers, engine_host, browser
+):
+    restarts = engine_host.stats()["restarts"]
+    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=200, ignore_eos=True)
+    wait_until(lambda: "delta" in _events(job.pk), timeout_s=300, message="the job to start streaming")
+    _kill_engine_core(engine_host)
+    wait_until(lambda: engine_host.stats()["state"] == "restarting", timeout_s=30, message="the host to notice")
+    status, health = _health(browser)
+    assert status == 503 and health["engine"]["state"] == "restarting"
+    later = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=20, ignore_eos=True)  # while it restarts
+    job = wait_until(lambda: _finished(job.pk), timeout_s=900, message="the job to finish after the restart")
+    assert job.state == Job.State.SUCCEEDED, job.error
+    assert job.metrics.output_tokens == 200
+    assert job.engine_crashes == 1  # counted against it, in case it was the cause, but retried
+    later = wait_until(lambda: _finished(later.pk), timeout_s=600, message="the job created during the restart")
+    assert later.state == Job.State.SUCCEEDED, later.error
+    assert later.engine_crashes == 0  # it was not in the engine when it died
+    stats = engine_host.stats()
+    assert stats["state"] == "ready" and stats["restarts"] == restarts + 1
+    assert job.pk.hex[:8] in "".join(stats["last_engine_death"]["in_flight"]).replace("-", "")
+    wait_until(lambda: _health(browser)[0] == 200, timeout_s=120, message="/healthz to be green again")
+
+
+def test_a_job_in_the_engine_both_times_it_dies_is_failed_and_not_retried(alice, workers, engine_host):
+    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=2000, ignore_eos=True)
+    for crash in (1, 2):
+        wait_until(
+            lambda: Job.objects.get(pk=job.pk).state == Job.State.RUNNING and engine_host.stats()["state"] == "ready"
+            and engine_host.stats()["requests_in_host"] >= 1,
+            timeout_s=900,
+            message=f"the job to be in the engine before crash {crash}",
+        )  # fmt: skip
+        wait_until(lambda: engine_host.stats()["running"] >= 1, timeout_s=300, message="the job to run")
+        _kill_engine_core(engine_host)
+        wait_until(lambda: engine_host.stats()["state"] == "restarting", timeout_s=30, message="the host to notice")
+    job = wait_until(lambda: _finished(job.pk), timeout_s=900, message="the job to be given up")
+    assert job.state == Job.State.FAILED
+    assert job.engine_crashes == 2
+    assert "engine" in job.error and "not tried again" in job.error
+    wait_until(lambda: engine_host.stats()["state"] == "ready", timeout_s=900, message="the engine to be back")
+
+
 def test_cancelling_a_document_job_while_its_prompt_is_read_frees_the_engine_at_once(alice, workers, engine_host):
     from documents.models import Document, Page
 
