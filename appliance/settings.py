@@ -168,12 +168,17 @@ APPLIANCE_ENGINE_SOCKET = Path(env_str("APPLIANCE_ENGINE_SOCKET") or VAR_DIR / "
 APPLIANCE_DTYPE = env_choice("APPLIANCE_DTYPE", "auto", ("auto", "bfloat16", "float16", "float32"))
 APPLIANCE_KV_CACHE_DTYPE = env_choice("APPLIANCE_KV_CACHE_DTYPE", "auto", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"))
 APPLIANCE_MAX_MODEL_LEN = env_int("APPLIANCE_MAX_MODEL_LEN", 8192, minimum=256)
-APPLIANCE_MAX_NUM_SEQS = env_int("APPLIANCE_MAX_NUM_SEQS", 32, minimum=1)
+# Most requests the engine runs at once; 0: 32 on a CPU, and on a GPU what the capacity planner
+# finds room for (inference/measure/capacity.py, gpu_engine_defaults).
+APPLIANCE_MAX_NUM_SEQS = env_int("APPLIANCE_MAX_NUM_SEQS", 0, minimum=0) or None
 APPLIANCE_MAX_NUM_BATCHED_TOKENS = env_int("APPLIANCE_MAX_NUM_BATCHED_TOKENS", 2048, minimum=64)
 # vLLM's cap on prompt tokens one request may prefill per step while others run (0: off). The
 # appliance's scheduler already sizes document chunks; this would bound long drafting prompts.
 APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD = env_int("APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD", 0, minimum=0)
-APPLIANCE_GPU_MEMORY_UTILIZATION = env_float("APPLIANCE_GPU_MEMORY_UTILIZATION", 0.85, minimum=0.1, maximum=0.99)
+# Share of the GPU's memory vLLM takes; 0: all but what the runtime needs beside it (the planner).
+APPLIANCE_GPU_MEMORY_UTILIZATION = (
+    env_float("APPLIANCE_GPU_MEMORY_UTILIZATION", 0.0, minimum=0.0, maximum=0.99) or None
+)
 # CPU build only: the KV cache size in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE).
 APPLIANCE_CPU_KV_CACHE_GIB = env_int("APPLIANCE_CPU_KV_CACHE_GIB", 2, minimum=1)
 APPLIANCE_ENGINE_CONNECT_TIMEOUT_S = env_float("APPLIANCE_ENGINE_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)

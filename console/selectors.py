@@ -151,14 +151,16 @@ def served_model_check(stats: dict | None) -> dict | None:
     context = int(stats.get("max_model_len") or settings.APPLIANCE_MAX_MODEL_LEN)
     on_gpu = stats.get("device") == "cuda" and stats.get("device_memory_bytes")
     if on_gpu:
+        # What the engine took (the operator's setting, or the planner's default it chose).
+        utilization = float(stats.get("gpu_memory_utilization") or settings.APPLIANCE_GPU_MEMORY_UTILIZATION or 0.9)
         planned = plan(
             shape,
             device_memory_bytes=int(stats["device_memory_bytes"]),
             context_tokens=context,
-            memory_utilization=settings.APPLIANCE_GPU_MEMORY_UTILIZATION,
+            memory_utilization=utilization,
         )
         memory = (
-            f"APPLIANCE_GPU_MEMORY_UTILIZATION = {settings.APPLIANCE_GPU_MEMORY_UTILIZATION:g} of the GPU's "
+            f"APPLIANCE_GPU_MEMORY_UTILIZATION = {utilization:g} of the GPU's "
             f"{int(stats['device_memory_bytes']) / GIB:.1f} GiB, less the weights"
         )
     else:

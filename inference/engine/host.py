@@ -29,7 +29,7 @@ import os
 import platform
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,10 @@ class EngineConfig:
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     max_model_len: int = 8192
-    max_num_seqs: int = 32
+    max_num_seqs: int | None = None  # None: 32 on a CPU, the capacity planner's on a GPU
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
-    gpu_memory_utilization: float = 0.85
+    gpu_memory_utilization: float | None = None  # None: the capacity planner's
     cpu_kv_cache_gib: int = 2
     kv_block_size: int | None = None  # None: vLLM's default for the device
     kv_capacity_tokens: int | None = None  # None: all the KV cache vLLM finds room for
@@ -204,6 +204,28 @@ class EngineHost:
 
     # --- start-up ------------------------------------------------------------------------
 
+    def device_defaults(self) -> EngineConfig:
+        """The configuration with what the operator left unset filled in for this device: 32
+        requests at once on a CPU; on a GPU, vLLM's share of memory and the batch size from the
+        capacity planner (the served model's shape and the GPU's memory)."""
+        import torch
+
+        cfg = self.config
+        if cfg.max_num_seqs is not None and (cfg.gpu_memory_utilization is not None or not torch.cuda.is_available()):
+            return cfg
+        if not torch.cuda.is_available():
+            return replace(cfg, max_num_seqs=32)
+        from inference.measure.capacity import gpu_engine_defaults, shape_of_model_dir
+
+        shape = shape_of_model_dir(cfg.model, weight_dtype=cfg.dtype, kv_dtype=cfg.kv_cache_dtype)
+        defaults = gpu_engine_defaults(shape, device_memory_bytes=int(torch.cuda.get_device_properties(0).total_memory))
+        logger.info("GPU defaults from the capacity planner: %s", defaults.reason)
+        return replace(
+            cfg,
+            max_num_seqs=cfg.max_num_seqs or defaults.max_num_seqs,
+            gpu_memory_utilization=cfg.gpu_memory_utilization or defaults.gpu_memory_utilization,
+        )
+
     def _build_engine(self):
         """A new ``AsyncLLM`` (blocks until its engine core has loaded the model), with the
         appliance's scheduler class: the synchronous or the asynchronous variant, as vLLM
@@ -215,7 +237,7 @@ class EngineHost:
 
         from inference.engine.vllm_scheduler import CONFIG_ENV, scheduler_class_path
 
-        cfg = self.config
+        cfg = self.config = self.device_defaults()
         cache_args: dict[str, int] = {}
         if cfg.kv_block_size:
             cache_args["block_size"] = cfg.kv_block_size
@@ -236,7 +258,7 @@ class EngineHost:
             enable_chunked_prefill=True,
             enable_prefix_caching=True,
             scheduling_policy="priority",
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            gpu_memory_utilization=cfg.gpu_memory_utilization or 0.9,
             disable_log_stats=False,
             **cache_args,
             # Compact JSON: a model may not spend its token budget on whitespace between fields.
@@ -275,6 +297,7 @@ class EngineHost:
             "kv_block_size": int(cache.block_size),
             "kv_blocks": int(cache.num_gpu_blocks or 0),
             "max_num_seqs": self.config.max_num_seqs,
+            "gpu_memory_utilization": self.config.gpu_memory_utilization if device["device"] == "cuda" else None,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "prefix_caching": True,
             "vllm_scheduling_policy": "priority",

@@ -135,6 +135,49 @@ def plan(shape: ModelShape, *, device_memory_bytes: int, context_tokens: int, me
     )
 
 
+# What a GPU needs outside vLLM's share of its memory: the CUDA context, activations and the
+# sampler's buffers vLLM does not count, and the embedder when it shares the device.
+GPU_RUNTIME_RESERVE_BYTES = int(1.5 * GIB)
+MAX_GPU_MEMORY_UTILIZATION = 0.95
+# The size of a request the batch is sized for: a drafted reply (a letter and passages in, a reply
+# out) or a document section's chunk beside it; longer ones are fewer, and admission holds them.
+TYPICAL_REQUEST_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class EngineDefaults:
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    kv_capacity_tokens: int
+    reason: str
+
+
+def gpu_engine_defaults(
+    shape: ModelShape, *, device_memory_bytes: int, typical_request_tokens: int = TYPICAL_REQUEST_TOKENS,
+    reserve_bytes: int = GPU_RUNTIME_RESERVE_BYTES,
+) -> EngineDefaults:  # fmt: skip
+    """The engine settings a GPU box starts with when the operator sets none, from the planner
+    rather than copied from the CPU: vLLM's share of the GPU is all of it but what the runtime
+    needs beside (at most 95 %), and the batch holds as many requests as the KV cache has room
+    for at ``typical_request_tokens`` each (between 8 and 256, a multiple of 8)."""
+    utilization = min(MAX_GPU_MEMORY_UTILIZATION, 1.0 - reserve_bytes / device_memory_bytes)
+    utilization = max(0.5, int(utilization * 100) / 100)
+    planned = plan(
+        shape, device_memory_bytes=device_memory_bytes, context_tokens=typical_request_tokens,
+        memory_utilization=utilization,
+    )  # fmt: skip
+    seqs = max(8, min(256, planned.max_concurrent_requests // 8 * 8))
+    return EngineDefaults(
+        gpu_memory_utilization=utilization,
+        max_num_seqs=seqs,
+        kv_capacity_tokens=planned.kv_capacity_tokens,
+        reason=(
+            f"{utilization:.2f} of {device_memory_bytes / GIB:.0f} GiB for vLLM; {planned.kv_capacity_tokens:,} KV tokens "
+            f"hold {planned.max_concurrent_requests} requests of {typical_request_tokens:,} tokens: max_num_seqs {seqs}"
+        ),
+    )
+
+
 def plan_kv_cache(shape: ModelShape, *, kv_cache_bytes: int, context_tokens: int) -> Plan:
     """What fits in a KV cache of a fixed size (a CPU engine's ``VLLM_CPU_KVCACHE_SPACE``): the
     plan of a device that holds exactly the weights and ``kv_cache_bytes``, all of it used."""

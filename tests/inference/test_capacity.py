@@ -3,6 +3,7 @@ and against what the running engine reports for the served model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from io import StringIO
@@ -95,3 +96,20 @@ def test_the_planner_agrees_with_the_engine_on_the_served_model(engine_host):
     planned_tokens = settings.APPLIANCE_CPU_KV_CACHE_GIB * GIB // shape.kv_bytes_per_token
     assert planned_tokens - stats["kv_block_size"] <= stats["kv_capacity_tokens"] <= planned_tokens
     assert shape.weight_dtype == stats["dtype"]  # APPLIANCE_DTYPE=auto: the config's dtype
+
+
+def test_gpu_defaults_come_from_the_planner_not_from_the_cpu():
+    from inference.measure.capacity import KNOWN_SHAPES, gpu_engine_defaults
+
+    llama = KNOWN_SHAPES["Llama-3.1-8B"]
+    small = gpu_engine_defaults(llama, device_memory_bytes=24 * GIB)
+    large = gpu_engine_defaults(llama, device_memory_bytes=80 * GIB)
+    # 24 GiB: all but 1.5 GiB for the runtime; ~8 GB of KV at 128 KiB a token: ~29 requests of 2k.
+    assert small.gpu_memory_utilization == 0.93
+    assert small.max_num_seqs == 24
+    # 80 GiB: capped at 95 %; room for ~240 such requests.
+    assert large.gpu_memory_utilization == 0.95
+    assert large.max_num_seqs == 240 and large.kv_capacity_tokens > 8 * small.kv_capacity_tokens
+    # fp8 KV halves the bytes per token: twice the requests.
+    fp8 = gpu_engine_defaults(dataclasses.replace(llama, kv_dtype="fp8"), device_memory_bytes=24 * GIB)
+    assert fp8.max_num_seqs == 56 and "max_num_seqs 56" in fp8.reason
