@@ -263,8 +263,10 @@ class StepShape:
 
 class StepCostModel:
     """Step duration as a linear function of ``StepShape.features``, fitted by least squares
-    (coefficients kept non-negative) over the last ``window`` steps the engine ran, refitted
-    every ``refit_every`` steps: learned on the machine it runs on, CPU or GPU alike."""
+    (coefficients kept non-negative) over the engine's recent steps, refitted every
+    ``refit_every`` steps: learned on the machine it runs on, CPU or GPU alike. Steps with and
+    without prefill are kept apart (``window`` / 2 of each), so that a long spell of drafting
+    alone does not make the model forget what prefill costs."""
 
     FEATURES = ("intercept_s", "per_decode_request_s", "per_1k_decode_context_s", "per_prefill_token_s",
                 "per_prefill_attention_s")  # fmt: skip
@@ -273,18 +275,26 @@ class StepCostModel:
         self.window = window
         self.refit_every = refit_every
         self.min_steps = min_steps
-        self._rows: deque[tuple[tuple[float, ...], float]] = deque(maxlen=window)
+        self._with_prefill: deque[tuple[tuple[float, ...], float]] = deque(maxlen=max(1, window // 2))
+        self._without_prefill: deque[tuple[tuple[float, ...], float]] = deque(maxlen=max(1, window // 2))
         self._since_fit = 0
         self.coefficients: tuple[float, ...] | None = None
         self.steps_seen = 0
 
+    @property
+    def _rows(self) -> list[tuple[tuple[float, ...], float]]:
+        return [*self._with_prefill, *self._without_prefill]
+
     def observe(self, shape: StepShape, seconds: float) -> None:
         if seconds <= 0 or (shape.decode_requests == 0 and shape.prefill_tokens == 0):
             return
-        self._rows.append((shape.features(), seconds))
+        (self._with_prefill if shape.prefill_tokens else self._without_prefill).append((shape.features(), seconds))
         self.steps_seen += 1
         self._since_fit += 1
-        if self._since_fit >= self.refit_every and len(self._rows) >= self.min_steps:
+        if (
+            self._since_fit >= self.refit_every
+            and len(self._with_prefill) + len(self._without_prefill) >= self.min_steps
+        ):
             self._fit()
 
     def _fit(self) -> None:
@@ -326,10 +336,10 @@ class StepCostModel:
             return None
         spare = target_s - (self.predict(base) or 0.0)
         per_token = self.coefficients[3] + self.coefficients[4] * position / 1e6
+        if per_token <= 0:
+            return None  # no step with prefill seen yet: this model cannot say what a chunk costs
         if spare <= 0:
             return 0
-        if per_token <= 0:
-            return None  # prefill costs nothing measurable here: no limit from this model
         # Attention grows with the chunk itself: solve c3*n + c4*n*(p + n/2)/1e6 = spare for n.
         a = self.coefficients[4] / 2e6
         if a <= 0:
@@ -376,8 +386,8 @@ class Planner:
         ITL target leaves, at least one block, at most the step's budget."""
         target = self.target_step_s(base)
         budget = None if target is None else self.cost.prefill_budget(base, position=position, target_s=target)
-        if budget is None:
-            budget = self.unfitted_chunk_blocks * self.block_size if not self.cost.ready else self.max_budget_tokens
+        if budget is None:  # the model cannot tell yet: small chunks, until it has seen some
+            budget = self.unfitted_chunk_blocks * self.block_size
         return max(self.block_size, min(self.max_budget_tokens, budget))
 
     def fair_order(self, documents: Sequence[RunningRequest]) -> list[RunningRequest]:

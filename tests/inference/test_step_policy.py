@@ -266,3 +266,24 @@ def test_a_drafter_vllm_does_not_start_holds_documents_only_a_few_steps():
     reasons = [p.plan(running, waiting, ["stuck-draft"], set()).reason for _ in range(p.max_hold_steps + 2)]
     assert reasons[: p.max_hold_steps] == ["drafting_waiting"] * p.max_hold_steps
     assert reasons[-1] == "no_drafting"
+
+
+def test_a_long_spell_of_drafting_alone_does_not_make_the_model_forget_what_prefill_costs():
+    model = fitted_model()
+    for _ in range(2000):  # minutes of decode-only steps
+        shape = StepShape(decode_requests=8)
+        model.observe(shape, FakeStepCosts.seconds(shape))
+    base = StepShape(decode_requests=8)
+    budget = model.prefill_budget(base, position=0, target_s=1.5 * FakeStepCosts.seconds(base))
+    assert 160 <= budget <= 200
+
+
+def test_with_no_prefill_step_seen_documents_take_small_chunks_beside_drafting():
+    model = StepCostModel(window=64, refit_every=8, min_steps=16)
+    for n in range(1, 40):
+        shape = StepShape(decode_requests=n % 8 + 1)
+        model.observe(shape, FakeStepCosts.seconds(shape))
+    assert model.ready
+    p = Planner(config=PolicyConfig(), block_size=BLOCK, max_budget_tokens=2048, cost=model)
+    plan = p.plan([draft("a"), document("d1", left=5000)], [], [], set())
+    assert plan.document_budget_tokens == 2 * BLOCK  # not the whole step: the model cannot tell
