@@ -121,8 +121,9 @@ EMBEDDED_REDIS_PORT = env_int("APPLIANCE_REDIS_PORT", 63799, minimum=1, maximum=
 EMBEDDED_REDIS_URL = f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
 REDIS_URL = env_str("REDIS_URL") or EMBEDDED_REDIS_URL
 
-# The longest job the appliance runs, in seconds. The broker's visibility timeout must be above
-# it, or a job still running would be handed to a second worker.
+# The longest job the appliance runs, in seconds: each attempt's deadline, enforced by the worker
+# itself on every pool (inference/attempts.py), with Celery's limits 30 and 60 s later for pools
+# that honour them. The broker's visibility timeout must be above it.
 APPLIANCE_JOB_TIME_LIMIT_S = env_int("APPLIANCE_JOB_TIME_LIMIT_S", 1800, minimum=10)
 
 CELERY_BROKER_URL = REDIS_URL
@@ -130,7 +131,7 @@ CELERY_BROKER_URL = REDIS_URL
 _INGEST_TIME_LIMIT_S = 3660
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Above the longest task, or a task still running would be handed to a second worker.
-    "visibility_timeout": max(APPLIANCE_JOB_TIME_LIMIT_S + 30, _INGEST_TIME_LIMIT_S) + 600,
+    "visibility_timeout": max(APPLIANCE_JOB_TIME_LIMIT_S + 60, _INGEST_TIME_LIMIT_S) + 600,
     "socket_connect_timeout": 5,
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

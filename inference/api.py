@@ -159,7 +159,7 @@ def _result_data(job: Job, user) -> dict:
     return data
 
 
-def job_out(request, job: Job) -> dict:
+def job_out(request, job: Job, *, orders: dict | None = None) -> dict:
     metrics = getattr(job, "metrics", None)
     result = None
     if job.state == Job.State.SUCCEEDED:
@@ -177,7 +177,7 @@ def job_out(request, job: Job) -> dict:
         "created_at": job.created_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
-        "queue_place": selectors.job_queue_status(job) if job.state == Job.State.QUEUED else None,
+        "queue_place": selectors.job_queue_status(job, orders=orders) if job.state == Job.State.QUEUED else None,
         "result": result,
         "metrics": None if metrics is None else {name: getattr(metrics, name) for name in JobMetrics.model_fields},
         "links": {
@@ -340,7 +340,10 @@ def list_jobs(
         jobs = jobs.filter(state=filters.state)
     if filters.kind:
         jobs = jobs.filter(kind=filters.kind)
-    return paginate(request, jobs, page=page, page_size=page_size, item=lambda job: job_out(request, job))
+    orders: dict = {}  # each queue's order, worked out once for the page
+    return paginate(
+        request, jobs, page=page, page_size=page_size, item=lambda job: job_out(request, job, orders=orders)
+    )
 
 
 @router.get("/{job_id}", response=responses(404, ok={200: JobOut}), auth=auth.READ, summary="A job")

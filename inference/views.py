@@ -344,7 +344,11 @@ def job_rows(request):
 
 def _job_rows_context(request) -> dict:
     jobs = list(selectors.jobs_of(user=request.user)[:JOBS_LISTED])
-    rows = [{"job": job, **(selectors.job_queue_status(job) if job.state == job.State.QUEUED else {})} for job in jobs]
+    orders: dict = {}  # each queue's order, worked out once for the page
+    rows = [
+        {"job": job, **(selectors.job_queue_status(job, orders=orders) if job.state == job.State.QUEUED else {})}
+        for job in jobs
+    ]
     return {"rows": rows, "live": any(not job.is_finished for job in jobs)}
 
 
