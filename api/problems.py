@@ -50,7 +50,8 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     ),
     "queue-full": (
         "The appliance is busy",
-        "Too many jobs are waiting in this queue. Try again after `Retry-After` seconds.",
+        "Too many jobs are waiting in this queue, or you already have as many waiting there as one person "
+        "may (`APPLIANCE_MAX_QUEUED_PER_USER`); `detail` says which. Try again after `Retry-After` seconds.",
     ),
     "idempotency-key-reused": (
         "Idempotency-Key reused",

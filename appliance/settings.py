@@ -199,7 +199,10 @@ APPLIANCE_PREFILL_SLICE_TOKENS = env_int("APPLIANCE_PREFILL_SLICE_TOKENS", 0, mi
 # The longest documents wait for drafting traffic before they get a slice anyway.
 APPLIANCE_PREFILL_MAX_PAUSE_S = env_float("APPLIANCE_PREFILL_MAX_PAUSE_S", 5.0, minimum=0.1)
 # Past this many waiting jobs in a queue, new jobs are refused with 429 and Retry-After.
-APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 200, minimum=1)
+APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 1000, minimum=1)
+# Past this many waiting jobs of one person in a queue, that person's new jobs are refused with
+# 429 (well under the depth above, so that one person cannot fill a queue). 0: no such limit.
+APPLIANCE_MAX_QUEUED_PER_USER = env_int("APPLIANCE_MAX_QUEUED_PER_USER", 100, minimum=0)
 # A running job whose worker has not reported for this long is handed to another worker.
 APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S = env_int("APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S", 60, minimum=2)
 # How long a job keeps retrying while the engine host is down (it restarts in about 2 minutes).

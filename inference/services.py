@@ -9,7 +9,7 @@ from dataclasses import asdict
 import redis
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from documents.models import Document
@@ -347,11 +347,17 @@ def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
 def _job_create(
     *, owner: AbstractBaseUser, document: Document | None, kind: JobKind, options: dict, api_token=None
 ) -> Job:
-    """Write the job and send it to its queue after the commit; refused before anything is
-    written when its queue is full."""
+    """Write the job and send it to its queue after the commit. Refused before anything is
+    written when its queue is full, or when its owner has as many jobs waiting there as one
+    person may."""
     queue = QUEUE_FOR_KIND[kind]
     _check_queue_depth(queue)
     with transaction.atomic():
+        # One person's jobs are counted and written one request at a time, so that a burst of
+        # requests cannot slip past the per-person limit together.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.create:{owner.pk}"])
+        _check_owner_queued(owner, queue)
         job = Job.objects.create(
             owner=owner,
             document=document,
@@ -378,6 +384,22 @@ def _check_queue_depth(queue: str) -> None:
         raise QueueFull(
             f"The appliance is busy: {waiting} jobs are already waiting in the {queue} queue. "
             f"Try again in about {retry_after} seconds.",
+            retry_after_s=retry_after,
+        )
+
+
+def _check_owner_queued(owner: AbstractBaseUser, queue: str) -> None:
+    limit = settings.APPLIANCE_MAX_QUEUED_PER_USER
+    if not limit:
+        return
+    mine = Job.objects.filter(owner=owner, queue=queue, state=Job.State.QUEUED).count()
+    if mine >= limit:
+        # Users take turns, so one of theirs starts within about one turn of the queue.
+        retry_after = _retry_after_s(queue, 1)
+        raise QueueFull(
+            f"You already have {mine} jobs waiting in the {queue} queue, the most one person may have "
+            f"waiting at once ({limit}), so that others are not kept waiting. Try again in about "
+            f"{retry_after} seconds, when some of yours have started.",
             retry_after_s=retry_after,
         )
 

@@ -258,6 +258,25 @@ def test_a_full_queue_gives_429_with_retry_after(alice, settings):
     assert Job.objects.count() == 1
 
 
+def test_one_persons_queued_jobs_are_capped_with_429_naming_the_limit(alice, bob, settings):
+    settings.APPLIANCE_MAX_QUEUED_PER_USER = 1
+    document = ready_document(alice, "lease", "The rent is 900 pounds a month.")
+    client = Client()
+    auth = bearer(alice)
+    assert client.post("/api/v1/jobs/summary", {"document_id": document.pk}, content_type="application/json", **auth).status_code == 201
+    response = client.post("/api/v1/jobs/clauses", {"document_id": document.pk}, content_type="application/json", **auth)
+    body = problem(response, 429)
+    assert body["type"] == "/api/problems/queue-full" and int(response["Retry-After"]) >= 5
+    assert "the most one person may have waiting at once (1)" in body["detail"]
+    from inference import services
+
+    services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "Hello"}])  # another queue
+    chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hello"}]}
+    response = client.post("/v1/chat/completions", chat, content_type="application/json", **auth)
+    body = problem(response, 429)
+    assert body["error"]["code"] == "queue-full" and "one person" in body["error"]["message"]
+
+
 def test_idempotency_key_returns_the_same_job_and_refuses_another_request(alice, settings):
     document = ready_document(alice, "lease", "The rent is 900 pounds a month.")
     client = Client()

@@ -91,3 +91,26 @@ def test_chat_jobs_check_their_input(alice):
         services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "x"}], max_tokens=0)
     job = services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "x"}], max_tokens=5)
     assert job.queue == Queue.DECODE and job.options["max_tokens"] == 5
+
+
+def test_one_person_cannot_fill_a_queue_for_everyone(browser, alice, django_user_model):
+    document = _document(alice)
+    _job(alice)
+    _job(alice)
+    with override_settings(APPLIANCE_MAX_QUEUED_PER_USER=2):
+        response = browser.post(reverse("inference:summarise", args=[document.pk]), {"length": "short"})
+        assert response.status_code == 429
+        assert 5 <= int(response["Retry-After"]) <= 600
+        assert b"the most one person may have waiting at once (2)" in response.content
+        # Someone else still gets in, and alice's jobs on the other queue are not counted.
+        bob = django_user_model.objects.create_user(username="bob", password="another long password")
+        services.job_create_summary(owner=bob, document=_document(bob))
+        services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "hi"}])
+    with override_settings(APPLIANCE_MAX_QUEUED_PER_USER=0):  # no per-person limit (benchmarks)
+        services.job_create_summary(owner=alice, document=document)
+
+
+def test_the_queue_limits_leave_room_for_many_people():
+    from appliance import settings as defaults
+
+    assert defaults.APPLIANCE_MAX_QUEUE_DEPTH >= 10 * defaults.APPLIANCE_MAX_QUEUED_PER_USER
