@@ -64,7 +64,8 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     ),
     "unavailable": (
         "Service unavailable",
-        "A part of the appliance (the engine host or the broker) does not answer. Try again shortly.",
+        "A part of the appliance (the engine host or the broker) does not answer, so nothing was queued or "
+        "stored. Try again after `Retry-After` seconds.",
     ),
     "server-error": (
         "Internal error",

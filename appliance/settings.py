@@ -133,7 +133,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Above the longest task, or a task still running would be handed to a second worker.
     "visibility_timeout": max(APPLIANCE_JOB_TIME_LIMIT_S + 60, _INGEST_TIME_LIMIT_S) + 600,
     "socket_connect_timeout": 5,
+    # A publish to a broker that vanished without closing the connection fails instead of
+    # waiting for ever (consumers poll with BRPOP every second, well inside it).
+    "socket_timeout": 10,
 }
+# A web request that creates a job waits at most about a second for a broker that is down, then
+# answers 503 (appliance/broker.py); kombu's default retries would hold it longer.
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25, "interval_max": 0.5}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -38,7 +38,7 @@ class JobAdmin(admin.ModelAdmin):
             try:
                 services.job_retry(job=job, user=job.owner)
                 started += 1
-            except services.JobRejected as exc:
+            except (services.JobRejected, services.BrokerUnavailable) as exc:
                 refused.append(f"{job.pk}: {exc}")
         self.message_user(request, f"{started} job(s) sent again.", messages.SUCCESS)
         for reason in refused[:10]:

@@ -246,7 +246,7 @@ def _create_once(request, key: str | None, create) -> tuple[int, dict]:
     return 200, job_out(request, _own_job(request, earlier.job_id))
 
 
-CREATE_RESPONSES = responses(404, 409, 422, 429, ok={200: JobOut, 201: JobOut})
+CREATE_RESPONSES = responses(404, 409, 422, 429, 503, ok={200: JobOut, 201: JobOut})
 IDEMPOTENCY_HELP = "Send the same key again (with the same body) to get the same job back instead of a new one."
 
 

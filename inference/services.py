@@ -1,5 +1,7 @@
 """Writes for jobs: create, cancel, retry, edit a draft. Views, API and tasks call these; what
-happens to a job once it is sent (claims, runs, requeues, the watchdog) is ``lifecycle``."""
+happens to a job once it is sent (claims, runs, requeues, the watchdog) is ``lifecycle``.
+
+``BrokerUnavailable`` is re-exported here because creating a job raises it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
 from django.utils import timezone
 
+from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
 from documents.models import Document
 from inference import streaming
 from inference.clauses import DEFAULT_TAXONOMY, categories_for
@@ -271,7 +274,11 @@ def draft_edit(*, job: Job, text: str) -> Job:
 def _enqueue_draft_check(job_id, version: int) -> None:
     from inference.tasks import check_draft
 
-    check_draft.apply_async(args=[str(job_id), version], queue=celery_queue_for(Queue.DECODE))
+    try:
+        check_draft.apply_async(args=[str(job_id), version], queue=celery_queue_for(Queue.DECODE))
+    except PUBLISH_ERRORS:  # the edit is kept; the page says it could not be checked
+        logger.warning("job %s: the broker did not take the check of edit %s", job_id, version)
+        draft_check_failed(job_id=job_id, version=version)
 
 
 def draft_check_edit(*, job_id, version: int) -> bool:
@@ -348,13 +355,17 @@ def _job_create(
     *, owner: AbstractBaseUser, document: Document | None, kind: JobKind, options: dict, api_token=None
 ) -> Job:
     """Write the job and send it to its queue after the commit. Refused before anything is
-    written when its queue is full, or when its owner has as many jobs waiting there as one
-    person may."""
+    written when its queue is full, when its owner has as many jobs waiting there as one person
+    may, or when the broker does not answer (``BrokerUnavailable``: the API and the pages answer
+    503 with ``Retry-After``). If the publish still fails after the commit, the row is removed,
+    so that no queued job is left that nothing will run."""
     queue = QUEUE_FOR_KIND[kind]
     _check_queue_depth(queue)
+    _check_owner_queued(owner, queue)  # a 429 says what to do better than a 503 would
+    broker_check()
     with transaction.atomic():
-        # One person's jobs are counted and written one request at a time, so that a burst of
-        # requests cannot slip past the per-person limit together.
+        # Counted again, with one person's jobs counted and written one request at a time, so
+        # that a burst of requests cannot slip past the per-person limit together.
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.create:{owner.pk}"])
         _check_owner_queued(owner, queue)
@@ -367,7 +378,7 @@ def _job_create(
             options=options,
             api_token=api_token,
         )
-        transaction.on_commit(lambda: job_dispatch(job_id=job.pk))
+        transaction.on_commit(lambda: _dispatch_new(job.pk))
     return job
 
 
@@ -402,6 +413,16 @@ def _check_owner_queued(owner: AbstractBaseUser, queue: str) -> None:
             f"{retry_after} seconds, when some of yours have started.",
             retry_after_s=retry_after,
         )
+
+
+def _dispatch_new(job_id) -> None:
+    try:
+        job_dispatch(job_id=job_id)
+    except PUBLISH_ERRORS as exc:
+        # The broker went away after the check: take the row back rather than leave it queued.
+        Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).delete()
+        logger.warning("job %s: the broker did not take its message; the job was removed", job_id)
+        raise BrokerUnavailable() from exc
 
 
 def job_cancel(*, job: Job) -> bool:

@@ -421,6 +421,20 @@ def test_a_job_running_elsewhere_or_gone_is_left_alone(alice):
 # --- sending ---------------------------------------------------------------------------------
 
 
+def test_a_job_whose_message_the_broker_refuses_after_the_commit_is_taken_back(alice, monkeypatch):
+    from kombu.exceptions import OperationalError
+
+    from appliance.broker import BrokerUnavailable
+
+    def refuse(job_id, **kwargs):
+        raise OperationalError("Error 111 connecting to the broker. Connection refused.")
+
+    monkeypatch.setattr(lifecycle, "_publish_turn", refuse)
+    with pytest.raises(BrokerUnavailable):
+        services.job_create_chat(owner=alice, messages=LETTER, max_tokens=5)
+    assert not Job.objects.exists()  # no queued row that nothing would run
+
+
 def test_a_new_job_is_sent_to_its_queue_once_committed(alice, sent):
     job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=5)
     assert sent == [(str(job.pk), None, None)]

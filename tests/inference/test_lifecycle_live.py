@@ -1,23 +1,31 @@
 """A job's life through the real queues, workers, broker and engine host: a frozen worker whose job
-was handed on never writes it again, users take turns on a queue, and the time limit holds on
-the threads pool."""
+was handed on never writes it again, users take turns on a queue, the time limit holds on the
+threads pool, and a web process whose broker is down answers 503 without leaving a queued job,
+and 429 for a person over their share of the queue."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
+from api.services import token_create
+from appliance.supervisor import appliance_processes
 from inference import services, streaming
-from inference.models import Job
+from inference.models import Job, JobKind, Queue
 from tests.conftest import BASE_DIR, _child_env, _stop, _test_database_url, wait_until
+from tests.factories import ready_document
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -138,3 +146,77 @@ def test_the_time_limit_holds_on_the_threads_pool_and_aborts_the_engine_request(
         wait_until(lambda: engine_host.stats()["admitted_requests"] == 0, timeout_s=60, message="the engine to let go")
         assert engine_host.stats()["requests_served"] == served_before  # aborted, not run to its end
         assert [e for e, _ in _entries(job.pk)][-1] == "failed"
+
+
+@pytest.fixture
+def web_with_dead_broker(django_db_setup):
+    """The real web server (uvicorn, as `make run` starts it) whose broker is a port where nothing
+    listens, with a per-person limit of 2 queued jobs. Yields its URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]  # bound and closed: nothing listens there now
+    (spec,) = [s for s in appliance_processes(python=sys.executable, port=port, settings=settings) if s.name == "web"]
+    log = (settings.VAR_DIR / "logs" / "web-dead-broker.log").open("wb")
+    env = _child_env(
+        DATABASE_URL=_test_database_url(), REDIS_URL=f"redis://127.0.0.1:{dead}/0", APPLIANCE_MAX_QUEUED_PER_USER="2"
+    )
+    process = subprocess.Popen(
+        spec.argv, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(url + "/accounts/login/", timeout=2)
+            return True
+        except OSError:
+            return False
+
+    try:
+        wait_until(answers, timeout_s=60, message="the web server")
+        yield url
+    finally:
+        _stop(process)
+        log.close()
+
+
+def _post(url: str, token: str, body: dict):
+    """(status, headers (case-insensitive), JSON body) of a POST."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.headers, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, json.loads(error.read())
+
+
+def test_with_the_broker_down_creating_a_job_is_503_and_leaves_nothing_queued(alice, web_with_dead_broker):
+    document = ready_document(alice, "lease", "The rent is 900 pounds a month, paid on the first day.")
+    _, token = token_create(user=alice, name="tool", scopes=["read", "write"])
+    status, headers, body = _post(f"{web_with_dead_broker}/api/v1/jobs/summary", token, {"document_id": document.pk})
+    assert status == 503 and int(headers["Retry-After"]) > 0, body
+    assert body["type"] == "/api/problems/unavailable" and "broker" in body["detail"]
+    chat = {"model": settings.APPLIANCE_MODEL.name, "messages": LETTER}
+    status, headers, body = _post(f"{web_with_dead_broker}/v1/chat/completions", token, chat)
+    assert status == 503 and int(headers["Retry-After"]) > 0 and body["error"]["code"] == "unavailable"
+    assert not Job.objects.exists()  # not queued, not anything
+
+
+def test_a_person_over_their_share_of_the_queue_gets_429_naming_the_limit(alice, web_with_dead_broker):
+    document = ready_document(alice, "lease", "The rent is 900 pounds a month, paid on the first day.")
+    for _ in range(2):
+        Job.objects.create(  # sent already, as far as any watchdog knows
+            owner=alice, document=document, kind=JobKind.SUMMARISE, queue=Queue.PREFILL, dispatched_at=timezone.now()
+        )
+    _, token = token_create(user=alice, name="tool", scopes=["read", "write"])
+    status, headers, body = _post(f"{web_with_dead_broker}/api/v1/jobs/summary", token, {"document_id": document.pk})
+    assert status == 429 and int(headers["Retry-After"]) >= 5, body
+    assert body["type"] == "/api/problems/queue-full"
+    assert "the most one person may have waiting at once (2)" in body["detail"]
+    assert Job.objects.count() == 2

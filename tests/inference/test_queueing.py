@@ -114,3 +114,19 @@ def test_the_queue_limits_leave_room_for_many_people():
     from appliance import settings as defaults
 
     assert defaults.APPLIANCE_MAX_QUEUE_DEPTH >= 10 * defaults.APPLIANCE_MAX_QUEUED_PER_USER
+
+
+DEAD_BROKER = "redis://127.0.0.1:9/0"  # the discard port: nothing listens
+
+
+def test_creating_a_job_while_the_broker_is_down_is_503_with_retry_after_and_writes_nothing(browser, alice):
+    document = _document(alice)
+    with override_settings(CELERY_BROKER_URL=DEAD_BROKER):
+        response = browser.post(reverse("inference:summarise", args=[document.pk]), {"length": "short"})
+        assert response.status_code == 503
+        assert int(response["Retry-After"]) > 0
+        page = response.content.decode()
+        assert "The job could not be queued" in page and "message broker does not answer" in page
+        response = browser.post(reverse("inference:draft_new"), {"message": "When is the invoice paid?"})
+        assert response.status_code == 503
+    assert Job.objects.count() == 0
