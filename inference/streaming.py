@@ -44,13 +44,11 @@ def fence_key(job_id: Any) -> str:
 
 
 # KEYS: stream, fence, cancel. ARGV: attempt ("" = only while no attempt holds the job), event,
-# data, maxlen, ttl. Returns {1, id, cancelled} when appended, {0, "", 0} when fenced out.
+# data, maxlen, ttl. Returns {1, id, cancelled} when appended, {0, "", cancelled} when fenced out.
 _FENCED_XADD = """
 local fence = redis.call('GET', KEYS[2])
-if ARGV[1] == '' then
-  if fence then return {0, '', 0} end
-elseif fence ~= ARGV[1] then
-  return {0, '', 0}
+if (ARGV[1] == '' and fence) or (ARGV[1] ~= '' and fence ~= ARGV[1]) then
+  return {0, '', redis.call('EXISTS', KEYS[3])}
 end
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[2], 'data', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
@@ -67,7 +65,7 @@ return 0
 
 class Outcome(enum.Enum):
     SENT = "sent"
-    CANCELLED = "cancelled"  # sent, and the job has been cancelled
+    CANCELLED = "cancelled"  # the job has been cancelled (the event was sent, or refused because of it)
     FENCED = "fenced"  # refused: the attempt no longer holds the job
 
 
@@ -107,9 +105,9 @@ def publish_fenced(job_id: Any, event: str, data: dict[str, Any], *, attempt: in
         args=["" if attempt is None else str(attempt), event, json.dumps(data), STREAM_MAXLEN,
               settings.APPLIANCE_STREAM_RETENTION_S],
     )  # fmt: skip
-    if not appended:
-        return Outcome.FENCED
-    return Outcome.CANCELLED if cancelled else Outcome.SENT
+    if cancelled:
+        return Outcome.CANCELLED
+    return Outcome.SENT if appended else Outcome.FENCED
 
 
 def fence_hold(job_id: Any, attempt: int) -> None:

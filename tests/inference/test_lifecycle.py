@@ -234,6 +234,9 @@ def test_a_stream_event_of_an_attempt_that_lost_the_fence_is_refused(alice):
     assert streaming.publish_fenced(job.pk, "delta", {"text": "c"}, attempt=2) is streaming.Outcome.SENT
     assert streaming.publish_fenced(job.pk, "waiting", {}, attempt=None) is streaming.Outcome.FENCED  # held
     assert [d["text"] for _, d in _events(job.pk)] == ["a", "c"]
+    services.job_cancel(job=job)  # takes the fence from whoever holds it, and says why
+    assert streaming.publish_fenced(job.pk, "delta", {"text": "d"}, attempt=2) is streaming.Outcome.CANCELLED
+    assert [d.get("text") for _, d in _events(job.pk)] == ["a", "c", None]  # then only "cancelled"
 
 
 def test_a_cancelled_job_is_not_stored_and_its_request_is_closed(alice, sent):
