@@ -50,7 +50,8 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     ),
     "queue-full": (
         "The appliance is busy",
-        "Too many jobs are waiting in this queue. Try again after `Retry-After` seconds.",
+        "Too many jobs are waiting in this queue, or you already have as many waiting there as one person "
+        "may (`APPLIANCE_MAX_QUEUED_PER_USER`); `detail` says which. Try again after `Retry-After` seconds.",
     ),
     "idempotency-key-reused": (
         "Idempotency-Key reused",
@@ -63,7 +64,8 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     ),
     "unavailable": (
         "Service unavailable",
-        "A part of the appliance (the engine host or the broker) does not answer. Try again shortly.",
+        "A part of the appliance (the engine host or the broker) does not answer, so nothing was queued or "
+        "stored. Try again after `Retry-After` seconds.",
     ),
     "server-error": (
         "Internal error",

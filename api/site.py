@@ -20,6 +20,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from api.problems import CONTENT_TYPE, ApiProblem, problem_response
+from appliance.broker import BrokerUnavailable
 from console.views import staff_only
 from documents.services import NotAllowed, UploadRejected
 from inference.engine.client import EngineUnavailable
@@ -141,6 +142,14 @@ def _not_found(request, exc):
 def _queue_full(request, exc: QueueFull):
     return problem_response(
         request, status=429, code="queue-full", detail=str(exc), headers={"Retry-After": str(exc.retry_after_s)}
+    )
+
+
+@api.exception_handler(BrokerUnavailable)
+def _broker_down(request, exc: BrokerUnavailable):
+    # Nothing was written (or what was written was taken back): the caller may simply retry.
+    return problem_response(
+        request, status=503, code="unavailable", detail=str(exc), headers={"Retry-After": str(exc.retry_after_s)}
     )
 
 

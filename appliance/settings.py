@@ -121,8 +121,9 @@ EMBEDDED_REDIS_PORT = env_int("APPLIANCE_REDIS_PORT", 63799, minimum=1, maximum=
 EMBEDDED_REDIS_URL = f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
 REDIS_URL = env_str("REDIS_URL") or EMBEDDED_REDIS_URL
 
-# The longest job the appliance runs, in seconds. The broker's visibility timeout must be above
-# it, or a job still running would be handed to a second worker.
+# The longest job the appliance runs, in seconds: each attempt's deadline, enforced by the worker
+# itself on every pool (inference/attempts.py), with Celery's limits 30 and 60 s later for pools
+# that honour them. The broker's visibility timeout must be above it.
 APPLIANCE_JOB_TIME_LIMIT_S = env_int("APPLIANCE_JOB_TIME_LIMIT_S", 1800, minimum=10)
 
 CELERY_BROKER_URL = REDIS_URL
@@ -130,9 +131,16 @@ CELERY_BROKER_URL = REDIS_URL
 _INGEST_TIME_LIMIT_S = 3660
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Above the longest task, or a task still running would be handed to a second worker.
-    "visibility_timeout": max(APPLIANCE_JOB_TIME_LIMIT_S + 30, _INGEST_TIME_LIMIT_S) + 600,
+    "visibility_timeout": max(APPLIANCE_JOB_TIME_LIMIT_S + 60, _INGEST_TIME_LIMIT_S) + 600,
     "socket_connect_timeout": 5,
+    # A publish to a broker that vanished without closing the connection fails instead of
+    # waiting for ever (consumers poll with BRPOP every second, well inside it).
+    "socket_timeout": 10,
 }
+# A web request that creates a job waits at most about a second for a broker that is down, then
+# answers 503 (appliance/broker.py); kombu's default retries would hold it longer.
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25, "interval_max": 0.5}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -209,7 +217,10 @@ APPLIANCE_KV_DECODE_RESERVE = env_float("APPLIANCE_KV_DECODE_RESERVE", 0.1, mini
 APPLIANCE_DRAFTING_ITL_SLOWDOWN = env_float("APPLIANCE_DRAFTING_ITL_SLOWDOWN", 1.3, minimum=1.0, maximum=10.0)
 APPLIANCE_DRAFTING_ITL_TARGET_MS = env_float("APPLIANCE_DRAFTING_ITL_TARGET_MS", 0.0, minimum=0.0)
 # Past this many waiting jobs in a queue, new jobs are refused with 429 and Retry-After.
-APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 200, minimum=1)
+APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 1000, minimum=1)
+# Past this many waiting jobs of one person in a queue, that person's new jobs are refused with
+# 429 (well under the depth above, so that one person cannot fill a queue). 0: no such limit.
+APPLIANCE_MAX_QUEUED_PER_USER = env_int("APPLIANCE_MAX_QUEUED_PER_USER", 100, minimum=0)
 # A running job whose worker has not reported for this long is handed to another worker.
 APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S = env_int("APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S", 60, minimum=2)
 # How long a job keeps retrying while the engine host is down (it restarts in about 2 minutes).

@@ -147,7 +147,7 @@ def list_documents(
 
 @router.post(
     "",
-    response=responses(413, 429, ok={200: UploadOut, 201: UploadOut}),
+    response=responses(413, 429, 503, ok={200: UploadOut, 201: UploadOut}),
     auth=auth.WRITE,
     summary="Upload a document",
 )

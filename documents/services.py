@@ -21,6 +21,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
+from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
 from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
 from documents.models import Chunk, Document, Page
 
@@ -83,6 +84,7 @@ def document_create(
         )
     if not upload.size:
         raise UploadRejected(f"{upload.name} is empty.")
+    broker_check()  # a stored file that nothing will ingest would stay "uploaded" for ever
     sha256 = _sha256_chunks(upload.chunks())
     upload.seek(0)
     existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
@@ -95,13 +97,27 @@ def document_create(
             groups = list(groups)
             if groups:
                 document.shared_with.set(groups)
-            _enqueue_ingest(document.pk)
+            transaction.on_commit(lambda: _dispatch_upload(document))
     except IntegrityError:  # the same bytes uploaded twice at the same moment
         existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
         if existing is None:
             raise
         return existing, False
     return document, True
+
+
+def _dispatch_upload(document: Document) -> None:
+    """Queue an upload's ingestion; if the broker went away after the check, take the upload
+    back (row and file) and say so, rather than keep a document nothing will ingest (and that
+    the same file uploaded again would only find)."""
+    from documents.tasks import ingest_document
+
+    try:
+        ingest_document.delay(document.pk)
+    except PUBLISH_ERRORS as exc:
+        logger.warning("document %s: the broker did not take its ingestion; the upload was removed", document.pk)
+        document_delete(document=document)
+        raise BrokerUnavailable() from exc
 
 
 def _enqueue_ingest(document_id: int) -> None:

@@ -8,6 +8,7 @@ from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from appliance.broker import BrokerUnavailable
 from console.services import audit
 from documents import selectors, services
 from documents.models import Document
@@ -52,6 +53,9 @@ def library(request):
             except services.UploadRejected as exc:
                 messages.error(request, str(exc))
                 continue
+            except BrokerUnavailable as exc:  # the rest would fail the same way
+                messages.error(request, f"{upload.name} and any files after it were not uploaded. {exc}")
+                break
             if created:
                 audit(request, "upload", target=document.title, document=document, filename=document.filename)
                 messages.success(request, f"{document.filename} uploaded; its text is being extracted.")

@@ -19,7 +19,10 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ("kind", "queue", "state", ("api_token", admin.EmptyFieldListFilter), "created_at")
     search_fields = ("id", "owner__username", "document__title")
     list_select_related = ("owner", "document")
-    readonly_fields = ("created_at", "started_at", "finished_at", "heartbeat_at", "attempts", "api_token")
+    readonly_fields = (
+        "created_at", "started_at", "finished_at", "heartbeat_at", "attempts", "engine_crashes", "engine_waits",
+        "celery_queue", "dispatched_at", "not_before", "claimed_at", "checkpoint", "api_token",
+    )  # fmt: skip
     inlines = [RequestMetricsInline]
     actions = ["cancel", "retry"]
 
@@ -35,7 +38,7 @@ class JobAdmin(admin.ModelAdmin):
             try:
                 services.job_retry(job=job, user=job.owner)
                 started += 1
-            except services.JobRejected as exc:
+            except (services.JobRejected, services.BrokerUnavailable) as exc:
                 refused.append(f"{job.pk}: {exc}")
         self.message_user(request, f"{started} job(s) sent again.", messages.SUCCESS)
         for reason in refused[:10]:

@@ -159,7 +159,7 @@ def _result_data(job: Job, user) -> dict:
     return data
 
 
-def job_out(request, job: Job) -> dict:
+def job_out(request, job: Job, *, orders: dict | None = None) -> dict:
     metrics = getattr(job, "metrics", None)
     result = None
     if job.state == Job.State.SUCCEEDED:
@@ -177,7 +177,7 @@ def job_out(request, job: Job) -> dict:
         "created_at": job.created_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
-        "queue_place": selectors.job_queue_status(job) if job.state == Job.State.QUEUED else None,
+        "queue_place": selectors.job_queue_status(job, orders=orders) if job.state == Job.State.QUEUED else None,
         "result": result,
         "metrics": None if metrics is None else {name: getattr(metrics, name) for name in JobMetrics.model_fields},
         "links": {
@@ -246,7 +246,7 @@ def _create_once(request, key: str | None, create) -> tuple[int, dict]:
     return 200, job_out(request, _own_job(request, earlier.job_id))
 
 
-CREATE_RESPONSES = responses(404, 409, 422, 429, ok={200: JobOut, 201: JobOut})
+CREATE_RESPONSES = responses(404, 409, 422, 429, 503, ok={200: JobOut, 201: JobOut})
 IDEMPOTENCY_HELP = "Send the same key again (with the same body) to get the same job back instead of a new one."
 
 
@@ -340,7 +340,10 @@ def list_jobs(
         jobs = jobs.filter(state=filters.state)
     if filters.kind:
         jobs = jobs.filter(kind=filters.kind)
-    return paginate(request, jobs, page=page, page_size=page_size, item=lambda job: job_out(request, job))
+    orders: dict = {}  # each queue's order, worked out once for the page
+    return paginate(
+        request, jobs, page=page, page_size=page_size, item=lambda job: job_out(request, job, orders=orders)
+    )
 
 
 @router.get("/{job_id}", response=responses(404, ok={200: JobOut}), auth=auth.READ, summary="A job")

@@ -49,12 +49,34 @@ class Job(models.Model):
     result_note = models.TextField(blank=True)  # e.g. what part of a document the result covers
     result_data = models.JSONField(default=dict, blank=True)  # clauses, a long document's partial summaries
     error = models.TextField(blank=True)
+    # Starts that count against services.MAX_ATTEMPTS. While the job runs, also the running
+    # attempt's fencing token: each of its writes is conditional on (RUNNING, this number).
     attempts = models.PositiveSmallIntegerField(default=0)
+    # Times the engine died while this job was in it: at 2 the job is failed (it may be the cause).
+    engine_crashes = models.PositiveSmallIntegerField(default=0)
+    # Times it went back to wait for the engine host (down or restarting); bounded by
+    # APPLIANCE_ENGINE_RETRY_WINDOW_S.
+    engine_waits = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Set by the worker while the job runs; a stale one means the worker died (see watchdog.py).
+    # Set by the worker while the job runs; a stale one means the worker died (the watchdog,
+    # services.jobs_recover_stale).
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The Celery queue its run_job messages go to (services.celery_queue_for when it was sent):
+    # a worker of that queue claims the next job by fair share among the jobs sent there.
+    celery_queue = models.CharField(max_length=16, blank=True)
+    # When its latest message was published; None while queued means not published yet (the web
+    # process died between commit and publish, or a requeue did): the watchdog publishes it.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    # Not claimed before this: the job waits for the engine host to come back.
+    not_before = models.DateTimeField(null=True, blank=True)
+    # Its latest claim; its owner's latest claim in a queue is when they were last served.
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # Finished parts of an unfinished job (a long document's sections), by a fingerprint of the
+    # request that made each, so that an attempt after the engine or a worker died resumes.
+    # Emptied when the job finishes; a retried job is a new row and starts without it.
+    checkpoint = models.JSONField(default=dict, blank=True)
     # The API token that asked for it (None: the browser, a benchmark); usage is counted per token.
     api_token = models.ForeignKey(
         "api.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs"
@@ -65,10 +87,17 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["owner", "-created_at"]),
             models.Index(fields=["queue", "state"]),
+            models.Index(fields=["celery_queue", "state", "owner"], name="job_fair_share"),
+            models.Index(fields=["owner", "celery_queue", "claimed_at"], name="job_owner_served"),
         ]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.id}"
+
+    def save(self, *args, **kwargs) -> None:
+        if not self.celery_queue:  # a row made outside services (the admin, a shell, a test)
+            self.celery_queue = self.queue
+        super().save(*args, **kwargs)
 
     @property
     def is_finished(self) -> bool:
@@ -103,7 +132,7 @@ class RequestMetrics(models.Model):
     model = models.CharField(max_length=255, blank=True)
     scheduling = models.CharField(max_length=16, blank=True)  # the engine host's policy for it
     queue_wait_ms = models.FloatField(help_text="job created -> a worker started it")
-    admission_wait_ms = models.FloatField(help_text="waiting for KV budget in the engine host")
+    admission_wait_ms = models.FloatField(help_text="waiting in the engine for KV blocks and a turn")
     ttft_ms = models.FloatField(help_text="job created -> first token reached the worker")
     prefill_ms = models.FloatField(null=True, blank=True, help_text="admitted by the engine host -> first token")
     itl_mean_ms = models.FloatField(null=True, blank=True)

@@ -1,23 +1,27 @@
 """How each kind of job talks to the engine host, inside a worker.
 
-A runner takes a claimed job and returns a ``TaskResult``: the text, a note, structured data and
-every engine request it made (for the metrics). ``services.job_run`` claims the job, calls the
-runner of its kind, and stores what it returns. Runners stream what the user should watch
-(``visible`` requests) to the job's Redis stream; the others (a long document's sections, JSON)
-report progress instead.
+A runner takes a claimed job and the attempt that holds it, and returns a ``TaskResult``: the
+text, a note, structured data and every engine request it made (for the metrics).
+``lifecycle.job_run_next`` claims the job, calls the runner of its kind, and stores what it
+returns. Runners stream what the user should watch (``visible`` requests) to the job's Redis
+stream; the others (a long document's sections, JSON) report progress instead, and each of them
+is kept on the job as it finishes (``Job.checkpoint``), so that an attempt after a lost worker
+or a dead engine does not ask for it again. Every event and every kept part is fenced
+(``fencing``), and the attempt is checked between every step: a cancel, a lost claim or the
+deadline stops it there, and its open engine request is closed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
-import threading
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from django.conf import settings
-from django.utils import timezone
 
-from inference import grounding, streaming
+from inference import fencing, grounding, streaming
+from inference.attempts import Attempt, StopReason
 from inference.clauses import clause_schema, parse_answer, quote_choices, verify_clauses
 from inference.drafting import DRAFT_MAX_TOKENS, check_support, support_summary
 from inference.engine.client import EngineClient
@@ -51,7 +55,6 @@ class EngineRun:
     deltas: list[Delta] = field(default_factory=list)
     admitted: dict = field(default_factory=dict)
     done: dict = field(default_factory=dict)
-    cancelled: bool = False
 
 
 @dataclass
@@ -61,21 +64,38 @@ class TaskResult:
     data: dict = field(default_factory=dict)
     runs: list[EngineRun] = field(default_factory=list)  # every engine request, in order
     visible: EngineRun | None = None  # the one the user watched stream, if any
+    resumed: int = 0  # hidden requests answered from the job's checkpoint instead of the engine
 
-    @property
-    def cancelled(self) -> bool:
-        return any(run.cancelled for run in self.runs)
-
-    def run_hidden(self, job: Job, client: EngineClient, request: GenerateRequest) -> EngineRun:
-        """One request whose tokens the user does not watch; kept with the others."""
-        run = run_engine(job, request, client, visible=False)
+    def run_hidden(self, job: Job, client: EngineClient, attempt: Attempt, request: GenerateRequest) -> str:
+        """The text of one request whose tokens the user does not watch: from the job's
+        checkpoint when an earlier attempt finished the same request, else from the engine (and
+        then kept in the checkpoint)."""
+        key = request_fingerprint(request)
+        kept = (job.checkpoint or {}).get(key)
+        if kept is not None:
+            self.resumed += 1
+            return str(kept["text"])
+        run = run_engine(job, request, client, attempt, visible=False)
         self.runs.append(run)
-        return run
+        fencing.checkpoint_add(attempt, key, {"text": run.text})
+        return run.text
+
+
+def request_fingerprint(request: GenerateRequest) -> str:
+    """What makes an answer: the prompt and every option that shapes the output, not the
+    request's id, attempt or scheduling hints. The same section of the same document, cut the
+    same way and asked with the same options, has the same fingerprint."""
+    message = request.to_message()
+    for name in ("request_id", "user", "suspect", "priority", "queue"):
+        message.pop(name, None)
+    return hashlib.sha256(json.dumps(message, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def engine_request(
     job: Job, messages: list[dict[str, str]], max_tokens: int, *, part: str, json_schema: dict | None = None
 ) -> GenerateRequest:
+    """One request of ``job``: for its owner (the engine takes turns between users), and marked
+    ``suspect`` once the engine has died with the job in it (the host runs suspects apart)."""
     options = job.options
     free_text = json_schema is None and job.kind in (JobKind.SUMMARISE, JobKind.DRAFT)
     return GenerateRequest(
@@ -93,21 +113,27 @@ def engine_request(
         ),
         ignore_eos=bool(options.get("ignore_eos", False)),
         json_schema=json_schema,
+        user=str(job.owner_id),
+        suspect=job.engine_crashes >= 1,
     )
 
 
-def run_engine(job: Job, request: GenerateRequest, client: EngineClient, *, visible: bool = True) -> EngineRun:
+def run_engine(
+    job: Job, request: GenerateRequest, client: EngineClient, attempt: Attempt, *, visible: bool = True
+) -> EngineRun:
     """One engine request. ``visible``: its tokens go to the job's stream (the first at once,
     later ones in batches of at most ``PUBLISH_INTERVAL_S``, one broker round trip per batch that
-    also checks for a cancel: the worker shares the machine with the engine). Otherwise only
-    waiting and progress events go out, and a cancel is checked twice a second."""
+    also checks for a cancel and the claim: the worker shares the machine with the engine).
+    Otherwise only waiting and progress events go out, and a cancel is checked twice a second.
+    Whatever stops the attempt (here, or in its watch thread) closes the request, and the engine
+    host aborts it; ``AttemptStopped`` then leaves from here."""
     run = EngineRun()
     parts: list[str] = []
     pending: list[str] = []
     pending_times: list[list[float]] = []
     last_publish = 0.0
 
-    def flush(now: float) -> bool:
+    def flush(now: float) -> None:
         # Each delta says how many tokens it carries, when each of them reached the worker (the
         # batch hides the gaps between them) and the prompt's length, so that a client can time
         # every token (``manage.py specsheet``, ``continuous_usage_stats``).
@@ -117,95 +143,78 @@ def run_engine(job: Job, request: GenerateRequest, client: EngineClient, *, visi
         if run.admitted and "prompt_tokens" in run.admitted:
             data["prompt_tokens"] = run.admitted["prompt_tokens"]
         pending[:], pending_times[:] = [], []
-        return streaming.publish_and_check_cancel(job.pk, "delta", data)
+        fencing.publish(attempt, "delta", data)
 
-    events = client.generate(request, idle_timeout_s=settings.APPLIANCE_JOB_TIME_LIMIT_S)
-    with _heartbeat(job.pk):
-        try:
-            for event in events:
-                cancelled = False
-                if event.type == "admitted":
-                    run.admitted = event.data
-                elif event.type == "waiting":  # for KV budget or its prefill turn; once a second
-                    data = {"reason": event.data.get("reason"), "position": event.data.get("position")}
-                    cancelled = streaming.publish_and_check_cancel(job.pk, "waiting", data)
-                elif event.type == "prefill":  # reading the prompt; once a second
-                    data = {
-                        "prompt_tokens_done": event.data.get("tokens_done"),
-                        "prompt_tokens": event.data.get("prompt_tokens"),
-                    }
-                    cancelled = streaming.publish_and_check_cancel(job.pk, "progress", data)
-                elif event.type == "delta":
-                    parts.append(event.data["text"])
-                    run.deltas.append(Delta(at=event.received_at, tokens=int(event.data.get("tokens", 0))))
-                    if visible:
-                        pending.append(event.data["text"])
-                        pending_times.append([round(event.received_at, 4), int(event.data.get("tokens", 0))])
-                        if len(run.deltas) == 1 or event.received_at - last_publish >= PUBLISH_INTERVAL_S:
-                            cancelled = flush(event.received_at)
-                    elif event.received_at - last_publish >= HIDDEN_CANCEL_CHECK_S:
-                        last_publish = event.received_at
-                        cancelled = streaming.cancel_requested(job.pk)
-                elif event.type == "done":
-                    run.done = event.data
-                    if pending:
-                        cancelled = flush(event.received_at)
-                if cancelled:
-                    run.cancelled = True
-                    break  # closing the stream makes the engine host abort the request
-        finally:
-            events.close()
+    attempt.check()
+    aborts = []
+
+    def opened(abort) -> None:
+        aborts.append(abort)
+        attempt.opened(abort)
+
+    # The watch thread closes the request at the deadline; the idle timeout is only a backstop.
+    events = client.generate(request, idle_timeout_s=attempt.remaining_s() + 30, opened=opened)
+    try:
+        for event in events:
+            if event.type == "admitted":
+                run.admitted = event.data
+            elif event.type == "waiting":  # for KV budget or its prefill turn; once a second
+                data = {"reason": event.data.get("reason"), "position": event.data.get("position")}
+                fencing.publish(attempt, "waiting", data)
+            elif event.type == "prefill":  # reading the prompt; once a second
+                data = {
+                    "prompt_tokens_done": event.data.get("tokens_done"),
+                    "prompt_tokens": event.data.get("prompt_tokens"),
+                }
+                fencing.publish(attempt, "progress", data)
+            elif event.type == "delta":
+                parts.append(event.data["text"])
+                run.deltas.append(Delta(at=event.received_at, tokens=int(event.data.get("tokens", 0))))
+                if visible:
+                    pending.append(event.data["text"])
+                    pending_times.append([round(event.received_at, 4), int(event.data.get("tokens", 0))])
+                    if len(run.deltas) == 1 or event.received_at - last_publish >= PUBLISH_INTERVAL_S:
+                        flush(event.received_at)
+                elif event.received_at - last_publish >= HIDDEN_CANCEL_CHECK_S:
+                    last_publish = event.received_at
+                    if streaming.cancel_requested(job.pk):
+                        attempt.stop(StopReason.CANCELLED)
+            elif event.type == "done":
+                run.done = event.data
+                if pending:
+                    flush(event.received_at)
+            attempt.check()  # leaving the loop closes the stream: the engine host aborts the request
+    finally:
+        events.close()
+        for abort in aborts:
+            attempt.closed(abort)
+    attempt.check()  # the stream ended because the attempt was stopped from its watch thread
     run.text = "".join(parts)
     return run
 
 
-@contextmanager
-def _heartbeat(job_id):
-    """While the body runs, mark the job alive every quarter of the heartbeat timeout, from a
-    thread of its own: a long prefill sends no tokens, but the worker is alive all the same."""
-    from django.db import connection
-
-    stop = threading.Event()
-    interval_s = settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S / 4
-
-    def beat() -> None:
-        try:
-            while not stop.wait(interval_s):
-                try:
-                    Job.objects.filter(pk=job_id, state=Job.State.RUNNING).update(heartbeat_at=timezone.now())
-                except Exception:  # the next beat tries again; the watchdog is patient
-                    logger.warning("job %s: heartbeat failed", job_id, exc_info=True)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=beat, name=f"heartbeat-{job_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
+def _progress(attempt: Attempt, step: str) -> None:
+    fencing.publish(attempt, "progress", {"step": step})
 
 
-def _progress(job: Job, step: str) -> None:
-    streaming.publish(job.pk, "progress", {"step": step})
-
-
-def _document_sections(job: Job, client: EngineClient) -> tuple[list[PageText], list[Section]]:
+def _document_sections(job: Job, client: EngineClient, attempt: Attempt) -> tuple[list[PageText], list[Section]]:
+    _progress(attempt, "Cutting the document into parts the model can read")
     document = job.document
     pages = [PageText(p.number, p.text) for p in document.pages.order_by("number").only("number", "text")]
     context = int(client.stats()["max_model_len"])
     sections = split_sections(title=document.title, pages=pages, context_tokens=context, count_many=client.count_tokens)
+    attempt.check()
     return pages, sections
 
 
 # --- summaries -------------------------------------------------------------------------------
 
 
-def run_summary(job: Job, client: EngineClient) -> TaskResult:
+def run_summary(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     """The summary (``_summarise``), then the page each of its statements comes from."""
-    result = _summarise(job, client)
-    if result.text and not result.cancelled:
+    result = _summarise(job, client, attempt)
+    if result.text:
+        _progress(attempt, "Finding the page of each statement")
         result.data["statements"] = summary_statements(job.document, result.text)
     return result
 
@@ -229,36 +238,34 @@ def summary_statements(document, text: str) -> list[dict] | None:
     return [asdict(statement) for statement in statements]
 
 
-def _summarise(job: Job, client: EngineClient) -> TaskResult:
+def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     """One request when the document fits in one section; otherwise each section is summarised
     (hidden), then the partial summaries are combined (in groups while they do not fit together),
-    and the last combination streams to the user."""
+    and the last combination streams to the user. Each partial and combination is kept as it
+    finishes, so that an attempt after a lost worker or a dead engine starts where this one
+    stopped (``TaskResult.run_hidden``)."""
     title = job.document.title
     length = job.options.get("length", DEFAULT_SUMMARY_LENGTH)
     focus = job.options.get("focus", "")
     max_tokens = int(job.options.get("max_tokens") or settings.APPLIANCE_SUMMARY_MAX_TOKENS)
-    pages, sections = _document_sections(job, client)
+    pages, sections = _document_sections(job, client, attempt)
     result = TaskResult(data={"sections": [s.page_label for s in sections]})
     if len(sections) == 1:
         messages = section_messages(
             title=title, pages=list(sections[0].pages), instruction=summary_instruction(length=length, focus=focus)
         )
-        run = run_engine(job, engine_request(job, messages, max_tokens, part="summary"), client)
+        run = run_engine(job, engine_request(job, messages, max_tokens, part="summary"), client, attempt)
         result.runs.append(run)
         result.visible, result.text = run, run.text
         return result
 
     partials: list[tuple[str, str]] = []
     for section in sections:
-        _progress(job, f"Reading {section.page_label} (part {section.index + 1} of {len(sections)})")
+        _progress(attempt, f"Reading {section.page_label} (part {section.index + 1} of {len(sections)})")
         instruction = summary_instruction(length=length, focus=focus, part=section.page_label)
         messages = section_messages(title=title, pages=list(section.pages), instruction=instruction)
-        run = result.run_hidden(
-            job, client, engine_request(job, messages, PARTIAL_SUMMARY_MAX_TOKENS, part=f"s{section.index}")
-        )
-        if run.cancelled:
-            return result
-        partials.append((section.page_label, run.text))
+        request = engine_request(job, messages, PARTIAL_SUMMARY_MAX_TOKENS, part=f"s{section.index}")
+        partials.append((section.page_label, result.run_hidden(job, client, attempt, request)))
     result.data["partials"] = [{"pages": label, "text": text} for label, text in partials]
 
     context = int(client.stats()["max_model_len"])
@@ -271,44 +278,46 @@ def _summarise(job: Job, client: EngineClient) -> TaskResult:
     groups = group_partials(partials, fits=fits)
     while len(groups) > 1:
         round_ += 1
-        _progress(job, f"Combining {len(partials)} partial summaries")
+        _progress(attempt, f"Combining {len(partials)} partial summaries")
         combined: list[tuple[str, str]] = []
         for index, group in enumerate(groups):
             messages = combine_messages(title=title, partials=group, length="detailed", focus=focus)
             request = engine_request(job, messages, PARTIAL_SUMMARY_MAX_TOKENS, part=f"r{round_}-{index}")
-            run = result.run_hidden(job, client, request)
-            if run.cancelled:
-                return result
-            combined.append((f"{group[0][0]} to {group[-1][0]}", run.text))
+            combined.append((f"{group[0][0]} to {group[-1][0]}", result.run_hidden(job, client, attempt, request)))
         partials = combined
         groups = group_partials(partials, fits=fits)
+    attempt.check()
     messages = combine_messages(title=title, partials=groups[0], length=length, focus=focus)
-    run = run_engine(job, engine_request(job, messages, max_tokens, part="final"), client)
+    run = run_engine(job, engine_request(job, messages, max_tokens, part="final"), client, attempt)
     result.runs.append(run)
     result.visible, result.text = run, run.text
     last_page = pages[-1].number
     result.note = (
         f"The document is longer than the model's context: its {last_page} pages were read in {len(sections)} "
         "parts, each summarised, then the summaries combined."
+        + (f" {result.resumed} part(s) were kept from an earlier attempt at this job." if result.resumed else "")
     )
+    if result.resumed:
+        result.data["resumed_parts"] = result.resumed
     return result
 
 
 # --- clauses ---------------------------------------------------------------------------------
 
 
-def run_clauses(job: Job, client: EngineClient) -> TaskResult:
-    """Each section answers in JSON held to the clause schema by the engine's guided decoding;
-    every quote is then looked for in the stored page text, and what is not found is dropped."""
+def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
+    """Each section answers in JSON held to the clause schema by the engine's guided decoding
+    (each answer kept as it finishes, like a summary's partials); every quote is then looked for
+    in the stored page text, and what is not found is dropped."""
     title = job.document.title
     categories = tuple(job.options["categories"])
-    pages, sections = _document_sections(job, client)
+    pages, sections = _document_sections(job, client, attempt)
     stored = {page.number: page.text for page in pages}
     result = TaskResult()
     raw: list[dict] = []
     cut_short = 0
     for section in sections:
-        _progress(job, f"Looking for clauses in {section.page_label} (part {section.index + 1} of {len(sections)})")
+        _progress(attempt, f"Looking for clauses in {section.page_label} (part {section.index + 1} of {len(sections)})")
         numbers = sorted({p.number for p in section.pages})
         messages = section_messages(title=title, pages=list(section.pages), instruction=clause_instruction(categories))
         request = engine_request(
@@ -318,14 +327,12 @@ def run_clauses(job: Job, client: EngineClient) -> TaskResult:
             part=f"c{section.index}",
             json_schema=clause_schema(categories, numbers, quote_choices([p.text for p in section.pages])),
         )
-        run = result.run_hidden(job, client, request)
-        if run.cancelled:
-            return result
-        found, complete = parse_answer(run.text)
+        found, complete = parse_answer(result.run_hidden(job, client, attempt, request))
         if not complete:
             cut_short += 1  # the answer ran past its token limit; what it finished is kept
             logger.warning("job %s: section %s gave an incomplete answer", job.pk, section.index)
         raw.extend(found)
+    attempt.check()
     verified = verify_clauses(raw, stored, categories)
     clauses = [asdict(clause) for clause in verified.clauses]
     result.data = {
@@ -338,6 +345,8 @@ def run_clauses(job: Job, client: EngineClient) -> TaskResult:
         "sections": len(sections),
         "incomplete_sections": cut_short,
     }
+    if result.resumed:
+        result.data["resumed_parts"] = result.resumed
     lines = [
         f"- **{c['category']}** (p. {c['page']}): \u201c{c['quote']}\u201d"
         + (f" \u2014 {c['note']}" if c["note"] else "")
@@ -353,14 +362,14 @@ def run_clauses(job: Job, client: EngineClient) -> TaskResult:
             else ""
         )
     )
-    streaming.publish(job.pk, "snapshot", {"text": result.text})
+    fencing.publish(attempt, "snapshot", {"text": result.text})
     return result
 
 
 # --- drafting --------------------------------------------------------------------------------
 
 
-def run_draft(job: Job, client: EngineClient) -> TaskResult:
+def run_draft(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     """Search the owner's documents (as they may read them now) for passages that answer the
     message, number them, stream the reply, then check each of its sentences against the
     passages it cites."""
@@ -369,8 +378,9 @@ def run_draft(job: Job, client: EngineClient) -> TaskResult:
     options = job.options
     scope = grounding.Scope(document_ids=tuple(options.get("document_ids") or ()), group_id=options.get("group_id"))
     embedder = get_embedder()
-    _progress(job, "Finding the passages that answer the message")
+    _progress(attempt, "Finding the passages that answer the message")
     passages = grounding.retrieve(user=job.owner, message=options["message"], scope=scope, embedder=embedder)
+    attempt.check()
     shown = grounding.numbered(passages)
     max_tokens = DRAFT_MAX_TOKENS[options["length"]]
     context = int(client.stats()["max_model_len"])
@@ -379,6 +389,7 @@ def run_draft(job: Job, client: EngineClient) -> TaskResult:
             message=options["message"], passages=shown, tone=options["tone"], length=options["length"]
         )
         prompt_tokens = client.count_tokens([messages])[0]
+        attempt.check()
         if prompt_tokens + max_tokens <= context or not shown:
             break
         shown.pop()
@@ -387,10 +398,9 @@ def run_draft(job: Job, client: EngineClient) -> TaskResult:
             f"The incoming message is too long for the model: it takes {prompt_tokens} of the "
             f"{context} tokens the model reads, with {max_tokens} more needed for the reply. Shorten it."
         )
-    run = run_engine(job, engine_request(job, messages, max_tokens, part="draft"), client)
+    run = run_engine(job, engine_request(job, messages, max_tokens, part="draft"), client, attempt)
     result = TaskResult(text=run.text, runs=[run], visible=run)
-    if run.cancelled:
-        return result
+    _progress(attempt, "Checking each sentence against the passages it cites")
     checks = check_support(run.text, shown, embed=embedder.encode)
     support = support_summary(checks)
     result.data = {
@@ -431,9 +441,10 @@ def draft_note(support: dict, *, passages: int, left_out: int = 0) -> str:
 # --- chat ------------------------------------------------------------------------------------
 
 
-def run_chat(job: Job, client: EngineClient) -> TaskResult:
+def run_chat(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     options = job.options
-    run = run_engine(job, engine_request(job, options["messages"], int(options["max_tokens"]), part="chat"), client)
+    request = engine_request(job, options["messages"], int(options["max_tokens"]), part="chat")
+    run = run_engine(job, request, client, attempt)
     return TaskResult(text=run.text, runs=[run], visible=run)
 
 

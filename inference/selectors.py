@@ -7,9 +7,10 @@ from datetime import timedelta
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Avg, DurationField, ExpressionWrapper, F
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max
 from django.utils import timezone
 
+from inference.fairshare import Waiting, claim_order
 from inference.models import Job, Queue
 
 ETA_WINDOW = timedelta(hours=1)
@@ -41,11 +42,43 @@ def queue_concurrency(queue: Queue | str) -> int:
     }[Queue(queue)]
 
 
-def queue_position(job: Job) -> int:
-    """1-based place of a queued job in its queue (arrival order); 0 once it has started."""
+def _celery_queue(job: Job) -> str:
+    from inference.lifecycle import celery_queue_for
+
+    return job.celery_queue or celery_queue_for(job.queue)
+
+
+def queue_positions(*, celery_queue: str) -> dict:
+    """1-based place of each queued job of a Celery queue, in the order workers will start them:
+    fair share between owners (``inference.fairshare``), as ``lifecycle.job_claim_next`` claims."""
+    queued = Job.objects.filter(celery_queue=celery_queue, state=Job.State.QUEUED).order_by()
+    waiting = [Waiting(pk, owner, created) for pk, owner, created in queued.values_list("pk", "owner_id", "created_at")]
+    owners = {job.owner_id for job in waiting}
+    mine = Job.objects.filter(celery_queue=celery_queue, owner_id__in=owners).order_by()
+    running = dict(
+        mine.filter(state=Job.State.RUNNING).values("owner_id").annotate(n=Count("pk")).values_list("owner_id", "n")
+    )
+    served = dict(
+        mine.filter(claimed_at__isnull=False)
+        .values("owner_id")
+        .annotate(last=Max("claimed_at"))
+        .values_list("owner_id", "last")
+    )
+    order = claim_order(waiting, running=running, last_served=served)
+    return {job_id: place for place, job_id in enumerate(order, start=1)}
+
+
+def queue_position(job: Job, *, orders: dict | None = None) -> int:
+    """1-based place of a queued job in its queue (the order workers take them); 0 once it has
+    started. ``orders``: a dict kept across the jobs of one page, so that each queue's order is
+    worked out once for all of them rather than once per row."""
     if job.state != Job.State.QUEUED:
         return 0
-    return Job.objects.filter(queue=job.queue, state=Job.State.QUEUED, created_at__lt=job.created_at).count() + 1
+    orders = {} if orders is None else orders
+    queue = _celery_queue(job)
+    if queue not in orders:
+        orders[queue] = queue_positions(celery_queue=queue)
+    return orders[queue].get(job.pk, 1)
 
 
 def queue_eta_s(*, queue: Queue | str, position: int) -> float | None:
@@ -63,14 +96,14 @@ def queue_eta_s(*, queue: Queue | str, position: int) -> float | None:
     return round(rounds * duration.total_seconds(), 1)
 
 
-def job_queue_status(job: Job) -> dict:
-    position = queue_position(job)
+def job_queue_status(job: Job, *, orders: dict | None = None) -> dict:
+    position = queue_position(job, orders=orders)
     return {"position": position, "eta_s": queue_eta_s(queue=job.queue, position=position) if position else None}
 
 
 @sync_to_async
 def ajob_queue_status(*, job_id) -> dict | None:
-    job = Job.objects.filter(pk=job_id).only("pk", "queue", "state", "created_at").first()
+    job = Job.objects.filter(pk=job_id).only("pk", "queue", "celery_queue", "state", "created_at").first()
     if job is None:
         return None
     return {"state": job.state, **job_queue_status(job)}

@@ -1,27 +1,27 @@
-"""Writes for jobs: create, run (in a worker), cancel. Views, API and tasks call these."""
+"""Writes for jobs: create, cancel, retry, edit a draft. Views, API and tasks call these; what
+happens to a job once it is sent (claims, runs, requeues, the watchdog) is ``lifecycle``.
+
+``BrokerUnavailable`` is re-exported here because creating a job raises it."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from datetime import timedelta
 
 import redis
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
-from django.db.models import F, Q
-from django.db.models.functions import Coalesce, Greatest
+from django.db import connection, transaction
 from django.utils import timezone
 
-from appliance.rendering import render_markdown
+from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
 from documents.models import Document
-from inference import running, streaming
+from inference import streaming
 from inference.clauses import DEFAULT_TAXONOMY, categories_for
 from inference.drafting import MESSAGE_MAX_CHARS, check_support, support_summary
-from inference.engine.client import EngineClient, EngineRequestError
 from inference.grounding import ScopeRejected, draft_scope, passages_from_records
-from inference.models import QUEUE_FOR_KIND, Job, JobKind, Queue, RequestMetrics
+from inference.lifecycle import celery_queue_for, job_dispatch
+from inference.models import QUEUE_FOR_KIND, Job, JobKind, Queue
 from inference.prompts import (
     DEFAULT_DRAFT_LENGTH,
     DEFAULT_DRAFT_TONE,
@@ -30,11 +30,9 @@ from inference.prompts import (
     DRAFT_TONES,
     SUMMARY_LENGTHS,
 )
-from inference.timing import request_timing
 
 logger = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 4  # times a worker may start a job before it is failed (a job that kills workers)
 CHAT_MAX_TOKENS_LIMIT = 4096
 REGENERATE_TEMPERATURE = 0.7  # a regenerated draft samples, so that it can differ from the first
 DRAFT_EDIT_MAX_CHARS = 20_000
@@ -276,7 +274,11 @@ def draft_edit(*, job: Job, text: str) -> Job:
 def _enqueue_draft_check(job_id, version: int) -> None:
     from inference.tasks import check_draft
 
-    check_draft.apply_async(args=[str(job_id), version], queue=celery_queue_for(Queue.DECODE))
+    try:
+        check_draft.apply_async(args=[str(job_id), version], queue=celery_queue_for(Queue.DECODE))
+    except PUBLISH_ERRORS:  # the edit is kept; the page says it could not be checked
+        logger.warning("job %s: the broker did not take the check of edit %s", job_id, version)
+        draft_check_failed(job_id=job_id, version=version)
 
 
 def draft_check_edit(*, job_id, version: int) -> bool:
@@ -349,226 +351,96 @@ def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
     )
 
 
-def celery_queue_for(queue: Queue | str) -> str:
-    """The Celery queue a job of this logical queue is sent to. Under ``fifo`` scheduling (a
-    baseline for ``bench scheduling``) every job goes through one queue in arrival order."""
-    if settings.APPLIANCE_SCHEDULING == "fifo":
-        return str(Queue.PREFILL)
-    return str(queue)
-
-
 def _job_create(
     *, owner: AbstractBaseUser, document: Document | None, kind: JobKind, options: dict, api_token=None
 ) -> Job:
+    """Write the job and send it to its queue after the commit. Refused before anything is
+    written when its queue is full, when its owner has as many jobs waiting there as one person
+    may, or when the broker does not answer (``BrokerUnavailable``: the API and the pages answer
+    503 with ``Retry-After``). If the publish still fails after the commit, the row is removed,
+    so that no queued job is left that nothing will run."""
     queue = QUEUE_FOR_KIND[kind]
+    _check_queue_depth(queue)
+    _check_owner_queued(owner, queue)  # a 429 says what to do better than a 503 would
+    broker_check()
+    with transaction.atomic():
+        # Counted again, with one person's jobs counted and written one request at a time, so
+        # that a burst of requests cannot slip past the per-person limit together.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.create:{owner.pk}"])
+        _check_owner_queued(owner, queue)
+        job = Job.objects.create(
+            owner=owner,
+            document=document,
+            kind=kind,
+            queue=queue,
+            celery_queue=celery_queue_for(queue),
+            options=options,
+            api_token=api_token,
+        )
+        transaction.on_commit(lambda: _dispatch_new(job.pk))
+    return job
+
+
+def _retry_after_s(queue: str, position: int) -> int:
+    from inference.selectors import queue_eta_s
+
+    return max(5, min(600, int(queue_eta_s(queue=queue, position=position) or 30)))
+
+
+def _check_queue_depth(queue: str) -> None:
     waiting = Job.objects.filter(queue=queue, state=Job.State.QUEUED).count()
     if waiting >= settings.APPLIANCE_MAX_QUEUE_DEPTH:
-        from inference.selectors import queue_eta_s
-
-        retry_after = max(5, min(600, int(queue_eta_s(queue=queue, position=waiting) or 30)))
+        retry_after = _retry_after_s(queue, waiting)
         raise QueueFull(
             f"The appliance is busy: {waiting} jobs are already waiting in the {queue} queue. "
             f"Try again in about {retry_after} seconds.",
             retry_after_s=retry_after,
         )
-    with transaction.atomic():
-        job = Job.objects.create(
-            owner=owner, document=document, kind=kind, queue=queue, options=options, api_token=api_token
+
+
+def _check_owner_queued(owner: AbstractBaseUser, queue: str) -> None:
+    limit = settings.APPLIANCE_MAX_QUEUED_PER_USER
+    if not limit:
+        return
+    mine = Job.objects.filter(owner=owner, queue=queue, state=Job.State.QUEUED).count()
+    if mine >= limit:
+        # Users take turns, so one of theirs starts within about one turn of the queue.
+        retry_after = _retry_after_s(queue, 1)
+        raise QueueFull(
+            f"You already have {mine} jobs waiting in the {queue} queue, the most one person may have "
+            f"waiting at once ({limit}), so that others are not kept waiting. Try again in about "
+            f"{retry_after} seconds, when some of yours have started.",
+            retry_after_s=retry_after,
         )
-        transaction.on_commit(lambda: job_enqueue(job_id=job.pk, queue=queue))
-    return job
 
 
-def job_enqueue(*, job_id, queue: Queue | str) -> None:
-    from inference.tasks import run_job
-
-    limit_s = settings.APPLIANCE_JOB_TIME_LIMIT_S
-    run_job.apply_async(
-        args=[str(job_id)], queue=celery_queue_for(queue), soft_time_limit=limit_s, time_limit=limit_s + 30
-    )
-
-
-def job_requeue(*, job_id) -> bool:
-    """The engine host is down: put a running job back in the queued state while its task
-    waits to retry. The attempt does not count against ``MAX_ATTEMPTS``: the job did nothing
-    wrong, and the retry window bounds the wait."""
-    updated = Job.objects.filter(pk=job_id, state=Job.State.RUNNING).update(
-        state=Job.State.QUEUED, heartbeat_at=None, attempts=Greatest(F("attempts") - 1, 0)
-    )
-    if updated:
-        streaming.publish(job_id, "waiting", {"reason": "engine_unavailable", "position": None})
-    return bool(updated)
-
-
-def jobs_recover_stale() -> tuple[int, int]:
-    """Jobs whose worker stopped reporting (killed, machine lost) go back to their queue, or fail
-    with a reason once they have been started ``MAX_ATTEMPTS`` times. Returns (requeued, failed).
-
-    Run by every inference worker when it starts and then periodically (``tasks.py``). The broker
-    would redeliver the task itself only after its visibility timeout, hours later; if it does,
-    the job is finished by then (or running again) and the redelivered task does nothing."""
-    cutoff = timezone.now() - timedelta(seconds=settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S)
-    requeued = failed = 0
-    stale = Job.objects.filter(state=Job.State.RUNNING).filter(
-        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at=None, started_at__lt=cutoff)
-    )
-    for job in stale.only("pk", "queue", "attempts", "heartbeat_at"):
-        if job.attempts >= MAX_ATTEMPTS:
-            job_fail(
-                job_id=job.pk,
-                reason=f"The worker running this job stopped {job.attempts} times, so it was given up. "
-                "The administrator can find why in the logs.",
-            )
-            failed += 1
-            continue
-        # Conditional on the heartbeat seen, so that two workers never both re-send it.
-        if Job.objects.filter(pk=job.pk, state=Job.State.RUNNING, heartbeat_at=job.heartbeat_at).update(
-            state=Job.State.QUEUED, heartbeat_at=None
-        ):
-            logger.warning("job %s: its worker stopped reporting; sending it to the %s queue again", job.pk, job.queue)
-            streaming.publish(job.pk, "waiting", {"reason": "worker_lost", "position": None})
-            job_enqueue(job_id=job.pk, queue=job.queue)
-            requeued += 1
-    return requeued, failed
+def _dispatch_new(job_id) -> None:
+    try:
+        job_dispatch(job_id=job_id)
+    except PUBLISH_ERRORS as exc:
+        # The broker went away after the check: take the row back rather than leave it queued.
+        Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).delete()
+        logger.warning("job %s: the broker did not take its message; the job was removed", job_id)
+        raise BrokerUnavailable() from exc
 
 
 def job_cancel(*, job: Job) -> bool:
-    """Cancel a job that has not finished. A running job's engine request is aborted by its
-    worker within a fraction of a second, which frees its KV reservation."""
+    """Cancel a job that has not finished. A running job's attempt loses its fence at once, so it
+    writes nothing more to the stream, and its engine request is aborted within a fraction of a
+    second, which frees its KV reservation."""
     updated = (
         Job.objects.filter(pk=job.pk)
         .exclude(state__in=Job.FINISHED_STATES)
-        .update(state=Job.State.CANCELLED, finished_at=timezone.now())
+        .update(state=Job.State.CANCELLED, finished_at=timezone.now(), checkpoint={})
     )
     if updated:
         try:
+            streaming.fence_release(job.pk)
             streaming.request_cancel(job.pk)
             streaming.publish(job.pk, "cancelled", {"detail": "Cancelled."})
         except redis.RedisError:
-            # The row says cancelled; a worker that cannot see the flag finds it when it stores
-            # the result (only a RUNNING job is marked done) and the text is dropped.
+            # The row says cancelled; a worker that cannot see the flag finds it at its next
+            # heartbeat or when it stores the result (only a RUNNING job is marked done).
             logger.warning("job %s: cancelled, but the broker could not be told", job.pk, exc_info=True)
     return bool(updated)
-
-
-def job_fail(*, job_id, reason: str) -> None:
-    updated = (
-        Job.objects.filter(pk=job_id)
-        .exclude(state__in=Job.FINISHED_STATES)
-        .update(state=Job.State.FAILED, error=reason, finished_at=timezone.now())
-    )
-    if updated:
-        streaming.publish(job_id, "failed", {"detail": reason})
-
-
-def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
-    """Run one job through the engine host, streaming its text, then store result and metrics.
-
-    Safe to call again for the same job (a redelivered task): a finished job is left alone and an
-    unfinished one starts over. ``EngineUnavailable`` propagates so that the task can retry."""
-    job = Job.objects.select_related("document", "owner").filter(pk=job_id).first()
-    if job is None or job.is_finished:
-        return job  # a job whose row is gone is dropped quietly
-    client = client or EngineClient.from_settings()
-    started = timezone.now()
-    # Claim it: queued, or running under a worker that stopped reporting (it died and the broker
-    # handed the task on). A job another worker is running is left alone.
-    stale = started - timedelta(seconds=settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S)
-    claimed = (
-        Job.objects.filter(pk=job.pk)
-        .filter(
-            Q(state=Job.State.QUEUED)
-            | Q(state=Job.State.RUNNING, heartbeat_at__lt=stale)
-            | Q(state=Job.State.RUNNING, heartbeat_at=None)
-        )
-        .update(
-            state=Job.State.RUNNING,
-            started_at=Coalesce(F("started_at"), started),
-            attempts=F("attempts") + 1,
-            heartbeat_at=started,
-        )
-    )
-    if not claimed:  # cancelled, finished or running elsewhere since it was fetched
-        return Job.objects.get(pk=job.pk)
-    started_before = job.started_at is not None
-    job.refresh_from_db(fields=["state", "started_at", "attempts"])
-    if started_before:  # whatever an earlier attempt streamed is replaced
-        streaming.publish(job.pk, "restart", {"attempt": job.attempts})
-
-    runner = running.RUNNERS.get(JobKind(job.kind))
-    if runner is None:
-        job_fail(job_id=job.pk, reason=f"{job.get_kind_display()} is not available yet.")
-        return Job.objects.get(pk=job.pk)
-    try:
-        result = runner(job, client)
-    except EngineRequestError as exc:
-        job_fail(job_id=job.pk, reason=f"The engine refused this job: {exc.detail}")
-        return Job.objects.get(pk=job.pk)
-    except ValueError as exc:
-        job_fail(job_id=job.pk, reason=str(exc))
-        return Job.objects.get(pk=job.pk)
-
-    if result.cancelled:
-        return Job.objects.get(pk=job.pk)
-    with transaction.atomic():
-        updated = Job.objects.filter(pk=job.pk, state=Job.State.RUNNING).update(
-            state=Job.State.SUCCEEDED,
-            result_text=result.text.strip(),
-            result_note=result.note,
-            result_data=result.data,
-            finished_at=timezone.now(),
-        )
-        if not updated:  # cancelled while the last tokens arrived
-            return Job.objects.get(pk=job.pk)
-        RequestMetrics.objects.update_or_create(job=job, defaults=_metrics_fields(job, result))
-    job = Job.objects.select_related("metrics").get(pk=job.pk)
-    streaming.publish(job.pk, "done", metrics_summary(job))
-    return job
-
-
-def _metrics_fields(job: Job, result: running.TaskResult) -> dict:
-    """One row per job: latency from the request the user watched (or the first), tokens and
-    prefill time summed over every engine request the job made."""
-    source = running.timing_source(result)
-    timing = request_timing(
-        created_at=job.created_at.timestamp(), started_at=job.started_at.timestamp(), deltas=source.deltas
-    )
-    runs = result.runs
-    prefills = [run.done.get("prefill_ms") for run in runs if run.done.get("prefill_ms") is not None]
-    return {
-        "queue": job.queue,
-        "engine": source.admitted.get("engine", ""),
-        "model": source.admitted.get("model", ""),
-        "scheduling": source.admitted.get("scheduling", ""),
-        "prefill_ms": sum(prefills) if prefills else None,
-        "queue_wait_ms": timing.queue_wait_ms,
-        "admission_wait_ms": sum(float(run.admitted.get("admission_wait_ms", 0.0)) for run in runs),
-        "ttft_ms": timing.ttft_ms if timing.ttft_ms is not None else 0.0,
-        "itl_mean_ms": timing.itl_mean_ms,
-        "itl_p95_ms": timing.itl_p95_ms,
-        "prompt_tokens": sum(int(run.done.get("prompt_tokens", run.admitted.get("prompt_tokens", 0))) for run in runs),
-        "cached_prompt_tokens": sum(int(run.done.get("cached_prompt_tokens", 0)) for run in runs),
-        "output_tokens": sum(int(run.done.get("output_tokens", len(run.deltas))) for run in runs),
-        "decode_tokens_per_s": timing.decode_tokens_per_s,
-        "kv_reservation_tokens": max(int(run.admitted.get("kv_reservation_tokens", 0)) for run in runs),
-        "preemptions": sum(int(run.done.get("preemptions", 0)) for run in runs),
-        "engine_requests": len(runs),
-    }
-
-
-def metrics_summary(job: Job) -> dict:
-    metrics = getattr(job, "metrics", None)
-    statements = job.result_data.get("statements") if job.kind == JobKind.SUMMARISE else None
-    html = render_markdown(job.result_text)  # the page swaps the streamed text for this
-    if metrics is None:
-        return {"note": job.result_note, "statements": statements, "html": html}
-    return {
-        "note": job.result_note,
-        "statements": statements,
-        "html": html,
-        "ttft_ms": round(metrics.ttft_ms, 1),
-        "queue_wait_ms": round(metrics.queue_wait_ms, 1),
-        "prompt_tokens": metrics.prompt_tokens,
-        "output_tokens": metrics.output_tokens,
-        "decode_tokens_per_s": round(metrics.decode_tokens_per_s, 1) if metrics.decode_tokens_per_s else None,
-    }

@@ -5,10 +5,19 @@ arrives and one final event (``done``, ``failed`` or ``cancelled``). A browser r
 server-sent events whose ids are the stream ids, so a browser that reconnects sends
 ``Last-Event-ID`` and resumes exactly after what it already has. A stream is used rather than
 plain pub/sub because pub/sub forgets what was said before a subscriber arrived.
+
+Only the attempt that holds the job writes to its stream. A worker's events are *fenced*: a
+short script in the broker appends an event only while the job's fence key holds that worker's
+attempt number (``Job.attempts``), set when the attempt claims the job and removed when the job
+is handed on, requeued or finished elsewhere. A first attempt that was only slow, not dead,
+finds its events refused and stops: its text never reaches a browser. The services' own events
+(cancelled, a failure the watchdog decides, waiting for a worker) are not fenced; ``waiting``
+goes out only while no attempt holds the job.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import AsyncIterator
 from functools import lru_cache
@@ -30,6 +39,36 @@ def cancel_key(job_id: Any) -> str:
     return f"job:{job_id}:cancel"
 
 
+def fence_key(job_id: Any) -> str:
+    return f"job:{job_id}:fence"
+
+
+# KEYS: stream, fence, cancel. ARGV: attempt ("" = only while no attempt holds the job), event,
+# data, maxlen, ttl. Returns {1, id, cancelled} when appended, {0, "", cancelled} when fenced out.
+_FENCED_XADD = """
+local fence = redis.call('GET', KEYS[2])
+if (ARGV[1] == '' and fence) or (ARGV[1] ~= '' and fence ~= ARGV[1]) then
+  return {0, '', redis.call('EXISTS', KEYS[3])}
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[2], 'data', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return {1, id, redis.call('EXISTS', KEYS[3])}
+"""
+
+# KEYS: fence. ARGV: attempt. Deletes the fence only if that attempt holds it, so that clearing
+# an old attempt's fence never clears the fence of a newer attempt that claimed the job since.
+_FENCE_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class Outcome(enum.Enum):
+    SENT = "sent"
+    CANCELLED = "cancelled"  # the job has been cancelled (the event was sent, or refused because of it)
+    FENCED = "fenced"  # refused: the attempt no longer holds the job
+
+
 @lru_cache(maxsize=4)
 def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
@@ -39,27 +78,53 @@ def sync_client() -> redis.Redis:
     return _client(settings.REDIS_URL)
 
 
+@lru_cache(maxsize=4)
+def _scripts(url: str) -> tuple[Any, Any]:
+    client = _client(url)
+    return client.register_script(_FENCED_XADD), client.register_script(_FENCE_RELEASE)
+
+
 def publish(job_id: Any, event: str, data: dict[str, Any]) -> str:
-    return _publish(job_id, event, data, check_cancel=False)[0]
-
-
-def publish_and_check_cancel(job_id: Any, event: str, data: dict[str, Any]) -> bool:
-    """Append an event and say whether the job was cancelled, in one round trip to the broker
-    (a worker does this for every batch of tokens)."""
-    return _publish(job_id, event, data, check_cancel=True)[1]
-
-
-def _publish(job_id: Any, event: str, data: dict[str, Any], *, check_cancel: bool) -> tuple[str, bool]:
+    """An event of the services (not of an attempt): always appended."""
     client = sync_client()
     key = stream_key(job_id)
     with client.pipeline(transaction=False) as pipe:
         pipe.xadd(key, {"event": event, "data": json.dumps(data)}, maxlen=STREAM_MAXLEN, approximate=True)
         pipe.expire(key, settings.APPLIANCE_STREAM_RETENTION_S)
-        if check_cancel:
-            pipe.exists(cancel_key(job_id))
-        replies = pipe.execute()
-    entry_id = replies[0]
-    return (entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)), bool(check_cancel and replies[2])
+        entry_id = pipe.execute()[0]
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
+def publish_fenced(job_id: Any, event: str, data: dict[str, Any], *, attempt: int | None) -> Outcome:
+    """Append an event only while ``attempt`` holds the job (``None``: only while no attempt
+    does), and say whether the job was cancelled, in one round trip (a worker does this for
+    every batch of tokens)."""
+    fenced_xadd, _ = _scripts(settings.REDIS_URL)
+    appended, _, cancelled = fenced_xadd(
+        keys=[stream_key(job_id), fence_key(job_id), cancel_key(job_id)],
+        args=["" if attempt is None else str(attempt), event, json.dumps(data), STREAM_MAXLEN,
+              settings.APPLIANCE_STREAM_RETENTION_S],
+    )  # fmt: skip
+    if cancelled:
+        return Outcome.CANCELLED
+    return Outcome.SENT if appended else Outcome.FENCED
+
+
+def fence_hold(job_id: Any, attempt: int) -> None:
+    """Attempt ``attempt`` holds the job's stream from now on (set by its claim). The key outlives
+    the longest attempt, so it never lapses under a running job."""
+    ttl_s = settings.APPLIANCE_JOB_TIME_LIMIT_S + settings.APPLIANCE_STREAM_RETENTION_S
+    sync_client().set(fence_key(job_id), str(attempt), ex=ttl_s)
+
+
+def fence_release(job_id: Any, attempt: int | None = None) -> None:
+    """No attempt holds the stream any more: the job was handed on or requeued (``attempt``: only
+    if that attempt still holds it), or it has finished (``None``: whoever held it)."""
+    if attempt is None:
+        sync_client().delete(fence_key(job_id))
+        return
+    _, release = _scripts(settings.REDIS_URL)
+    release(keys=[fence_key(job_id)], args=[str(attempt)])
 
 
 def request_cancel(job_id: Any) -> None:

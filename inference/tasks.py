@@ -1,9 +1,11 @@
 """Celery tasks of the ``prefill`` and ``decode`` queues: thin clients of the engine host.
 
-A task takes a job id, re-fetches it, and calls one service. The queue and the time limit are
-chosen when the job is enqueued (``Job.queue``, ``APPLIANCE_JOB_TIME_LIMIT_S``), so the same task
-serves both pools. Each inference worker also runs the watchdog that hands on the jobs of a
-worker that died (``services.jobs_recover_stale``).
+A ``run_job`` message is a *turn* of its queue: the worker that takes it runs the next job of
+that queue by fair share (``lifecycle.job_run_next``), which is usually, but not always, the job
+the message was sent for. The queue is chosen when the job is sent (``Job.celery_queue``), so
+the same task serves both pools. Each inference worker also runs the watchdog that hands on the
+jobs of a worker that stopped reporting and sends the jobs whose message was never published
+(``lifecycle.jobs_recover_stale``, ``lifecycle.jobs_dispatch_pending``).
 """
 
 from __future__ import annotations
@@ -12,47 +14,29 @@ import logging
 import threading
 
 from celery import shared_task
-from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 from django.db import close_old_connections
 
-from inference import services
-from inference.engine.client import EngineUnavailable
+from inference import lifecycle, services
 
 logger = logging.getLogger(__name__)
 
 INFERENCE_WORKER_PREFIXES = ("prefill@", "decode@")
 
 
-def engine_retry_delays_s(window_s: float) -> list[int]:
-    """Pauses between retries while the engine host is down: 2, 4, 8, 16, then every 30 s, until
-    they add up to ``window_s`` (an engine host restarts in about two minutes)."""
-    delays: list[int] = []
-    while sum(delays) < window_s:
-        delays.append(min(30, 2 ** (len(delays) + 1)))
-    return delays
-
-
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
-def run_job(self, job_id: str) -> None:
+def run_job(self, job_id: str, celery_queue: str | None = None) -> None:
+    """A turn of ``celery_queue``, sent for ``job_id`` (older messages name no queue: the one
+    they came from). Every failure of the job itself is handled inside the service; this only
+    keeps the turn when the service could not even start (the database away, say), so that no
+    queued job is left without one."""
+    queue = celery_queue or (self.request.delivery_info or {}).get("routing_key") or "prefill"
     try:
-        services.job_run(job_id=job_id)
-    except EngineUnavailable as exc:
-        services.job_requeue(job_id=job_id)
-        delays = engine_retry_delays_s(settings.APPLIANCE_ENGINE_RETRY_WINDOW_S)
-        if self.request.retries >= len(delays):
-            services.job_fail(job_id=job_id, reason=f"The engine is not available: {exc}. Try again later.")
-            return
-        logger.warning("job %s: engine unavailable (%s); retrying", job_id, exc)
-        raise self.retry(exc=exc, countdown=delays[self.request.retries]) from exc
-    except SoftTimeLimitExceeded:
-        services.job_fail(job_id=job_id, reason="The job ran past the appliance's time limit and was stopped.")
-    except Exception:
-        logger.exception("job %s failed", job_id)
-        services.job_fail(
-            job_id=job_id, reason="An internal error stopped this job; the administrator can find it in the logs."
-        )
+        lifecycle.job_run_next(celery_queue=queue, job_id=job_id)
+    except Exception as exc:
+        logger.exception("a turn of the %s queue failed; it comes back", queue)
+        raise self.retry(exc=exc, countdown=min(60, 2 ** (self.request.retries + 1))) from exc
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -73,9 +57,10 @@ def _watchdog() -> None:
     while True:
         try:
             close_old_connections()
-            requeued, failed = services.jobs_recover_stale()
-            if requeued or failed:
-                logger.warning("watchdog: %d job(s) sent again, %d given up", requeued, failed)
+            requeued, failed = lifecycle.jobs_recover_stale()
+            sent = lifecycle.jobs_dispatch_pending()
+            if requeued or failed or sent:
+                logger.warning("watchdog: %d job(s) handed on, %d given up, %d sent that never were", requeued, failed, sent)
         except Exception:
             logger.exception("watchdog: could not check for stale jobs")
         finally:

@@ -83,7 +83,7 @@ def draft_new(request):
             if upload is not None and not values["message"].strip():
                 values["message"] = text_of_message_upload(upload)
             job = services.job_create_draft(owner=request.user, **values)
-        except services.QueueFull as exc:
+        except (services.QueueFull, services.BrokerUnavailable) as exc:
             return busy_response(request, exc)
         except (services.JobRejected, UploadRejected) as exc:
             messages.error(request, str(exc))
@@ -131,7 +131,7 @@ def _start_from(request, job, create):
     or back to ``job``'s page with the reason it was refused."""
     try:
         new = create()
-    except services.QueueFull as exc:
+    except (services.QueueFull, services.BrokerUnavailable) as exc:
         return busy_response(request, exc)
     except services.JobRejected as exc:
         messages.error(request, str(exc))
@@ -218,7 +218,7 @@ def _start_document_job(request, document_id: int, create):
         raise Http404("No such document.")
     try:
         job = create(document)
-    except services.QueueFull as exc:
+    except (services.QueueFull, services.BrokerUnavailable) as exc:
         return busy_response(request, exc)
     except services.JobRejected as exc:
         messages.error(request, str(exc))
@@ -226,11 +226,16 @@ def _start_document_job(request, document_id: int, create):
     return redirect("inference:job", job_id=job.pk)
 
 
-def busy_response(request, exc: services.QueueFull):
-    """429 with Retry-After: the queue is full. The page says when to try again."""
-    response = render(
-        request, "inference/busy.html", {"message": str(exc), "retry_after_s": exc.retry_after_s}, status=429
-    )
+def busy_response(request, exc: services.QueueFull | services.BrokerUnavailable):
+    """429 when the queue (or the person's share of it) is full, 503 when the broker does not
+    answer, both with Retry-After. The page says what happened and when to try again."""
+    full = isinstance(exc, services.QueueFull)
+    context = {
+        "heading": "The appliance is busy" if full else "The job could not be queued",
+        "message": str(exc),
+        "retry_after_s": exc.retry_after_s,
+    }
+    response = render(request, "inference/busy.html", context, status=429 if full else 503)
     response["Retry-After"] = str(exc.retry_after_s)
     return response
 
@@ -344,7 +349,11 @@ def job_rows(request):
 
 def _job_rows_context(request) -> dict:
     jobs = list(selectors.jobs_of(user=request.user)[:JOBS_LISTED])
-    rows = [{"job": job, **(selectors.job_queue_status(job) if job.state == job.State.QUEUED else {})} for job in jobs]
+    orders: dict = {}  # each queue's order, worked out once for the page
+    rows = [
+        {"job": job, **(selectors.job_queue_status(job, orders=orders) if job.state == job.State.QUEUED else {})}
+        for job in jobs
+    ]
     return {"rows": rows, "live": any(not job.is_finished for job in jobs)}
 
 

@@ -41,6 +41,7 @@ function streamJob() {
     kv_budget: "Waiting for room in the engine's memory",
     prefill_lane: "Waiting while drafting requests use the engine",
     engine_unavailable: "The engine is restarting; the job will continue when it is back",
+    engine_restarting: "The engine stopped while working on this job and is starting again; the job will continue where it was",
     worker_lost: "The worker running this job stopped; another one will take it",
   };
   const source = new EventSource(output.dataset.events);

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,10 @@ class EngineRestarting(EngineUnavailable):
     def __init__(self, detail: str, *, in_flight: bool) -> None:
         super().__init__(detail)
         self.in_flight = in_flight
+
+
+class _ConnectionBroke(EngineUnavailable):
+    """The connection broke while an answer was being read (not a timeout)."""
 
 
 class EngineRequestError(RuntimeError):
@@ -76,7 +80,7 @@ class EngineClient:
                 except TimeoutError as exc:
                     raise EngineUnavailable("the engine host stopped answering") from exc
                 except OSError as exc:
-                    raise EngineUnavailable(f"the connection to the engine host broke ({exc})") from exc
+                    raise _ConnectionBroke(f"the connection to the engine host broke ({exc})") from exc
                 if not line:
                     return
                 message = decode(line)
@@ -128,20 +132,52 @@ class EngineClient:
         the output tokens, each one's time to first token and the elapsed time."""
         return self._call({"op": "run_direct", "requests": [r.to_message() for r in requests]}, timeout_s=timeout_s)
 
-    def generate(self, request: GenerateRequest, *, idle_timeout_s: float | None = None) -> Iterator[StreamEvent]:
+    def generate(
+        self,
+        request: GenerateRequest,
+        *,
+        idle_timeout_s: float | None = None,
+        opened: Callable[[Callable[[], None]], None] | None = None,
+    ) -> Iterator[StreamEvent]:
         """Stream the events of one request. Closing the iterator (or leaving a ``for`` loop
-        early) closes the connection, and the engine host then aborts the request."""
+        early) closes the connection, and the engine host then aborts the request.
+
+        ``opened`` is called with a function that closes the request from any thread (a job's
+        watch thread when the job is cancelled, handed on or out of time); the stream then ends
+        without an error. A failure to connect is ``EngineUnavailable``: the request never
+        reached the host. Once it has been sent, a stream that breaks or ends before ``done``
+        means the host died with the request in it: ``EngineRestarting(in_flight=True)``, as the
+        host itself says when only its engine core died."""
         sock = self._connect(idle_timeout_s)
+        aborted = False
+
+        def abort() -> None:
+            nonlocal aborted
+            aborted = True
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked in another thread
+            except OSError:
+                pass
+
         try:
-            self._send(sock, request.to_message())
-            finished = False
-            for message in self._lines(sock):
-                event = StreamEvent(type=str(message["type"]), data=message, received_at=time.time())
-                yield event
-                if event.type == "done":
-                    finished = True
+            if opened is not None:
+                opened(abort)
+            try:
+                self._send(sock, request.to_message())
+                for message in self._lines(sock):
+                    event = StreamEvent(type=str(message["type"]), data=message, received_at=time.time())
+                    yield event
+                    if event.type == "done":
+                        return
+            except _ConnectionBroke as exc:
+                if aborted:
                     return
-            if not finished:
-                raise EngineUnavailable("the engine host closed the stream before the request finished")
+                raise EngineRestarting(f"{exc} while the request ran", in_flight=True) from exc
+            except EngineUnavailable:
+                if aborted:
+                    return
+                raise
+            if not aborted:
+                raise EngineRestarting("the engine host closed the stream before the request finished", in_flight=True)
         finally:
             sock.close()

@@ -258,6 +258,45 @@ def test_a_full_queue_gives_429_with_retry_after(alice, settings):
     assert Job.objects.count() == 1
 
 
+def test_one_persons_queued_jobs_are_capped_with_429_naming_the_limit(alice, bob, settings):
+    settings.APPLIANCE_MAX_QUEUED_PER_USER = 1
+    document = ready_document(alice, "lease", "The rent is 900 pounds a month.")
+    client = Client()
+    auth = bearer(alice)
+    assert client.post("/api/v1/jobs/summary", {"document_id": document.pk}, content_type="application/json", **auth).status_code == 201
+    response = client.post("/api/v1/jobs/clauses", {"document_id": document.pk}, content_type="application/json", **auth)
+    body = problem(response, 429)
+    assert body["type"] == "/api/problems/queue-full" and int(response["Retry-After"]) >= 5
+    assert "the most one person may have waiting at once (1)" in body["detail"]
+    from inference import services
+
+    services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "Hello"}])  # another queue
+    chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hello"}]}
+    response = client.post("/v1/chat/completions", chat, content_type="application/json", **auth)
+    body = problem(response, 429)
+    assert body["error"]["code"] == "queue-full" and "one person" in body["error"]["message"]
+
+
+def test_creating_while_the_broker_is_down_is_503_with_retry_after_and_leaves_no_row(alice, settings):
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:9/0"  # nothing listens there
+    document = ready_document(alice, "lease", "The rent is 900 pounds a month.")
+    client = Client()
+    auth = bearer(alice)
+    response = client.post(
+        "/api/v1/jobs/summary", {"document_id": document.pk}, content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY="try-1", **auth,
+    )  # fmt: skip
+    body = problem(response, 503)
+    assert body["type"] == "/api/problems/unavailable" and int(response["Retry-After"]) > 0
+    assert "Nothing was saved" in body["detail"]
+    chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hello"}]}
+    response = client.post("/v1/chat/completions", chat, content_type="application/json", **auth)
+    assert problem(response, 503)["error"]["code"] == "unavailable" and int(response["Retry-After"]) > 0
+    upload = SimpleUploadedFile("note.txt", b"The rent is due on the first day of the month.", "text/plain")
+    problem(client.post("/api/v1/documents", {"file": upload}, **auth), 503)
+    assert Job.objects.count() == 0 and Document.objects.count() == 1  # only the one made above
+
+
 def test_idempotency_key_returns_the_same_job_and_refuses_another_request(alice, settings):
     document = ready_document(alice, "lease", "The rent is 900 pounds a month.")
     client = Client()

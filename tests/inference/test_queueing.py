@@ -93,49 +93,40 @@ def test_chat_jobs_check_their_input(alice):
     assert job.queue == Queue.DECODE and job.options["max_tokens"] == 5
 
 
-@pytest.fixture
-def sent(monkeypatch):
-    """A recorder in place of the broker: which jobs the watchdog sends to which queue."""
-    recorded: list[tuple[str, str]] = []
-    monkeypatch.setattr(services, "job_enqueue", lambda *, job_id, queue: recorded.append((str(job_id), str(queue))))
-    return recorded
+def test_one_person_cannot_fill_a_queue_for_everyone(browser, alice, django_user_model):
+    document = _document(alice)
+    _job(alice)
+    _job(alice)
+    with override_settings(APPLIANCE_MAX_QUEUED_PER_USER=2):
+        response = browser.post(reverse("inference:summarise", args=[document.pk]), {"length": "short"})
+        assert response.status_code == 429
+        assert 5 <= int(response["Retry-After"]) <= 600
+        assert b"the most one person may have waiting at once (2)" in response.content
+        # Someone else still gets in, and alice's jobs on the other queue are not counted.
+        bob = django_user_model.objects.create_user(username="bob", password="another long password")
+        services.job_create_summary(owner=bob, document=_document(bob))
+        services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "hi"}])
+    with override_settings(APPLIANCE_MAX_QUEUED_PER_USER=0):  # no per-person limit (benchmarks)
+        services.job_create_summary(owner=alice, document=document)
 
 
-def test_the_watchdog_sends_a_dead_workers_job_again(alice, sent):
-    stale = timezone.now() - timedelta(seconds=600)
-    dead = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=stale, heartbeat_at=stale)
-    alive = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=stale, heartbeat_at=timezone.now())
-    assert services.jobs_recover_stale() == (1, 0)
-    dead.refresh_from_db()
-    alive.refresh_from_db()
-    assert dead.state == Job.State.QUEUED and dead.heartbeat_at is None
-    assert alive.state == Job.State.RUNNING
-    assert sent == [(str(dead.pk), "prefill")]
-    assert services.jobs_recover_stale() == (0, 0)  # sent once, not at every sweep
+def test_the_queue_limits_leave_room_for_many_people():
+    from appliance import settings as defaults
+
+    assert defaults.APPLIANCE_MAX_QUEUE_DEPTH >= 10 * defaults.APPLIANCE_MAX_QUEUED_PER_USER
 
 
-def test_a_job_that_keeps_killing_workers_fails_with_a_reason(alice, sent):
-    stale = timezone.now() - timedelta(seconds=600)
-    job = _job(alice, state=Job.State.RUNNING, attempts=services.MAX_ATTEMPTS, started_at=stale, heartbeat_at=stale)
-    assert services.jobs_recover_stale() == (0, 1)
-    job.refresh_from_db()
-    assert job.state == Job.State.FAILED
-    assert f"stopped {services.MAX_ATTEMPTS} times" in job.error
-    assert sent == []
+DEAD_BROKER = "redis://127.0.0.1:9/0"  # the discard port: nothing listens
 
 
-def test_a_redelivered_task_leaves_a_job_running_elsewhere_alone(alice):
-    job = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=timezone.now(), heartbeat_at=timezone.now())
-    result = services.job_run(job_id=job.pk, client=object())  # never reaches the engine
-    assert result.state == Job.State.RUNNING and result.attempts == 1
-
-
-def test_a_job_whose_row_is_gone_is_dropped_quietly():
-    assert services.job_run(job_id="00000000-0000-0000-0000-000000000000", client=object()) is None
-
-
-def test_an_engine_outage_puts_the_job_back_without_counting_an_attempt(alice):
-    job = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=timezone.now(), heartbeat_at=timezone.now())
-    assert services.job_requeue(job_id=job.pk)
-    job.refresh_from_db()
-    assert job.state == Job.State.QUEUED and job.attempts == 0
+def test_creating_a_job_while_the_broker_is_down_is_503_with_retry_after_and_writes_nothing(browser, alice):
+    document = _document(alice)
+    with override_settings(CELERY_BROKER_URL=DEAD_BROKER):
+        response = browser.post(reverse("inference:summarise", args=[document.pk]), {"length": "short"})
+        assert response.status_code == 503
+        assert int(response["Retry-After"]) > 0
+        page = response.content.decode()
+        assert "The job could not be queued" in page and "message broker does not answer" in page
+        response = browser.post(reverse("inference:draft_new"), {"message": "When is the invoice paid?"})
+        assert response.status_code == 503
+    assert Job.objects.count() == 0

@@ -1,0 +1,48 @@
+"""Whether the broker can take a message now, asked before the web process writes a row that
+only a message can make run.
+
+A job row or an upload committed while the broker is down would wait for a message that never
+comes, and the person would see a 500. So a write that must be followed by a message first asks
+the broker, quickly (``broker_check``), and answers 503 with ``Retry-After`` when it does not
+answer; a publish that fails after the commit undoes the row (``inference.services``,
+``documents.services``). Publishing itself is bounded in the settings
+(``CELERY_TASK_PUBLISH_RETRY_POLICY``, the transport's socket timeouts), so a dead broker costs a
+request about a second, not kombu's default patience.
+"""
+
+from __future__ import annotations
+
+import redis
+from django.conf import settings
+from kombu.exceptions import OperationalError
+
+CHECK_TIMEOUT_S = 1.0
+RETRY_AFTER_S = 15  # the supervisor restarts an embedded broker within seconds
+
+# What a publish raises when the broker is not there (kombu wraps the connection errors).
+PUBLISH_ERRORS = (OperationalError, redis.RedisError, OSError)
+
+
+class BrokerUnavailable(ConnectionError):
+    """The broker does not answer, so nothing can be queued: try again after ``retry_after_s``."""
+
+    def __init__(self, message: str | None = None, *, retry_after_s: int = RETRY_AFTER_S) -> None:
+        super().__init__(
+            message
+            or "The appliance cannot queue work right now: its message broker does not answer. "
+            f"Nothing was saved. Try again in about {retry_after_s} seconds."
+        )
+        self.retry_after_s = retry_after_s
+
+
+def broker_check() -> None:
+    """Raise ``BrokerUnavailable`` unless the broker answers a ping within a second."""
+    client = redis.Redis.from_url(
+        settings.CELERY_BROKER_URL, socket_timeout=CHECK_TIMEOUT_S, socket_connect_timeout=CHECK_TIMEOUT_S
+    )
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise BrokerUnavailable() from exc
+    finally:
+        client.close()

@@ -1,0 +1,462 @@
+"""Writes of a job's life after it is created: sent to its queue, claimed by fair share, run
+under a fencing token, stored, put back to wait for the engine, failed, handed on by the
+watchdog. Tasks and services call these; ``services`` creates and cancels jobs.
+
+- **Messages are turns, not jobs.** Each queued job has one ``run_job`` message in its Celery
+  queue, but a worker that takes a message runs the *next job by fair share* of that queue
+  (``job_claim_next``: the owner with the fewest jobs running there, then the one served least
+  recently, then their oldest job), so one person's batch does not hold another person's single
+  job behind it. A message that finds nothing to claim ends, or comes back later while jobs wait
+  for the engine.
+- **The attempt number is a fencing token.** A claim raises ``Job.attempts`` and sets the
+  job's fence in the broker; everything the attempt writes is conditional on both
+  (``fencing``), so an attempt the watchdog gave up on writes nothing once it wakes.
+- **Time limits on every pool.** Each attempt has a deadline (``APPLIANCE_JOB_TIME_LIMIT_S``)
+  checked where it checks for a cancel and enforced by its watch thread, because Celery's time
+  limits do nothing in the ``threads`` pools the inference workers use. The Celery limits stay,
+  a little later, for pools that honour them.
+- **Engine deaths.** A job that was in the engine when it died is tried again soon, marked a
+  suspect (the host runs suspects apart), without counting an attempt; the second time it is
+  failed with a reason. A job that could not reach the engine waits and retries for
+  ``APPLIANCE_ENGINE_RETRY_WINDOW_S``.
+- **Nothing queued that nothing will run.** ``dispatched_at`` says a job's message was
+  published; the watchdog publishes one for a queued job whose web process died between its
+  commit and its publish.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from appliance.broker import PUBLISH_ERRORS
+from appliance.rendering import render_markdown
+from inference import fencing, running, streaming
+from inference.attempts import Attempt, AttemptStopped, StopReason, time_limit_reason
+from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
+from inference.fencing import attempt_watch, held
+from inference.models import Job, JobKind, Queue, RequestMetrics
+from inference.timing import request_timing
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 4  # times a worker may start a job before it is failed (a job that kills workers)
+ENGINE_CRASH_LIMIT = 2  # times the engine may die with a job in it before the job is failed
+ENGINE_CRASH_RETRY_S = 2  # the host restarts its engine core in tens of seconds; ask again soon
+DISPATCH_GRACE_S = 30  # a queued job unpublished for this long lost its publisher: the watchdog sends it
+TIME_LIMIT_GRACE_S = 30  # Celery's own limits come this much after the attempt's deadline
+IDLE_TURN_RETRY_S = 1.0  # a turn that found only jobs another transaction had locked comes back
+
+ENGINE_CRASHED_TWICE = (
+    "The engine stopped twice while this job was running: it was in the engine both times the engine "
+    "stopped, so it is not tried again: it may be what stops it. The administrator can find why in the "
+    "engine host's log."
+)
+
+
+def celery_queue_for(queue: Queue | str) -> str:
+    """The Celery queue a job of this logical queue is sent to. Under ``fifo`` scheduling (a
+    baseline for ``bench scheduling``) every job goes through one queue, and fair share then
+    spans both kinds of job."""
+    if settings.APPLIANCE_SCHEDULING == "fifo":
+        return str(Queue.PREFILL)
+    return str(queue)
+
+
+def engine_retry_delays_s(window_s: float) -> list[int]:
+    """Pauses between retries while the engine host is down: 2, 4, 8, 16, then every 30 s, until
+    they add up to ``window_s`` (an engine host restarts in about two minutes)."""
+    delays: list[int] = []
+    while sum(delays) < window_s:
+        delays.append(min(30, 2 ** (len(delays) + 1)))
+    return delays
+
+
+# --- sending ---------------------------------------------------------------------------------
+
+
+def job_dispatch(*, job_id, countdown_s: float | None = None) -> None:
+    """Publish one ``run_job`` message (a turn) to the job's Celery queue, then record that it
+    was. Raises one of ``PUBLISH_ERRORS`` when the broker does not take it (bounded by the
+    settings' publish retry policy)."""
+    if _publish_turn(job_id, countdown_s=countdown_s):
+        Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).update(dispatched_at=timezone.now())
+
+
+def _publish_turn(job_id, *, countdown_s: float | None = None, celery_queue: str | None = None) -> bool:
+    from inference.tasks import run_job
+
+    if celery_queue is None:
+        row = Job.objects.filter(pk=job_id).values("celery_queue", "queue").first()
+        if row is None:
+            return False
+        celery_queue = row["celery_queue"] or celery_queue_for(row["queue"])
+    limit_s = settings.APPLIANCE_JOB_TIME_LIMIT_S
+    run_job.apply_async(
+        args=[str(job_id)],
+        kwargs={"celery_queue": celery_queue},
+        queue=celery_queue,
+        countdown=countdown_s,
+        soft_time_limit=limit_s + TIME_LIMIT_GRACE_S,
+        time_limit=limit_s + 2 * TIME_LIMIT_GRACE_S,
+    )
+    return True
+
+
+def jobs_dispatch_pending() -> int:
+    """Publish the message of each queued job that has none (its web process or worker died
+    between writing the row and publishing). Returns how many were sent."""
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=DISPATCH_GRACE_S)
+    pending = Job.objects.filter(state=Job.State.QUEUED, dispatched_at=None, created_at__lt=cutoff).filter(
+        Q(claimed_at=None) | Q(claimed_at__lt=cutoff)
+    )
+    sent = 0
+    for job_id in pending.values_list("pk", flat=True)[:500]:
+        # Taken first, so that two watchdogs do not both send it; given back if the send fails.
+        if not Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).update(dispatched_at=now):
+            continue
+        try:
+            _publish_turn(job_id)
+        except PUBLISH_ERRORS:
+            Job.objects.filter(pk=job_id, dispatched_at=now).update(dispatched_at=None)
+            logger.warning("watchdog: the broker does not take messages; job %s stays unsent", job_id)
+            return sent
+        logger.warning("job %s: queued but never sent to its queue; sent now", job_id)
+        sent += 1
+    return sent
+
+
+# --- claiming --------------------------------------------------------------------------------
+
+
+def _claim(job_id) -> Job | None:
+    now = timezone.now()
+    claimed = Job.objects.filter(pk=job_id, state=Job.State.QUEUED).update(
+        state=Job.State.RUNNING,
+        started_at=Coalesce(F("started_at"), now),
+        attempts=F("attempts") + 1,
+        heartbeat_at=now,
+        claimed_at=now,
+        not_before=None,
+    )
+    if not claimed:
+        return None
+    return Job.objects.select_related("document", "owner").get(pk=job_id)
+
+
+def fair_share_candidates(*, celery_queue: str):
+    """The queued jobs of a Celery queue that may start now, in fair-share order
+    (``inference.fairshare`` states the rule; ``selectors.queue_positions`` plays it forward)."""
+    same_owner = Job.objects.filter(owner=OuterRef("owner"), celery_queue=celery_queue).order_by()
+    running_jobs = (
+        same_owner.filter(state=Job.State.RUNNING).values("owner").annotate(n=Count("pk")).values("n")[:1]
+    )
+    last_served = same_owner.filter(claimed_at__isnull=False).order_by("-claimed_at").values("claimed_at")[:1]
+    return (
+        Job.objects.filter(celery_queue=celery_queue, state=Job.State.QUEUED)
+        .filter(Q(not_before=None) | Q(not_before__lte=timezone.now()))
+        .annotate(owner_running=Coalesce(Subquery(running_jobs), 0), owner_served=Subquery(last_served))
+        .order_by("owner_running", F("owner_served").asc(nulls_first=True), "created_at", "pk")
+    )
+
+
+def job_claim_next(*, celery_queue: str) -> Job | None:
+    """Claim the next job of a Celery queue by fair share. Claims of one queue take turns (a
+    transaction-scoped advisory lock), so each sees the running counts the one before it left;
+    ``SKIP LOCKED`` keeps a row another transaction holds out of it."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.claim:{celery_queue}"])
+        job_id = (
+            fair_share_candidates(celery_queue=celery_queue)
+            .select_for_update(skip_locked=True, of=("self",))
+            .values_list("pk", flat=True)
+            .first()
+        )
+        return None if job_id is None else _claim(job_id)
+
+
+def _turn_later(*, celery_queue: str, job_id) -> None:
+    """A turn that found nothing to start. If jobs of the queue still wait (for the engine to
+    come back, or locked by another transaction), the turn comes back when the first may start,
+    so that no waiting job is left without one; otherwise it ends here."""
+    waiting = Job.objects.filter(celery_queue=celery_queue, state=Job.State.QUEUED)
+    if not waiting.exists():
+        return
+    now = timezone.now()
+    first = waiting.filter(not_before__gt=now).order_by("not_before").values_list("not_before", flat=True).first()
+    ready_now = waiting.filter(Q(not_before=None) | Q(not_before__lte=now)).exists()
+    countdown = IDLE_TURN_RETRY_S if ready_now or first is None else max(0.1, (first - now).total_seconds())
+    _publish_turn(job_id, countdown_s=countdown, celery_queue=celery_queue)
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def job_run_next(*, celery_queue: str, job_id=None, client: EngineClient | None = None) -> Job | None:
+    """A worker's turn on ``celery_queue`` (the message was sent for ``job_id``): claim the next
+    job by fair share and run it. Returns the job as it ended, or None if there was none."""
+    job = job_claim_next(celery_queue=celery_queue)
+    if job is None:
+        if job_id is not None:
+            _turn_later(celery_queue=celery_queue, job_id=job_id)
+        return None
+    return _run(job, client)
+
+
+def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
+    """Run this job now if it is queued (in-process callers and tests; workers take turns with
+    ``job_run_next``). A job that is running elsewhere, finished or gone is left as it is."""
+    if not Job.objects.filter(pk=job_id).exists():
+        return None  # a job whose row is gone is dropped quietly
+    job = _claim(job_id)
+    if job is None:
+        return Job.objects.get(pk=job_id)
+    return _run(job, client)
+
+
+def _run(job: Job, client: EngineClient | None) -> Job:
+    """Run a claimed job under its attempt: its fence, its deadline and its watch thread for the
+    whole of it, then store what it made, or put it back, or fail it."""
+    attempt = Attempt.starting_now(job.pk, job.attempts, limit_s=settings.APPLIANCE_JOB_TIME_LIMIT_S)
+    streaming.fence_hold(job.pk, attempt.number)
+    client = client or EngineClient.from_settings()
+    failure: Exception | None = None
+    with attempt_watch(attempt):
+        try:
+            if job.started_at != job.claimed_at:  # started before: whatever it streamed is replaced
+                fencing.publish(attempt, "restart", {"attempt": attempt.number})
+            runner = running.RUNNERS.get(JobKind(job.kind))
+            if runner is None:
+                raise ValueError(f"{job.get_kind_display()} is not available yet.")
+            result = runner(job, client, attempt)
+            attempt.check()
+            return _store_result(job, attempt, result)
+        except Exception as exc:  # decided below, once the watch thread has stopped
+            failure = exc
+    return _after_failure(job, attempt, failure)
+
+
+def _after_failure(job: Job, attempt: Attempt, failure: Exception) -> Job:
+    # A stop (cancel, lost claim, deadline) explains whatever error the closed request raised.
+    reason = attempt.reason or (failure.reason if isinstance(failure, AttemptStopped) else None)
+    if reason is StopReason.DEADLINE:
+        job_fail(job_id=job.pk, reason=time_limit_reason(settings.APPLIANCE_JOB_TIME_LIMIT_S), attempt=attempt)
+    elif reason is StopReason.CANCELLED:
+        streaming.fence_release(job.pk, attempt.number)  # the row says cancelled already
+    elif reason is StopReason.CLAIM_LOST:
+        logger.warning("job %s: attempt %s stopped, having lost its claim", job.pk, attempt.number)
+    elif isinstance(failure, EngineRestarting) and failure.in_flight:
+        _engine_died_under(job, attempt, failure)
+    elif isinstance(failure, EngineUnavailable):
+        _wait_for_engine(job, attempt, failure)
+    elif isinstance(failure, EngineRequestError):
+        job_fail(job_id=job.pk, reason=f"The engine refused this job: {failure.detail}", attempt=attempt)
+    elif isinstance(failure, SoftTimeLimitExceeded):
+        job_fail(job_id=job.pk, reason=time_limit_reason(settings.APPLIANCE_JOB_TIME_LIMIT_S), attempt=attempt)
+    elif isinstance(failure, ValueError):
+        job_fail(job_id=job.pk, reason=str(failure), attempt=attempt)
+    else:
+        logger.error("job %s failed", job.pk, exc_info=failure)
+        job_fail(
+            job_id=job.pk,
+            reason="An internal error stopped this job; the administrator can find it in the logs.",
+            attempt=attempt,
+        )
+    return Job.objects.get(pk=job.pk)
+
+
+def _store_result(job: Job, attempt: Attempt, result: running.TaskResult) -> Job:
+    with transaction.atomic():
+        updated = held(attempt).update(
+            state=Job.State.SUCCEEDED,
+            result_text=result.text.strip(),
+            result_note=result.note,
+            result_data=result.data,
+            finished_at=timezone.now(),
+            checkpoint={},
+        )
+        if not updated:  # cancelled while the last tokens arrived, or handed on: keep nothing
+            return Job.objects.get(pk=job.pk)
+        RequestMetrics.objects.update_or_create(job=job, defaults=_metrics_fields(job, result))
+    job = Job.objects.select_related("metrics").get(pk=job.pk)
+    streaming.publish_fenced(job.pk, "done", metrics_summary(job), attempt=attempt.number)
+    streaming.fence_release(job.pk, attempt.number)
+    return job
+
+
+def _put_back(job: Job, attempt: Attempt, *, delay_s: float, reason: str, **counters) -> bool:
+    """Back to queued under the attempt's claim, not started before ``delay_s``, without counting
+    the attempt against ``MAX_ATTEMPTS`` (the job did nothing wrong), and sent again."""
+    updated = held(attempt).update(
+        state=Job.State.QUEUED,
+        heartbeat_at=None,
+        attempts=Greatest(F("attempts") - 1, 0),
+        not_before=timezone.now() + timedelta(seconds=delay_s),
+        dispatched_at=None,
+        **counters,
+    )
+    if not updated:
+        return False
+    streaming.fence_release(job.pk, attempt.number)
+    streaming.publish_fenced(job.pk, "waiting", {"reason": reason, "position": None}, attempt=None)
+    try:
+        job_dispatch(job_id=job.pk, countdown_s=delay_s)
+    except PUBLISH_ERRORS:  # the watchdog sends it once the broker is back
+        logger.warning("job %s: put back, but the broker did not take its message", job.pk)
+    return True
+
+
+def _engine_died_under(job: Job, attempt: Attempt, exc: EngineRestarting) -> None:
+    """The engine died with this job in it. Once is bad luck: try again soon, as a suspect. Twice
+    means the job was in the engine each time it stopped, so it is failed rather than allowed to
+    take the engine (and every job in it) down again."""
+    logger.warning("job %s: the engine died under it (%s); crash %d", job.pk, exc, job.engine_crashes + 1)
+    if job.engine_crashes + 1 >= ENGINE_CRASH_LIMIT:
+        job_fail(job_id=job.pk, reason=ENGINE_CRASHED_TWICE, attempt=attempt, engine_crashes=F("engine_crashes") + 1)
+        return
+    _put_back(
+        job,
+        attempt,
+        delay_s=ENGINE_CRASH_RETRY_S,
+        reason="engine_restarting",
+        engine_crashes=F("engine_crashes") + 1,
+    )
+
+
+def _wait_for_engine(job: Job, attempt: Attempt, exc: EngineUnavailable) -> None:
+    """The engine host could not take the request (down, or starting its engine again): wait and
+    retry, with growing pauses, for ``APPLIANCE_ENGINE_RETRY_WINDOW_S``."""
+    delays = engine_retry_delays_s(settings.APPLIANCE_ENGINE_RETRY_WINDOW_S)
+    if job.engine_waits >= len(delays):
+        job_fail(job_id=job.pk, reason=f"The engine is not available: {exc}. Try again later.", attempt=attempt)
+        return
+    logger.warning("job %s: engine unavailable (%s); retrying in %d s", job.pk, exc, delays[job.engine_waits])
+    _put_back(
+        job, attempt, delay_s=delays[job.engine_waits], reason="engine_unavailable", engine_waits=F("engine_waits") + 1
+    )
+
+
+def job_fail(*, job_id, reason: str, attempt: Attempt | None = None, **fields) -> bool:
+    """Fail a job with a reason a person understands. From its attempt: only while the attempt
+    holds it. From elsewhere (the watchdog, the task's last resort): any unfinished job, and the
+    attempt running it, if any, loses its fence and stops."""
+    changes = {"state": Job.State.FAILED, "error": reason, "finished_at": timezone.now(), "checkpoint": {}, **fields}
+    if attempt is not None:
+        if not held(attempt).update(**changes):
+            return False
+        streaming.publish_fenced(job_id, "failed", {"detail": reason}, attempt=attempt.number)
+        streaming.fence_release(job_id, attempt.number)
+        return True
+    if not Job.objects.filter(pk=job_id).exclude(state__in=Job.FINISHED_STATES).update(**changes):
+        return False
+    streaming.fence_release(job_id)
+    streaming.publish(job_id, "failed", {"detail": reason})
+    return True
+
+
+# --- the watchdog ----------------------------------------------------------------------------
+
+
+def jobs_recover_stale() -> tuple[int, int]:
+    """Jobs whose worker stopped reporting (killed, stopped, machine lost) go back to their queue,
+    or fail with a reason once they have been started ``MAX_ATTEMPTS`` times. Returns (requeued,
+    failed). Each hand-on is conditional on the heartbeat seen, so two watchdogs never both make
+    it, and it takes the job's fence from the attempt: if that attempt was only slow, it finds
+    its next write refused and stops.
+
+    Run by every inference worker when it starts and then periodically (``tasks.py``)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S)
+    requeued = failed = 0
+    stale = Job.objects.filter(state=Job.State.RUNNING).filter(
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at=None, started_at__lt=cutoff)
+    )
+    for job in stale.only("pk", "queue", "attempts", "heartbeat_at"):
+        seen = Job.objects.filter(pk=job.pk, state=Job.State.RUNNING, attempts=job.attempts, heartbeat_at=job.heartbeat_at)
+        if job.attempts >= MAX_ATTEMPTS:
+            reason = (
+                f"The worker running this job stopped {job.attempts} times, so it was given up. "
+                "The administrator can find why in the logs."
+            )
+            if seen.update(state=Job.State.FAILED, error=reason, finished_at=timezone.now(), checkpoint={}):
+                streaming.fence_release(job.pk)
+                streaming.publish(job.pk, "failed", {"detail": reason})
+                failed += 1
+            continue
+        if not seen.update(state=Job.State.QUEUED, heartbeat_at=None, dispatched_at=None):
+            continue
+        logger.warning("job %s: its worker stopped reporting; sending it to the %s queue again", job.pk, job.queue)
+        streaming.fence_release(job.pk, job.attempts)
+        streaming.publish_fenced(job.pk, "waiting", {"reason": "worker_lost", "position": None}, attempt=None)
+        try:
+            job_dispatch(job_id=job.pk)
+        except PUBLISH_ERRORS:
+            logger.warning("job %s: handed on, but the broker did not take its message", job.pk)
+        requeued += 1
+    return requeued, failed
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def _metrics_fields(job: Job, result: running.TaskResult) -> dict:
+    """One row per job: latency from the request the user watched (or the first), tokens and
+    prefill time summed over every engine request this attempt made (parts kept from an earlier
+    attempt are not counted again)."""
+    source = running.timing_source(result) or running.EngineRun()
+    timing = request_timing(
+        created_at=job.created_at.timestamp(), started_at=job.started_at.timestamp(), deltas=source.deltas
+    )
+    runs = result.runs
+    prefills = [run.done.get("prefill_ms") for run in runs if run.done.get("prefill_ms") is not None]
+    return {
+        "queue": job.queue,
+        "engine": source.admitted.get("engine", ""),
+        "model": source.admitted.get("model", ""),
+        "scheduling": source.admitted.get("scheduling", ""),
+        "prefill_ms": sum(prefills) if prefills else None,
+        "queue_wait_ms": timing.queue_wait_ms,
+        # The wait for KV blocks happens inside the engine: its "done" says how long it was.
+        "admission_wait_ms": sum(
+            float(run.done.get("admission_wait_ms") or run.admitted.get("admission_wait_ms") or 0.0) for run in runs
+        ),
+        "ttft_ms": timing.ttft_ms if timing.ttft_ms is not None else 0.0,
+        "itl_mean_ms": timing.itl_mean_ms,
+        "itl_p95_ms": timing.itl_p95_ms,
+        "prompt_tokens": sum(int(run.done.get("prompt_tokens", run.admitted.get("prompt_tokens", 0))) for run in runs),
+        "cached_prompt_tokens": sum(int(run.done.get("cached_prompt_tokens", 0)) for run in runs),
+        "output_tokens": sum(int(run.done.get("output_tokens", len(run.deltas))) for run in runs),
+        "decode_tokens_per_s": timing.decode_tokens_per_s,
+        "kv_reservation_tokens": max(
+            (int(run.done.get("kv_reservation_tokens") or run.admitted.get("kv_reservation_tokens", 0)) for run in runs),
+            default=0,
+        ),
+        "preemptions": sum(int(run.done.get("preemptions", 0)) for run in runs),
+        "engine_requests": len(runs),
+    }
+
+
+def metrics_summary(job: Job) -> dict:
+    metrics = getattr(job, "metrics", None)
+    statements = job.result_data.get("statements") if job.kind == JobKind.SUMMARISE else None
+    html = render_markdown(job.result_text)  # the page swaps the streamed text for this
+    if metrics is None:
+        return {"note": job.result_note, "statements": statements, "html": html}
+    return {
+        "note": job.result_note,
+        "statements": statements,
+        "html": html,
+        "ttft_ms": round(metrics.ttft_ms, 1),
+        "queue_wait_ms": round(metrics.queue_wait_ms, 1),
+        "prompt_tokens": metrics.prompt_tokens,
+        "output_tokens": metrics.output_tokens,
+        "decode_tokens_per_s": round(metrics.decode_tokens_per_s, 1) if metrics.decode_tokens_per_s else None,
+    }

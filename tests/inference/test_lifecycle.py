@@ -1,0 +1,445 @@
+"""inference/lifecycle.py in one process: claims by fair share, the attempt's fencing token, its
+deadline, engine deaths, checkpoints, and the watchdog. The database and the broker's streams are
+the real ones; the engine is a fake (``FakeEngine``), and where a turn would be published to a
+Celery queue a recorder takes it (``sent``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from documents.models import Document, Page
+from inference import fencing, lifecycle, selectors, services, streaming
+from inference.attempts import Attempt, StopReason
+from inference.engine.client import EngineRestarting, EngineUnavailable, StreamEvent
+from inference.fairshare import Waiting, claim_order
+from inference.lifecycle import engine_retry_delays_s
+from inference.models import Job, JobKind, Queue
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the attempt's watch thread has its own connection
+
+LETTER = [{"role": "user", "content": "Write a reply to a supplier who asks when the invoice will be paid."}]
+
+
+class FakeEngine:
+    """A fake of ``EngineClient``. ``script(request)`` returns what the engine does for a request:
+    a list of texts (one delta each), callables (run between two events, e.g. the watchdog), and
+    exceptions (raised there). It records each request, and the ones the worker closed early."""
+
+    def __init__(self, script=None, *, max_model_len: int = 8192) -> None:
+        self.script = script or (lambda request: ["Dear supplier,", " it is paid."])
+        self.max_model_len = max_model_len
+        self.requests = []
+        self.closed_early: list[str] = []
+
+    def stats(self, *, timeout_s: float = 5.0) -> dict:
+        return {"max_model_len": self.max_model_len, "model": "fake"}
+
+    def count_tokens(self, prompts, *, timeout_s: float = 60.0) -> list[int]:
+        return [sum(len(m["content"]) for m in prompt) // 4 + 3 * len(prompt) for prompt in prompts]
+
+    def generate(self, request, *, idle_timeout_s=None, opened=None):
+        self.requests.append(request)
+        aborted = threading.Event()
+        if opened is not None:
+            opened(aborted.set)
+        return self._events(request, aborted)
+
+    def _events(self, request, aborted):
+        finished = False
+        try:
+            yield StreamEvent("admitted", {"type": "admitted", "prompt_tokens": 10}, time.time())
+            tokens = 0
+            for item in self.script(request):
+                if aborted.is_set():
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if callable(item):
+                    item()
+                    continue
+                tokens += 1
+                yield StreamEvent("delta", {"type": "delta", "text": item, "tokens": 1}, time.time())
+            yield StreamEvent("done", {"type": "done", "prompt_tokens": 10, "output_tokens": tokens}, time.time())
+            finished = True
+        finally:
+            if not finished:
+                self.closed_early.append(request.request_id)
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """A recorder in place of the broker's Celery queues: (job id, Celery queue, countdown)."""
+    recorded: list[tuple[str, str | None, float | None]] = []
+
+    def publish_turn(job_id, *, countdown_s=None, celery_queue=None):
+        recorded.append((str(job_id), celery_queue, countdown_s))
+        return True
+
+    monkeypatch.setattr(lifecycle, "_publish_turn", publish_turn)
+    return recorded
+
+
+def _events(job_id) -> list[tuple[str, dict]]:
+    return [
+        (fields[b"event"].decode(), json.loads(fields[b"data"]))
+        for _, fields in streaming.sync_client().xrange(streaming.stream_key(job_id))
+    ]
+
+
+def _job(owner, *, state=Job.State.QUEUED, queue=Queue.DECODE, minutes_ago: float = 0, **fields) -> Job:
+    kind = JobKind.SUMMARISE if queue == Queue.PREFILL else JobKind.CHAT
+    options = {"messages": LETTER, "max_tokens": 20} if kind == JobKind.CHAT else {"length": "short"}
+    job = Job.objects.create(owner=owner, kind=kind, queue=queue, state=state, options=options, **fields)
+    if minutes_ago:
+        Job.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(minutes=minutes_ago))
+    return job
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return django_user_model.objects.create_user(username="bob", password="another long password")
+
+
+# --- fair share ------------------------------------------------------------------------------
+
+
+def test_a_turn_takes_the_next_job_by_fair_share_not_the_one_it_was_sent_for(alice, bob, sent):
+    batch = [_job(alice, minutes_ago=10 - i) for i in range(3)]
+    _job(alice, state=Job.State.RUNNING, claimed_at=timezone.now())
+    single = _job(bob)  # queued last
+    engine = FakeEngine()
+    done = lifecycle.job_run_next(celery_queue="decode", job_id=batch[0].pk, client=engine)
+    assert done.pk == single.pk and done.state == Job.State.SUCCEEDED
+    assert engine.requests[0].user == str(bob.pk)  # the engine is told whose request it is
+    # Then alice's oldest, and the order shown to waiting jobs is the order they are taken in.
+    assert selectors.queue_positions(celery_queue="decode") == {batch[0].pk: 1, batch[1].pk: 2, batch[2].pk: 3}
+    assert lifecycle.job_claim_next(celery_queue="decode").pk == batch[0].pk
+
+
+def test_the_claim_and_the_positions_follow_the_same_rule(alice, bob, django_user_model):
+    carol = django_user_model.objects.create_user(username="carol", password="a third long password")
+    now = timezone.now()
+    _job(alice, minutes_ago=9)
+    _job(alice, minutes_ago=8)
+    _job(bob, minutes_ago=7)
+    _job(carol, minutes_ago=1)
+    _job(bob, state=Job.State.SUCCEEDED, claimed_at=now - timedelta(minutes=2))  # bob was served lately
+    _job(alice, state=Job.State.SUCCEEDED, claimed_at=now - timedelta(minutes=30))
+    waiting = [
+        Waiting(j.pk, j.owner_id, j.created_at) for j in Job.objects.filter(state=Job.State.QUEUED, queue="decode")
+    ]
+    expected = claim_order(
+        waiting, running={}, last_served={alice.pk: now - timedelta(minutes=30), bob.pk: now - timedelta(minutes=2)}
+    )
+    positions = selectors.queue_positions(celery_queue="decode")
+    assert sorted(positions, key=positions.get) == expected
+    claimed = []
+    while (job := lifecycle.job_claim_next(celery_queue="decode")) is not None:
+        claimed.append(job.pk)
+    # Claims change the running counts as they go, as claim_order plays them forward.
+    assert claimed == expected
+    assert Job.objects.get(pk=expected[0]).owner_id == carol.pk  # never served, nothing running
+
+
+def test_a_row_another_transaction_holds_is_skipped_not_waited_for(alice, bob):
+    import psycopg
+
+    first = _job(alice, minutes_ago=5)
+    second = _job(bob, minutes_ago=1)
+    db = connection.settings_dict
+    with psycopg.connect(f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}") as other:
+        other.execute("SELECT id FROM inference_job WHERE id = %s FOR UPDATE", (first.pk,))
+        assert lifecycle.job_claim_next(celery_queue="decode").pk == second.pk
+
+
+def test_a_turn_that_finds_only_jobs_waiting_for_the_engine_comes_back_when_the_first_may_start(alice, sent):
+    later = timezone.now() + timedelta(seconds=20)
+    waiting = _job(alice, not_before=later)
+    assert lifecycle.job_run_next(celery_queue="decode", job_id=waiting.pk, client=FakeEngine()) is None
+    assert len(sent) == 1 and sent[0][1] == "decode" and 10 < sent[0][2] <= 20
+    Job.objects.filter(pk=waiting.pk).update(state=Job.State.CANCELLED)
+    assert lifecycle.job_run_next(celery_queue="decode", job_id=waiting.pk, client=FakeEngine()) is None
+    assert len(sent) == 1  # nothing waits any more: the turn ends
+
+
+def test_under_fifo_both_kinds_share_the_prefill_queue_and_its_turns(alice, bob, sent):
+    document = Document.objects.create(
+        owner=alice, title="Lease", filename="l.txt", size_bytes=1, sha256="0" * 64, state=Document.State.READY
+    )
+    with override_settings(APPLIANCE_SCHEDULING="fifo"):
+        summary = services.job_create_summary(owner=alice, document=document)
+        chat = services.job_create_chat(owner=bob, messages=LETTER, max_tokens=5)
+    assert {summary.celery_queue, chat.celery_queue} == {"prefill"}
+    Job.objects.filter(pk=summary.pk).update(claimed_at=timezone.now())  # alice was served lately
+    # A prefill worker (whose own settings say nothing of fifo) takes bob's chat by fair share.
+    assert lifecycle.job_claim_next(celery_queue="prefill").pk == chat.pk
+
+
+# --- the fencing token -----------------------------------------------------------------------
+
+
+def test_a_slow_attempt_handed_on_by_the_watchdog_writes_nothing_more(alice, sent):
+    job = _job(alice)
+
+    def hand_on():  # the watchdog, while the first attempt is in the middle of its stream
+        Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+        assert lifecycle.jobs_recover_stale() == (1, 0)
+
+    pause = lambda: time.sleep(0.15)  # noqa: E731 - long enough that the next delta is sent at once
+    engine = FakeEngine(lambda request: ["First", " attempt", hand_on, pause, " more", " text", " and more"])
+    result = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert result.state == Job.State.QUEUED and result.result_text == ""  # nothing stored
+    assert engine.closed_early == [f"{job.pk}-1-chat"]  # its engine request was closed
+    events = _events(job.pk)
+    assert [e for e, _ in events][-1] == "waiting"  # the hand-on is the last word: no " more"
+    assert "".join(d["text"] for e, d in events if e == "delta") == "First"
+    assert sent == [(str(job.pk), None, None)]
+    # The next attempt runs it to the end; the browser drops what the first one streamed.
+    second = lifecycle.job_run(job_id=job.pk, client=FakeEngine())
+    assert second.state == Job.State.SUCCEEDED and second.attempts == 2
+    assert second.result_text == "Dear supplier, it is paid."
+    names = [e for e, _ in _events(job.pk)]
+    assert names[names.index("waiting") + 1] == "restart" and names[-1] == "done"
+
+
+def test_the_watch_thread_stops_an_attempt_whose_claim_is_lost_between_two_events(alice):
+    job = _job(alice, state=Job.State.RUNNING, attempts=1)
+    streaming.fence_hold(job.pk, 1)
+    attempt = Attempt.starting_now(job.pk, 1, limit_s=600)
+    closed = threading.Event()
+    attempt.opened(closed.set)
+    with override_settings(APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S=0.2), fencing.attempt_watch(attempt):
+        Job.objects.filter(pk=job.pk).update(state=Job.State.QUEUED)  # handed on
+        wait_until(lambda: attempt.reason is not None, timeout_s=30, message="the watch thread")
+    assert attempt.reason is StopReason.CLAIM_LOST
+    assert closed.is_set()  # its engine request was closed without waiting for an event
+
+
+def test_a_stream_event_of_an_attempt_that_lost_the_fence_is_refused(alice):
+    job = _job(alice)
+    streaming.fence_hold(job.pk, 1)
+    assert streaming.publish_fenced(job.pk, "delta", {"text": "a"}, attempt=1) is streaming.Outcome.SENT
+    streaming.fence_hold(job.pk, 2)  # a newer attempt claimed it
+    streaming.fence_release(job.pk, 1)  # clearing the old attempt's fence leaves the new one's
+    assert streaming.publish_fenced(job.pk, "delta", {"text": "b"}, attempt=1) is streaming.Outcome.FENCED
+    assert streaming.publish_fenced(job.pk, "delta", {"text": "c"}, attempt=2) is streaming.Outcome.SENT
+    assert streaming.publish_fenced(job.pk, "waiting", {}, attempt=None) is streaming.Outcome.FENCED  # held
+    assert [d["text"] for _, d in _events(job.pk)] == ["a", "c"]
+    services.job_cancel(job=job)  # takes the fence from whoever holds it, and says why
+    assert streaming.publish_fenced(job.pk, "delta", {"text": "d"}, attempt=2) is streaming.Outcome.CANCELLED
+    assert [d.get("text") for _, d in _events(job.pk)] == ["a", "c", None]  # then only "cancelled"
+
+
+def test_a_cancelled_job_is_not_stored_and_its_request_is_closed(alice, sent):
+    job = _job(alice)
+    cancel = lambda: services.job_cancel(job=job) and time.sleep(0.15)  # noqa: E731
+    engine = FakeEngine(lambda request: ["One", cancel, " two", " three", " four"])
+    result = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert result.state == Job.State.CANCELLED and result.result_text == ""
+    assert engine.closed_early == [f"{job.pk}-1-chat"]
+    assert [e for e, _ in _events(job.pk)][-1] == "cancelled"
+
+
+# --- the deadline ----------------------------------------------------------------------------
+
+
+def test_a_job_past_its_time_limit_is_failed_with_a_reason_and_its_request_closed(alice, sent):
+    job = _job(alice)
+
+    def forever(request):
+        while True:
+            yield "token "
+            time.sleep(0.02)
+
+    engine = FakeEngine(forever)
+    with override_settings(APPLIANCE_JOB_TIME_LIMIT_S=2):
+        result = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert result.state == Job.State.FAILED
+    assert "took longer than the 2 seconds the appliance allows" in result.error
+    assert engine.closed_early == [f"{job.pk}-1-chat"]
+    assert [e for e, _ in _events(job.pk)][-1] == "failed"
+
+
+# --- engine deaths ---------------------------------------------------------------------------
+
+
+def test_an_engine_death_in_flight_is_retried_soon_as_a_suspect_and_fails_the_job_the_second_time(alice, sent):
+    job = _job(alice)
+    died = EngineRestarting("the engine core died", in_flight=True)
+    engine = FakeEngine(lambda request: ["Dear", died])
+    first = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert first.state == Job.State.QUEUED and first.engine_crashes == 1
+    assert first.attempts == 0  # not counted against MAX_ATTEMPTS
+    assert first.not_before is not None and sent == [(str(job.pk), None, lifecycle.ENGINE_CRASH_RETRY_S)]
+    assert engine.requests[0].suspect is False
+    second = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert engine.requests[1].suspect is True  # the host runs it apart from the others
+    assert second.state == Job.State.FAILED and second.engine_crashes == 2
+    assert "it was in the engine both times the engine stopped" in second.error
+
+
+def test_a_request_that_arrives_while_the_engine_restarts_waits_without_counting_a_crash(alice, sent):
+    job = _job(alice)
+    engine = FakeEngine(lambda request: [EngineRestarting("restarting", in_flight=False)])
+    result = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert result.state == Job.State.QUEUED
+    assert (result.engine_crashes, result.engine_waits, result.attempts) == (0, 1, 0)
+    assert sent == [(str(job.pk), None, engine_retry_delays_s(600)[0])]
+
+
+def test_a_job_that_cannot_reach_the_engine_for_the_whole_window_fails_with_a_reason(alice, sent):
+    job = _job(alice, engine_waits=len(engine_retry_delays_s(600)))
+    engine = FakeEngine(lambda request: [EngineUnavailable("the engine host is not answering")])
+    result = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert result.state == Job.State.FAILED and "The engine is not available" in result.error
+
+
+def test_retries_back_off_then_keep_trying_every_30_s_for_the_whole_window():
+    delays = engine_retry_delays_s(600)
+    assert delays[:5] == [2, 4, 8, 16, 30]
+    assert set(delays[4:]) == {30}
+    assert sum(delays) >= 600 > sum(delays[:-1])
+    assert engine_retry_delays_s(0) == []
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def _long_document(owner) -> Document:
+    document = Document.objects.create(
+        owner=owner, title="Lease", filename="lease.txt", size_bytes=1, sha256="1" * 64,
+        state=Document.State.READY, pages_total=6, pages_done=6,
+    )  # fmt: skip
+    for n in range(1, 7):
+        Page.objects.create(document=document, number=n, text=f"Page {n}: the tenant pays rent on day {n}. " * 40)
+    return document
+
+
+def test_a_retried_summary_resumes_from_its_finished_sections(alice, sent, monkeypatch):
+    from inference import running
+
+    monkeypatch.setattr(running, "summary_statements", lambda document, text: [])  # no embedder here
+    document = _long_document(alice)
+    job = services.job_create_summary(owner=alice, document=document, length="short")
+    died = EngineRestarting("the engine core died", in_flight=True)
+
+    def first_attempt(request):
+        part = request.request_id.rsplit("-", 1)[1]
+        return [died] if part == "s2" else [f"partial {part}"]
+
+    engine = FakeEngine(first_attempt, max_model_len=2048)
+    assert lifecycle.job_run(job_id=job.pk, client=engine).state == Job.State.QUEUED
+    asked_first = [r.request_id.rsplit("-", 1)[1] for r in engine.requests]
+    assert asked_first[:3] == ["s0", "s1", "s2"]
+    assert len(Job.objects.get(pk=job.pk).checkpoint) == 2  # s0 and s1
+
+    engine = FakeEngine(lambda request: [f"again {request.request_id.rsplit('-', 1)[1]}"], max_model_len=2048)
+    done = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert done.state == Job.State.SUCCEEDED, done.error
+    asked_again = [r.request_id.rsplit("-", 1)[1] for r in engine.requests]
+    assert "s0" not in asked_again and "s1" not in asked_again and asked_again[0] == "s2"
+    texts = [p["text"] for p in done.result_data["partials"]]
+    assert texts[:3] == ["partial s0", "partial s1", "again s2"]
+    assert done.result_data["resumed_parts"] == 2 and "kept from an earlier attempt" in done.result_note
+    assert done.checkpoint == {}  # emptied once it is done
+    # A job tried again by a person is a new job: it starts from nothing.
+    Job.objects.filter(pk=job.pk).update(state=Job.State.FAILED, checkpoint={"x": {"text": "stale"}})
+    again = services.job_retry(job=Job.objects.get(pk=job.pk), user=alice)
+    assert again.pk != job.pk and again.checkpoint == {}
+
+
+def test_the_fingerprint_changes_with_anything_that_shapes_the_answer_but_not_the_attempt():
+    from inference.engine.protocol import GenerateRequest
+    from inference.running import request_fingerprint
+
+    base = GenerateRequest(request_id="j-1-s0", messages=[{"role": "user", "content": "pages 1-3"}], max_tokens=320)
+    same = GenerateRequest(
+        request_id="j-2-s0", messages=[{"role": "user", "content": "pages 1-3"}], max_tokens=320, suspect=True, user="9"
+    )
+    other_pages = GenerateRequest(request_id="j-1-s0", messages=[{"role": "user", "content": "pages 1-4"}], max_tokens=320)
+    other_options = GenerateRequest(
+        request_id="j-1-s0", messages=[{"role": "user", "content": "pages 1-3"}], max_tokens=320, temperature=0.7
+    )
+    assert request_fingerprint(base) == request_fingerprint(same)
+    assert request_fingerprint(base) != request_fingerprint(other_pages)
+    assert request_fingerprint(base) != request_fingerprint(other_options)
+
+
+# --- the watchdog ----------------------------------------------------------------------------
+
+
+def test_the_watchdog_sends_a_dead_workers_job_again_once(alice, sent):
+    stale = timezone.now() - timedelta(seconds=600)
+    dead = _job(alice, state=Job.State.RUNNING, queue=Queue.PREFILL, attempts=1, started_at=stale, heartbeat_at=stale)
+    alive = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=stale, heartbeat_at=timezone.now())
+    streaming.fence_hold(dead.pk, 1)
+    assert lifecycle.jobs_recover_stale() == (1, 0)
+    dead.refresh_from_db()
+    alive.refresh_from_db()
+    assert dead.state == Job.State.QUEUED and dead.heartbeat_at is None
+    assert alive.state == Job.State.RUNNING
+    assert sent == [(str(dead.pk), None, None)]
+    assert not streaming.sync_client().exists(streaming.fence_key(dead.pk))  # the old attempt lost it
+    assert lifecycle.jobs_recover_stale() == (0, 0)  # sent once, not at every sweep
+
+
+def test_a_job_that_keeps_killing_workers_fails_with_a_reason(alice, sent):
+    stale = timezone.now() - timedelta(seconds=600)
+    job = _job(alice, state=Job.State.RUNNING, attempts=lifecycle.MAX_ATTEMPTS, started_at=stale, heartbeat_at=stale)
+    assert lifecycle.jobs_recover_stale() == (0, 1)
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED
+    assert f"stopped {lifecycle.MAX_ATTEMPTS} times" in job.error
+    assert sent == []
+
+
+def test_the_watchdog_sends_a_queued_job_whose_message_was_never_published(alice, sent):
+    lost = _job(alice, minutes_ago=5)  # committed, then its web process died before publishing
+    fresh = _job(alice)  # its web process may still be publishing it
+    done = _job(alice, minutes_ago=5)
+    Job.objects.filter(pk=done.pk).update(dispatched_at=timezone.now())
+    assert lifecycle.jobs_dispatch_pending() == 1
+    assert sent == [(str(lost.pk), None, None)]
+    assert Job.objects.get(pk=lost.pk).dispatched_at is not None
+    assert Job.objects.get(pk=fresh.pk).dispatched_at is None
+    assert lifecycle.jobs_dispatch_pending() == 0
+
+
+def test_a_job_running_elsewhere_or_gone_is_left_alone(alice):
+    job = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=timezone.now(), heartbeat_at=timezone.now())
+    result = lifecycle.job_run(job_id=job.pk, client=object())  # never reaches the engine
+    assert result.state == Job.State.RUNNING and result.attempts == 1
+    assert lifecycle.job_run(job_id="00000000-0000-0000-0000-000000000000", client=object()) is None
+
+
+# --- sending ---------------------------------------------------------------------------------
+
+
+def test_a_job_whose_message_the_broker_refuses_after_the_commit_is_taken_back(alice, monkeypatch):
+    from kombu.exceptions import OperationalError
+
+    from appliance.broker import BrokerUnavailable
+
+    def refuse(job_id, **kwargs):
+        raise OperationalError("Error 111 connecting to the broker. Connection refused.")
+
+    monkeypatch.setattr(lifecycle, "_publish_turn", refuse)
+    with pytest.raises(BrokerUnavailable):
+        services.job_create_chat(owner=alice, messages=LETTER, max_tokens=5)
+    assert not Job.objects.exists()  # no queued row that nothing would run
+
+
+def test_a_new_job_is_sent_to_its_queue_once_committed(alice, sent):
+    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=5)
+    assert sent == [(str(job.pk), None, None)]
+    job.refresh_from_db()
+    assert job.celery_queue == "decode" and job.dispatched_at is not None
