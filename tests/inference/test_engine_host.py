@@ -152,9 +152,10 @@ def test_with_nobody_drafting_a_document_is_read_in_steps_of_the_whole_budget(en
     stats = engine_host.stats()
     request = _document_of_tokens(engine_host, 6000, max_tokens=4, ignore_eos=True)
     prompt_tokens = engine_host.count_tokens([request.messages])[0]
+    time.sleep(2.0)  # the host reads the scheduler's counters once a second: take them afresh
     before = _scheduler(engine_host)["counters"]
     done = _done(list(engine_host.generate(request)))
-    time.sleep(2 * 1.0)  # the host reads the scheduler's counters once a second
+    time.sleep(2.0)
     after = _scheduler(engine_host)["counters"]
     steps = sum(after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("steps_"))
     assert done.data["output_tokens"] == 4
