@@ -113,8 +113,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--burst-drafts", type=int, default=8, help="drafting requests in one burst")
     parser.add_argument("--burst-interval", type=float, default=0.4, help="seconds between a burst's drafts")
     parser.add_argument("--min-drafts", type=int, default=60, help="drafting requests measured per point")
-    parser.add_argument("--steady-rate", type=float, default=1.0, help="drafting arrivals per second (Poisson)")
-    parser.add_argument("--steady-documents", type=int, default=30, help="documents in the steady backlog")
+    parser.add_argument("--steady-rate", type=float, default=1.5, help="drafting arrivals per second (Poisson)")
+    parser.add_argument("--steady-documents", type=int, default=48, help="documents in the steady backlog")
     parser.add_argument("--thresholds", default="0,256,512,1024",
                         help="vLLM long_prefill_token_threshold values tried for the engine baseline")  # fmt: skip
     parser.add_argument("--peak-factor", type=float, default=3.0, help="peak KV demand / KV capacity")

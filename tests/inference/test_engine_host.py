@@ -144,6 +144,26 @@ def test_a_document_is_one_engine_request_and_a_second_read_hits_the_prefix_cach
     assert second.data["cached_prompt_tokens"] >= second.data["prompt_tokens"] - block
 
 
+def test_with_nobody_drafting_a_document_is_read_in_steps_of_the_whole_budget(engine_host):
+    """Work-conserving: alone, a document's prompt takes as few engine steps as vLLM's token
+    budget allows (the prefill lane took one step per 128-token slice)."""
+    import math
+
+    stats = engine_host.stats()
+    request = _document_of_tokens(engine_host, 6000, max_tokens=4, ignore_eos=True)
+    prompt_tokens = engine_host.count_tokens([request.messages])[0]
+    time.sleep(2.0)  # the host reads the scheduler's counters once a second: take them afresh
+    before = _scheduler(engine_host)["counters"]
+    done = _done(list(engine_host.generate(request)))
+    time.sleep(2.0)
+    after = _scheduler(engine_host)["counters"]
+    steps = sum(after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("steps_"))
+    assert done.data["output_tokens"] == 4
+    assert after.get("steps_no_drafting", 0) - before.get("steps_no_drafting", 0) == steps  # planned as such
+    # ceil(prompt / budget) steps read the prompt (the last one writes the first token), 3 more write the rest.
+    assert steps <= math.ceil(prompt_tokens / stats["max_num_batched_tokens"]) + 3
+
+
 def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_leaves(engine_host):
     """The prefill lane made a document wait until nobody drafted; the scheduler gives it what
     each step has left, so it finishes while the drafter is still writing."""
