@@ -39,7 +39,10 @@ logger = logging.getLogger(__name__)
 
 router = Router()
 
-KEEPALIVE_MS = 5_000  # a waiting stream sends a comment this often, and the job's row is checked
+# A waiting stream sends a comment this often, and the job's row is checked. Below the broker
+# client's read timeout (redis-py's default is 5 s), which an XREAD blocking as long would hit,
+# breaking every request whose job wrote nothing for that long (queued, or reading its prompt).
+KEEPALIVE_MS = 2_000
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 STOP_SEQUENCES_MAX = 4  # as OpenAI
 OWNED_BY = "appliance"
@@ -438,16 +441,18 @@ class StreamedText:
     def __init__(self) -> None:
         self.sent = ""
         self._attempt = ""
+        self.caught_up = True  # this attempt has written all that was sent (a restarted one: not yet)
 
     def restart(self) -> None:
         self._attempt = ""
+        self.caught_up = False
 
     def add(self, text: str) -> str:
         """The text to send now for a delta of the job's text."""
         self._attempt += text
         ready = self._attempt.strip()
         if ready.startswith(self.sent):
-            new, self.sent = ready[len(self.sent) :], ready
+            new, self.sent, self.caught_up = ready[len(self.sent) :], ready, True
             return new
         if self.sent.startswith(ready):
             return ""  # a restarted job catching up with what was sent
@@ -542,10 +547,13 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
                         written["completion_tokens"] += int(data.get("tokens", 0))
                         written["prompt_tokens"] = int(data.get("prompt_tokens", written["prompt_tokens"]))
                         times.extend(data.get("times", ()))
+                        catching_up = not text.caught_up
                         new = text.add(str(data.get("text", "")))
-                        # The first token leaves at once, even when its text is whitespace held
-                        # back (the stored answer has none at its start): its chunk is the role.
-                        if new or (not role_sent and int(data.get("tokens", 0)) > 0):
+                        # Every delta leaves as a chunk when it arrives, as vLLM sends a chunk per
+                        # step: whitespace the stored answer may strip rides with the next text,
+                        # but its chunk is not held back (a client would time a stall that was not
+                        # there), and the first token's chunk, whatever its text, is the role.
+                        if new or (not catching_up and int(data.get("tokens", 0)) > 0):
                             yield content({"content": new})
                     elif event == "restart":
                         text.restart()

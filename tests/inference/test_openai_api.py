@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import aclosing
 
 import openai
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
@@ -244,6 +247,62 @@ def test_a_first_token_of_whitespace_still_leaves_at_once_as_the_role(monkeypatc
         {"content": "Dear Sir, thank you."},
         {},
     ]
+
+
+def test_every_delta_leaves_as_a_chunk_when_it_arrives_even_whitespace_held_back(monkeypatch):
+    # A client times a chunk per delta: whitespace waits for the next text (the stored answer
+    # has none at its end), its chunk does not.
+    done = _finished()
+    done.result_text = "Dear\nSir, thank you."
+    events = [
+        ("delta", {"text": "Dear", "tokens": 1}),
+        ("delta", {"text": "\n", "tokens": 1}),
+        ("keepalive", {}),
+        ("delta", {"text": "Sir, thank you.", "tokens": 4}),
+    ]
+    parts, _ = _streamed(monkeypatch, events, done)
+    assert parts[2] == ": keepalive\n\n"
+    deltas = [c["choices"][0]["delta"] for c in _chunks(parts)]
+    assert deltas == [{"role": "assistant", "content": "Dear"}, {"content": ""}, {"content": "\nSir, thank you."}, {}]
+    assert _chunks(parts[:2])[1]["choices"][0]["delta"] == {"content": ""}  # before the keepalive
+    assert "".join(d.get("content", "") for d in deltas) == done.result_text
+
+
+def test_a_restarted_job_sends_no_chunk_until_it_has_caught_up(monkeypatch):
+    events = [
+        ("delta", {"text": "Dear Sir,", "tokens": 3}),
+        ("restart", {}),
+        ("delta", {"text": "Dear", "tokens": 1}),
+        ("delta", {"text": " Sir,", "tokens": 2}),
+        ("delta", {"text": " thank you.", "tokens": 3}),
+    ]
+    parts, _ = _streamed(monkeypatch, events, _finished())
+    assert [c["choices"][0]["delta"] for c in _chunks(parts)] == [
+        {"role": "assistant", "content": "Dear Sir,"},
+        {"content": " thank you."},
+        {},
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_silent_for_longer_than_the_brokers_read_timeout_keeps_its_stream(alice):
+    # No worker runs here: the job stays queued and writes nothing. redis-py's client gives up
+    # reading after 5 s by default; an XREAD blocking that long broke the request.
+    job = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8)
+
+    async def keepalives_for(seconds: float) -> list[str]:
+        seen, started = [], time.monotonic()
+        try:
+            async with aclosing(openai_api._job_events(job)) as events:
+                async for event, _ in events:
+                    seen.append(event)
+                    if time.monotonic() - started > seconds:
+                        return seen
+            return seen
+        finally:
+            await sync_to_async(connections.close_all)()  # the job row's checks ran in that thread
+
+    assert set(asyncio.run(keepalives_for(6.0))) == {"keepalive"}
 
 
 def test_a_job_that_writes_nothing_sends_the_role_with_its_finish_and_a_failure_no_chunk(monkeypatch):
