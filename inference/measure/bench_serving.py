@@ -21,7 +21,8 @@ so that a drift of the machine's load does not favour one), and each ratio (appl
 taken within its repeat and reported as the mean with a 95 % interval. Targets: output tokens/s
 >= 0.98x, client TTFT p50 <= 1.5x, client ITL p99 <= 1.5x; TPOT p50 and ITL p50 are shown
 beside them. Each side's tokens per chunk says how many tokens a chunk carried (1 when every
-token is sent as the engine writes it).
+token is sent as the engine writes it), and the CPU seconds each of its processes spent per
+1000 output tokens says where the machine's time went.
 
 It refuses to run beside ``make run`` (it needs the engine to itself). On a GPU box with another
 model (``APPLIANCE_MODEL``) the same command is the whole procedure; lengths, concurrency and
@@ -191,14 +192,19 @@ def _refuse_if_appliance_running() -> None:
             "starts an engine host, a worker and a web server of its own, then `vllm serve`, and needs the engine "
             "to itself."
         )
-    try:
-        EngineClient(Path(settings.APPLIANCE_ENGINE_SOCKET), connect_timeout_s=2.0).stats(timeout_s=5)
-    except EngineUnavailable:
-        return
-    raise CommandError(
-        f"The appliance's engine host answers at {settings.APPLIANCE_ENGINE_SOCKET}: stop `make run` first. "
-        "This benchmark starts an engine host of its own, then `vllm serve`, and needs the device to itself."
-    )
+    for path, whose in ((settings.APPLIANCE_ENGINE_SOCKET, "`make run`'s"), (_bench_socket(), "another bench's")):
+        try:
+            EngineClient(Path(path), connect_timeout_s=2.0).stats(timeout_s=5)
+        except EngineUnavailable:
+            continue
+        raise CommandError(
+            f"{whose.capitalize()} engine host answers at {path}: stop it first. This benchmark starts an engine "
+            "host of its own, then `vllm serve`, and needs the device to itself."
+        )
+
+
+def _bench_socket() -> Path:
+    return Path(settings.VAR_DIR) / "bench" / "serving" / "engine.sock"
 
 
 # --- what vLLM's bench client reports (pure) ---------------------------------------------------
@@ -290,11 +296,18 @@ def table(results: dict) -> list[str]:
                 f"{side['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {side['ttft_p50_ms'] or 0:.0f} ms, "
                 f"ITL p99 {side['itl_p99_ms'] or 0:.0f} ms"
                 + ("" if chunk is None else f", {chunk:g} tokens/chunk")
+                + _cpu_text(side.get("cpu_s_per_1k_tokens"))
                 + (f" ({side['first_error']})" if side.get("first_error") else "")
             )
         load = repeat.get("load_average")
         lines.append(f"repeat {index + 1} ({' then '.join(repeat['order'])}, load {load[0]:.1f}): " + "; ".join(parts))
     return lines
+
+
+def _cpu_text(cpu: dict | None) -> str:
+    if not cpu:
+        return ""
+    return ", CPU s per 1k tokens: " + " + ".join(f"{name.removeprefix('the ')} {s:g}" for name, s in cpu.items())
 
 
 def _mean(entry: dict | None) -> str:
@@ -426,7 +439,7 @@ class _Bench:
         self.log_dir = self.dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.result_dir = self.dir / timezone.now().strftime("%Y%m%dT%H%M%SZ")
-        self.socket = self.dir / "engine.sock"
+        self.socket = _bench_socket()
         self.engine: dict = {}
         self.started: list[tuple[str, subprocess.Popen]] = []  # what runs, in the order it started
         self.server = ""  # "the engine host" or "vllm serve", whichever runs
@@ -543,6 +556,7 @@ class _Bench:
         # The token goes by the environment (vLLM's client reads OPENAI_API_KEY), not the command line.
         env = self._env(OPENAI_API_KEY=self.account.token if name == "appliance" else "")
         self.progress(f"vllm bench serve against {name} ({base_url})")
+        cpu_before = self._cpu_s()
         process = start_logged(argv, env=env, log_path=log)
         try:
             code = process.wait(timeout=self.plan["timeout_s"])
@@ -550,17 +564,43 @@ class _Bench:
             raise CommandError(f"the bench against {name} took more than {self.plan['timeout_s']:.0f} s") from None
         finally:
             stop_groups([process], timeout_s=10)
+        cpu_after = self._cpu_s()
         path = self.result_dir / result_file
         if code != 0 or not path.exists():
             raise CommandError(f"vllm bench serve against {name} failed (exit code {code}); see {log}")
         figures = bench_figures(json.loads(path.read_text()))
         figures["result_file"] = str(path)
+        # Where the machine's time went: CPU seconds of each process this benchmark started (with
+        # its children) per 1000 output tokens, counting the client's first test request and
+        # warm-ups, which the processes served too.
+        tokens = figures["output_tokens"] + (1 + self.plan["warmups"]) * self.plan["output_len"]
+        figures["cpu_s_per_1k_tokens"] = {
+            process: round(1000 * (cpu_after[process] - cpu_before.get(process, 0.0)) / tokens, 3)
+            for process in cpu_after
+            if tokens
+        }
         self.progress(
             f"{name}: {figures['output_tokens_per_s']} output tokens/s, TTFT p50 {figures['ttft_p50_ms']} ms, "
             f"ITL p99 {figures['itl_p99_ms']} ms, {figures.get('tokens_per_chunk')} tokens/chunk, "
             f"{figures['failed']} failed"
         )
         return figures
+
+    def _cpu_s(self) -> dict[str, float]:
+        """CPU seconds so far of each process running (its children included)."""
+        import psutil  # vLLM's dependency; the web process does not need it
+
+        spent = {}
+        for name, process in self.started:
+            total = 0.0
+            with contextlib.suppress(psutil.NoSuchProcess):
+                parent = psutil.Process(process.pid)
+                for each in [parent, *parent.children(recursive=True)]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        times = each.cpu_times()
+                        total += times.user + times.system
+            spent[name] = total
+        return spent
 
     def close(self) -> None:
         """Every process still running, in the reverse order of their start."""

@@ -89,6 +89,7 @@ def test_each_ratio_is_a_mean_with_an_interval_against_its_target():
     # A repeat whose requests failed has no ratios: it does not count, and says so.
     repeats.append(_repeat(bench_serving.bench_figures(_result(failed=2)), vllm))
     assert bench_serving.summarise(repeats)["output_tokens_per_s"]["ratio"]["n"] == 3
+    repeats[0]["appliance"]["cpu_s_per_1k_tokens"] = {"the engine host": 50.0, "the web server": 1.5}
     results = {
         "parameters": {"num_prompts": 4, "input_len": 256, "output_len": 128, "concurrency": 2},
         "engine": {"model": "SmolLM2-135M-Instruct", "device_name": "x86_64"},
@@ -99,6 +100,7 @@ def test_each_ratio_is_a_mean_with_an_interval_against_its_target():
     row = next(line for line in lines if line.startswith("ITL p99 (ms)"))
     assert "200" in row and "50" in row and "<= 1.5x" in row and row.endswith("missed")
     assert any(line.startswith("repeat 4") and "2 failed" in line for line in lines)
+    assert any(line.startswith("repeat 1") and "engine host 50 + web server 1.5" in line for line in lines)
 
 
 ENGINE = {
