@@ -3,6 +3,7 @@ a user of their own, synthetic contract-like text and a description of the machi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
@@ -202,14 +203,32 @@ def wait_for_queues(wanted: set[str], *, log_dir: Path, timeout_s: float = 120) 
         time.sleep(0.5)
 
 
-def stop_groups(processes: list[subprocess.Popen], *, timeout_s: float = 30) -> None:
-    """SIGTERM each process group, then SIGKILL what is still there after ``timeout_s``."""
+def stop_groups(processes: list[subprocess.Popen], *, timeout_s: float = 30, grace_s: float = 10) -> None:
+    """SIGTERM each process group, then SIGKILL what is still there after ``timeout_s``. A
+    group outlives its leader when a child ignores the signal (vLLM's engine core while it
+    compiles, when an engine host is stopped during its start): it is given ``grace_s`` more,
+    then killed, so that no engine is left holding the device."""
     for process in processes:
-        if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
     for process in processes:
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

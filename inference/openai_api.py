@@ -39,7 +39,10 @@ logger = logging.getLogger(__name__)
 
 router = Router()
 
-KEEPALIVE_MS = 5_000  # a waiting stream sends a comment this often, and the job's row is checked
+# A waiting stream sends a comment this often, and the job's row is checked. Below the broker
+# client's read timeout (redis-py's default is 5 s), which an XREAD blocking as long would hit,
+# breaking every request whose job wrote nothing for that long (queued, or reading its prompt).
+KEEPALIVE_MS = 2_000
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 STOP_SEQUENCES_MAX = 4  # as OpenAI
 OWNED_BY = "appliance"
@@ -219,13 +222,15 @@ STREAM_DOC = {
         200: {
             "description": (
                 "Without `stream`: the `chat.completion`. With `stream: true`: server-sent events, each "
-                "`data: <chat.completion.chunk JSON>`: first a chunk whose delta is "
-                '`{"role": "assistant", "content": ""}`, then the text as `content` deltas, then a chunk '
-                "with `finish_reason`, then (with `stream_options.include_usage`) a chunk with `usage` and "
-                "no choices, then `data: [DONE]`. A job that fails or is cancelled mid-stream ends the "
-                'stream with `data: {"error": {...}}` (no `[DONE]`). Comment lines (`: keepalive`) keep '
-                "the connection open while the request waits in the queue. Header `X-Appliance-Job-Id` "
-                "names the job."
+                "`data: <chat.completion.chunk JSON>`. The first chunk leaves when the first token has been "
+                'written, and carries the role with the first text (`{"role": "assistant", "content": '
+                '"Dear"}`), so that a client times the first token from it; then the rest of the text as '
+                "`content` deltas, then a chunk with `finish_reason`, then (with "
+                "`stream_options.include_usage`) a chunk with `usage` and no choices, then `data: [DONE]`. "
+                "While the request waits in the queue or reads its prompt, only comment lines "
+                "(`: keepalive`) keep the connection open: no chunk. A job that fails or is cancelled ends "
+                'the stream with `data: {"error": {...}}` (no `[DONE]`), before any chunk if it wrote '
+                "nothing. Header `X-Appliance-Job-Id` names the job."
             ),
             "headers": {
                 JOB_ID_HEADER: {"description": "The appliance job that answered.", "schema": {"type": "string"}}
@@ -234,10 +239,11 @@ STREAM_DOC = {
                 "text/event-stream": {
                     "schema": {"type": "string"},
                     "example": (
+                        ": keepalive\n\n"
                         'data: {"id": "chatcmpl-…", "object": "chat.completion.chunk", "created": 1767225600, '
                         '"model": "SmolLM2-135M-Instruct", "choices": [{"index": 0, "delta": {"role": '
-                        '"assistant", "content": ""}, "logprobs": null, "finish_reason": null}]}\n\n'
-                        'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {"content": "Dear"}, '
+                        '"assistant", "content": "Dear"}, "logprobs": null, "finish_reason": null}]}\n\n'
+                        'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {"content": " Sir"}, '
                         '"logprobs": null, "finish_reason": null}]}\n\n'
                         'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {}, "logprobs": null, '
                         '"finish_reason": "stop"}]}\n\n'
@@ -435,16 +441,18 @@ class StreamedText:
     def __init__(self) -> None:
         self.sent = ""
         self._attempt = ""
+        self.caught_up = True  # this attempt has written all that was sent (a restarted one: not yet)
 
     def restart(self) -> None:
         self._attempt = ""
+        self.caught_up = False
 
     def add(self, text: str) -> str:
         """The text to send now for a delta of the job's text."""
         self._attempt += text
         ready = self._attempt.strip()
         if ready.startswith(self.sent):
-            new, self.sent = ready[len(self.sent) :], ready
+            new, self.sent, self.caught_up = ready[len(self.sent) :], ready, True
             return new
         if self.sent.startswith(ready):
             return ""  # a restarted job catching up with what was sent
@@ -517,8 +525,14 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
         # chunk), for continuous_usage_stats.
         written = {"prompt_tokens": 0, "completion_tokens": 0}
         times: list = []
+        role_sent = False
 
         def content(delta: dict, finish: str | None = None, **extra) -> str:
+            # The role goes with the first text, not ahead of the job: a client times the first
+            # token from the first chunk (as vLLM's server sends them, back to back).
+            nonlocal role_sent
+            if not role_sent:
+                delta, role_sent = {"role": "assistant", "content": "", **delta}, True
             if not chat.continuous_usage:
                 return chunk(delta, finish, **extra)
             usage_so_far = {**written, "total_tokens": sum(written.values())}
@@ -527,15 +541,19 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
             return chunk(delta, finish, usage=usage_so_far, appliance=appliance, **extra)
 
         try:
-            yield chunk({"role": "assistant", "content": ""})
             async with aclosing(_job_events(job)) as job_events:
                 async for event, data in job_events:
                     if event == "delta":
                         written["completion_tokens"] += int(data.get("tokens", 0))
                         written["prompt_tokens"] = int(data.get("prompt_tokens", written["prompt_tokens"]))
                         times.extend(data.get("times", ()))
+                        catching_up = not text.caught_up
                         new = text.add(str(data.get("text", "")))
-                        if new:
+                        # Every delta leaves as a chunk when it arrives, as vLLM sends a chunk per
+                        # step: whitespace the stored answer may strip rides with the next text,
+                        # but its chunk is not held back (a client would time a stall that was not
+                        # there), and the first token's chunk, whatever its text, is the role.
+                        if new or (not catching_up and int(data.get("tokens", 0)) > 0):
                             yield content({"content": new})
                     elif event == "restart":
                         text.restart()

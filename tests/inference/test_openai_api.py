@@ -7,8 +7,15 @@ server, workers, engine host and model."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+from contextlib import aclosing
+
 import openai
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
@@ -170,6 +177,148 @@ def test_a_cancelled_job_is_409_not_to_retry_and_a_failed_one_502_with_its_reaso
     assert event.startswith('data: {"error": {"message": "The model could not answer') and event.endswith("}}\n\n")
 
 
+# --- the streamed chunks, from a fake of the job's event stream --------------------------------
+
+
+def _streamed(monkeypatch, events, done: Job, **stream_options) -> tuple[list[str], list]:
+    """What ``_stream`` sends, part by part, for a job whose event stream is ``events`` (a fake
+    of ``_job_events``) and that ends as ``done``; and the jobs it cancelled."""
+    cancelled = []
+
+    async def job_events(job):
+        for event in events:
+            yield event
+
+    async def finished_job(job_id):
+        return done
+
+    async def cancel(job):
+        cancelled.append(job)
+
+    monkeypatch.setattr(openai_api, "_job_events", job_events)
+    monkeypatch.setattr(openai_api, "_finished_job", finished_job)
+    monkeypatch.setattr(openai_api, "_cancel", cancel)
+    response = openai_api._stream(done, _translate(stream=True, stream_options=stream_options or None), MODEL)
+
+    async def parts() -> list[str]:
+        return [part.decode() async for part in response.streaming_content]
+
+    return asyncio.run(parts()), cancelled
+
+
+def _chunks(parts: list[str]) -> list[dict]:
+    return [json.loads(p.removeprefix("data: ")) for p in parts if p.startswith("data: {")]
+
+
+def test_the_first_chunk_leaves_with_the_first_token_and_carries_the_role(monkeypatch):
+    events = [
+        ("keepalive", {}),
+        ("keepalive", {}),
+        ("delta", {"text": "Dear", "tokens": 1, "times": [[100.0, 1]], "prompt_tokens": 30}),
+        ("delta", {"text": " Sir, thank you.", "tokens": 15, "times": [[100.1, 15]]}),
+    ]
+    parts, cancelled = _streamed(monkeypatch, events, _finished(), include_usage=True, continuous_usage_stats=True)
+    # While the job waits and reads its prompt, only comments: no chunk a client would time.
+    assert parts[:2] == [": keepalive\n\n"] * 2 and parts[-1] == "data: [DONE]\n\n"
+    chunks = _chunks(parts[2:])
+    assert [c["choices"][0]["delta"] for c in chunks[:-1]] == [
+        {"role": "assistant", "content": "Dear"},
+        {"content": " Sir, thank you."},
+        {},
+    ]
+    first = chunks[0]
+    assert first["usage"]["completion_tokens"] == 1 and first["appliance"]["token_times"] == [[100.0, 1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 16
+    assert not cancelled
+
+
+def test_a_first_token_of_whitespace_still_leaves_at_once_as_the_role(monkeypatch):
+    # The stored answer has no leading whitespace, so its text is held back; the chunk is not.
+    events = [
+        ("keepalive", {}),
+        ("delta", {"text": "\n", "tokens": 1}),
+        ("keepalive", {}),
+        ("delta", {"text": "Dear Sir, thank you.", "tokens": 15}),
+    ]
+    parts, _ = _streamed(monkeypatch, events, _finished())
+    assert parts[0] == parts[2] == ": keepalive\n\n"
+    assert [c["choices"][0]["delta"] for c in _chunks([parts[1], *parts[3:]])] == [
+        {"role": "assistant", "content": ""},
+        {"content": "Dear Sir, thank you."},
+        {},
+    ]
+
+
+def test_every_delta_leaves_as_a_chunk_when_it_arrives_even_whitespace_held_back(monkeypatch):
+    # A client times a chunk per delta: whitespace waits for the next text (the stored answer
+    # has none at its end), its chunk does not.
+    done = _finished()
+    done.result_text = "Dear\nSir, thank you."
+    events = [
+        ("delta", {"text": "Dear", "tokens": 1}),
+        ("delta", {"text": "\n", "tokens": 1}),
+        ("keepalive", {}),
+        ("delta", {"text": "Sir, thank you.", "tokens": 4}),
+    ]
+    parts, _ = _streamed(monkeypatch, events, done)
+    assert parts[2] == ": keepalive\n\n"
+    deltas = [c["choices"][0]["delta"] for c in _chunks(parts)]
+    assert deltas == [{"role": "assistant", "content": "Dear"}, {"content": ""}, {"content": "\nSir, thank you."}, {}]
+    assert _chunks(parts[:2])[1]["choices"][0]["delta"] == {"content": ""}  # before the keepalive
+    assert "".join(d.get("content", "") for d in deltas) == done.result_text
+
+
+def test_a_restarted_job_sends_no_chunk_until_it_has_caught_up(monkeypatch):
+    events = [
+        ("delta", {"text": "Dear Sir,", "tokens": 3}),
+        ("restart", {}),
+        ("delta", {"text": "Dear", "tokens": 1}),
+        ("delta", {"text": " Sir,", "tokens": 2}),
+        ("delta", {"text": " thank you.", "tokens": 3}),
+    ]
+    parts, _ = _streamed(monkeypatch, events, _finished())
+    assert [c["choices"][0]["delta"] for c in _chunks(parts)] == [
+        {"role": "assistant", "content": "Dear Sir,"},
+        {"content": " thank you."},
+        {},
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_silent_for_longer_than_the_brokers_read_timeout_keeps_its_stream(alice):
+    # No worker runs here: the job stays queued and writes nothing. redis-py's client gives up
+    # reading after 5 s by default; an XREAD blocking that long broke the request.
+    job = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8)
+
+    async def keepalives_for(seconds: float) -> list[str]:
+        seen, started = [], time.monotonic()
+        try:
+            async with aclosing(openai_api._job_events(job)) as events:
+                async for event, _ in events:
+                    seen.append(event)
+                    if time.monotonic() - started > seconds:
+                        return seen
+            return seen
+        finally:
+            await sync_to_async(connections.close_all)()  # the job row's checks ran in that thread
+
+    assert set(asyncio.run(keepalives_for(6.0))) == {"keepalive"}
+
+
+def test_a_job_that_writes_nothing_sends_the_role_with_its_finish_and_a_failure_no_chunk(monkeypatch):
+    empty = _finished(output_tokens=0)
+    empty.result_text = ""
+    parts, _ = _streamed(monkeypatch, [("keepalive", {})], empty)
+    (finish,) = _chunks(parts)
+    assert finish["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert finish["choices"][0]["finish_reason"] == "stop"
+
+    failed = _finished(Job.State.FAILED, error="the prompt is too long")
+    parts, cancelled = _streamed(monkeypatch, [("keepalive", {})], failed, include_usage=True)
+    assert parts == [": keepalive\n\n", openai_api.error_event(openai_api.unfinished_problem(failed))]
+    assert not cancelled
+
+
 # --- the service and the engine request ------------------------------------------------------
 
 
@@ -298,6 +447,20 @@ def _usage_of(job: Job) -> tuple[int, int, int]:
     return metrics.prompt_tokens, metrics.output_tokens, metrics.prompt_tokens + metrics.output_tokens
 
 
+def _streamed_chunks(stream) -> tuple[list, list[float]]:
+    """The chunks of an openai client's stream, and when each reached this process."""
+    chunks, arrivals = [], []
+    for chunk in stream:
+        arrivals.append(time.time())
+        chunks.append(chunk)
+    return chunks, arrivals
+
+
+def _first_token_at(job: Job) -> float:
+    """When the job's first token reached its worker, as the appliance's metrics record it."""
+    return job.created_at.timestamp() + job.metrics.ttft_ms / 1000
+
+
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_the_openai_client_against_the_live_appliance(alice, live_appliance, workers, engine_host):
@@ -327,8 +490,9 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
     measured = completion.model_extra["appliance"]
     assert measured["job_id"] == str(job.pk) and measured["ttft_ms"] == round(job.metrics.ttft_ms, 1)
 
-    # Streaming: the role first, then the text the job stores, the finish reason, the usage.
-    chunks = list(
+    # Streaming: the role with the first text, then the text the job stores, the finish reason,
+    # the usage.
+    chunks, arrivals = _streamed_chunks(
         client.chat.completions.create(
             model=served,
             messages=[{"role": "user", "content": [{"type": "text", "text": "Name three kinds of contract."}]}],
@@ -338,8 +502,11 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(chunk.choices[0].delta.role is None for chunk in chunks[1:] if chunk.choices)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     job = _job_of(chunks[0].id)
+    # No chunk before the first token: a client's TTFT is the job's.
+    assert arrivals[0] >= _first_token_at(job)
     assert {chunk.id for chunk in chunks} == {chunks[0].id}
     assert job.api_token == token and job.options["temperature"] == 1.0
     assert text and text == job.result_text
@@ -351,16 +518,22 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
 
     # vLLM's extensions, for load tests: ignore_eos writes exactly max_tokens, and with
     # continuous_usage_stats every content chunk says how many tokens have been written so far.
-    chunks = list(
+    chunks, arrivals = _streamed_chunks(
         client.chat.completions.create(
             model=served,
             messages=messages,
             max_tokens=20,
+            temperature=0,  # this prompt's first token is then a word
             stream=True,
             stream_options={"include_usage": True, "continuous_usage_stats": True},
             extra_body={"ignore_eos": True},
         )
     )
+    # The first chunk is the first token: the role with its text, counted, after it was written.
+    first = chunks[0]
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content.strip()
+    assert first.usage.completion_tokens >= 1
+    assert arrivals[0] >= _first_token_at(_job_of(first.id))
     counted = [chunk.usage.completion_tokens for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]
     assert counted and counted == sorted(counted) and counted[-1] == 20
     # ... and when each token reached the worker: every token once, in order.
