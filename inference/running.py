@@ -43,7 +43,11 @@ from inference.timing import Delta
 logger = logging.getLogger(__name__)
 
 PRIORITY_FOR_QUEUE = {Queue.PREFILL: Priority.PREFILL, Queue.DECODE: Priority.DECODE}
-PUBLISH_INTERVAL_S = 0.1  # token batches to the browser; also how soon a cancel is seen
+# Token batches to the browser (0: every delta as it arrives, a chunk per engine step, as vLLM's
+# own server sends them: a batch would show a client a stall between its tokens that was not
+# there, and on this CPU steps are slower than any batch anyway). Each publish also checks for a
+# cancel and the claim.
+PUBLISH_INTERVAL_S = 0.0
 HIDDEN_CANCEL_CHECK_S = 0.5  # how soon a cancel is seen while a hidden request writes
 PARTIAL_SUMMARY_MAX_TOKENS = 320
 CLAUSES_MAX_TOKENS = 1024
@@ -122,8 +126,8 @@ def run_engine(
     job: Job, request: GenerateRequest, client: EngineClient, attempt: Attempt, *, visible: bool = True
 ) -> EngineRun:
     """One engine request. ``visible``: its tokens go to the job's stream (the first at once,
-    later ones in batches of at most ``PUBLISH_INTERVAL_S``, one broker round trip per batch that
-    also checks for a cancel and the claim: the worker shares the machine with the engine).
+    later ones in batches of at most ``PUBLISH_INTERVAL_S``, by default each as it arrives; one
+    broker round trip per batch, which also checks for a cancel and the claim).
     Otherwise only waiting and progress events go out, and a cancel is checked twice a second.
     Whatever stops the attempt (here, or in its watch thread) closes the request, and the engine
     host aborts it; ``AttemptStopped`` then leaves from here."""
