@@ -81,8 +81,10 @@ def attempt_watch(attempt: Attempt):
                     logger.warning("job %s: heartbeat failed", attempt.job_id, exc_info=True)
                     continue
                 if not alive:
-                    logger.warning("job %s: attempt %s lost its claim; stopping it", attempt.job_id, attempt.number)
-                    attempt.stop(_why_not_held(attempt))
+                    reason = _why_not_held(attempt)
+                    logger.warning("job %s: attempt %s no longer holds it (%s); stopping it", attempt.job_id,
+                                   attempt.number, reason.value)  # fmt: skip
+                    attempt.stop(reason)
                     return
         finally:
             connection.close()

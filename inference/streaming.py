@@ -148,8 +148,11 @@ def format_sse(event: str, data: dict[str, Any], event_id: str | None = None) ->
 async def read_events(job_id: Any, *, after: str = "0", block_ms: int = 15_000) -> AsyncIterator[tuple[str, str, dict]]:
     """Yield (stream id, event, data) after ``after``, waiting for new ones, until a final event.
     Yields ("", "keepalive", {}) when nothing arrived for ``block_ms``."""
-    # XREAD BLOCK must end before the client's own read timeout (redis-py's default is 5 s).
-    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 5)
+    # The read waits up to ``block_ms`` by design: its socket timeout must be longer (redis-py's
+    # default of 5 s equals the chat stream's keepalive, and a busy machine lost that race).
+    client = aioredis.Redis.from_url(
+        settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
+    )
     key = stream_key(job_id)
     last = after or "0"
     try:
