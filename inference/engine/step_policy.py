@@ -14,7 +14,7 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   decode tokens and, besides, document prefill chunks up to a token budget the step-cost model
   (``StepCostModel``) says keeps the step within the drafting ITL target: the time a step of
   drafting alone takes, times ``itl_slowdown`` (or an absolute ``itl_target_ms``). Never less
-  than ``min_chunk_tokens`` (16): documents always progress.
+  than ``min_chunk_tokens`` (4): documents always progress.
 - **Work-conserving.** With no drafting request in the engine, documents run at full speed,
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
@@ -375,7 +375,7 @@ class Planner:
     cost: StepCostModel = field(default_factory=StepCostModel)
     # Document prefill tokens a step beside drafting always holds (documents always progress),
     # and holds before the cost model can tell what a chunk costs.
-    min_chunk_tokens: int = 16
+    min_chunk_tokens: int = 4
     unfitted_chunk_tokens: int = 64
     # Steps documents are held for one waiting drafter that vLLM then does not start (it may
     # wait for something this module cannot see): past this, documents go on beside it.
