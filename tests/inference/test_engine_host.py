@@ -172,7 +172,7 @@ def test_with_nobody_drafting_a_document_is_read_at_full_speed(engine_host):
     chunk = (
         budget
         if not per_token
-        else max(16, min(budget, math.ceil(0.98 * full * fixed / (per_token * (1 - 0.98 * full)))))
+        else max(4, min(budget, math.ceil(0.98 * full * fixed / (per_token * (1 - 0.98 * full)))))
     )
     # The prompt took the steps such chunks need (at most a few more as the chunk shrinks with
     # the attention over what is read), and 3 more wrote the rest of the answer.
