@@ -216,6 +216,11 @@ APPLIANCE_KV_DECODE_RESERVE = env_float("APPLIANCE_KV_DECODE_RESERVE", 0.1, mini
 # inter-token latency target in milliseconds instead.
 APPLIANCE_DRAFTING_ITL_SLOWDOWN = env_float("APPLIANCE_DRAFTING_ITL_SLOWDOWN", 1.3, minimum=1.0, maximum=10.0)
 APPLIANCE_DRAFTING_ITL_TARGET_MS = env_float("APPLIANCE_DRAFTING_ITL_TARGET_MS", 0.0, minimum=0.0)
+# With nobody drafting, documents may lose this share of their prefill speed to steps shorter
+# than the whole budget (a step's fixed cost, paid more often), so that a drafter who arrives
+# waits for a short step: on a GPU that is about the whole budget, on a CPU a fraction. 0: the
+# whole budget always.
+APPLIANCE_IDLE_THROUGHPUT_LOSS = env_float("APPLIANCE_IDLE_THROUGHPUT_LOSS", 0.02, minimum=0.0, maximum=0.4)
 # Past this many waiting jobs in a queue, new jobs are refused with 429 and Retry-After.
 APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 1000, minimum=1)
 # Past this many waiting jobs of one person in a queue, that person's new jobs are refused with

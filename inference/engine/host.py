@@ -74,6 +74,7 @@ class EngineConfig:
     kv_decode_reserve_fraction: float = 0.1
     itl_slowdown: float = 1.3
     itl_target_ms: float = 0.0
+    idle_throughput_loss: float = 0.02
 
     @classmethod
     def from_settings(cls) -> EngineConfig:
@@ -99,6 +100,7 @@ class EngineConfig:
             kv_decode_reserve_fraction=settings.APPLIANCE_KV_DECODE_RESERVE,
             itl_slowdown=settings.APPLIANCE_DRAFTING_ITL_SLOWDOWN,
             itl_target_ms=settings.APPLIANCE_DRAFTING_ITL_TARGET_MS,
+            idle_throughput_loss=settings.APPLIANCE_IDLE_THROUGHPUT_LOSS,
         )
 
     def policy(self) -> PolicyConfig:
@@ -107,6 +109,7 @@ class EngineConfig:
             reservation=self.kv_reservation,
             itl_slowdown=self.itl_slowdown,
             itl_target_ms=self.itl_target_ms,
+            idle_throughput_loss=self.idle_throughput_loss,
             kv_safety_factor=self.kv_safety_factor,
             kv_decode_reserve_fraction=self.kv_decode_reserve_fraction,
             drafting_priority=Priority.DECODE,

@@ -14,9 +14,11 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   decode tokens and, besides, document prefill chunks up to a token budget the step-cost model
   (``StepCostModel``) says keeps the step within the drafting ITL target: the time a step of
   drafting alone takes, times ``itl_slowdown`` (or an absolute ``itl_target_ms``). Never less
-  than one KV block: documents always progress.
-- **Work-conserving.** With no drafting request in the engine, documents get the whole budget,
-  several batched together, exactly as vLLM alone would.
+  than ``min_chunk_tokens`` (4): documents always progress.
+- **Work-conserving.** With no drafting request in the engine, documents run at full speed,
+  several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
+  is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
+  that speed where it is small (a CPU), so that a drafter who arrives waits for a short step.
 - **Fair between users.** Document chunks go to users in turn (the user served longest ago
   first), and to the document with the least prefill left within a user.
 - **KV admission by blocks** (``admit``): a waiting request enters the engine only while its
@@ -65,6 +67,9 @@ class PolicyConfig:
     itl_target_ms: float = 0.0
     kv_safety_factor: float = 0.95  # share of the KV blocks reservations may fill
     kv_decode_reserve_fraction: float = 0.1  # of those, kept for drafting
+    # With nobody drafting, documents may lose this share of their speed to shorter steps (so
+    # that a drafter who arrives waits less); 0: always vLLM's whole budget.
+    idle_throughput_loss: float = 0.02
     long_prefill_token_threshold: int = 0  # ENGINE mode: vLLM's own per-request chunk cap
     drafting_priority: int = 0  # requests at or below this priority are drafting
 
@@ -81,6 +86,8 @@ class PolicyConfig:
             raise ValueError("kv_decode_reserve_fraction must be in [0, 1)")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must not be negative")
+        if not 0.0 <= self.idle_throughput_loss < 0.5:
+            raise ValueError("idle_throughput_loss must be in [0, 0.5)")
 
     def to_dict(self) -> dict:
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), StrEnum) else v) for f in fields(self)}
@@ -366,8 +373,10 @@ class Planner:
     block_size: int = 16
     max_budget_tokens: int = 2048
     cost: StepCostModel = field(default_factory=StepCostModel)
-    # Before the cost model is fitted, a document chunk beside drafting is this many blocks.
-    unfitted_chunk_blocks: int = 2
+    # Document prefill tokens a step beside drafting always holds (documents always progress),
+    # and holds before the cost model can tell what a chunk costs.
+    min_chunk_tokens: int = 4
+    unfitted_chunk_tokens: int = 64
     # Steps documents are held for one waiting drafter that vLLM then does not start (it may
     # wait for something this module cannot see): past this, documents go on beside it.
     max_hold_steps: int = 4
@@ -383,12 +392,34 @@ class Planner:
 
     def document_budget(self, base: StepShape, position: int) -> int:
         """Document prefill tokens allowed in a step beside the drafting work ``base``: what the
-        ITL target leaves, at least one block, at most the step's budget."""
+        ITL target leaves, at least ``min_chunk_tokens``, at most the step's budget."""
         target = self.target_step_s(base)
         budget = None if target is None else self.cost.prefill_budget(base, position=position, target_s=target)
         if budget is None:  # the model cannot tell yet: small chunks, until it has seen some
-            budget = self.unfitted_chunk_blocks * self.block_size
-        return max(self.block_size, min(self.max_budget_tokens, budget))
+            budget = self.unfitted_chunk_tokens
+        return max(self.min_chunk_tokens, min(self.max_budget_tokens, budget))
+
+    def idle_budget(self, base: StepShape, position: int) -> int | None:
+        """Document prefill tokens for a step with nobody drafting: the smallest chunk that keeps
+        documents within ``idle_throughput_loss`` of the speed of the step's whole budget (only
+        a step's fixed cost is lost by cutting prefill finer), so that a drafter who arrives
+        waits for a short step, not a long one. On a GPU, where a step's fixed cost is large
+        beside its per-token cost, that is about the whole budget; on a CPU, a fraction of it.
+        None (vLLM's own budget) while the cost model cannot tell."""
+        coefficients = self.cost.coefficients
+        loss = self.config.idle_throughput_loss
+        if coefficients is None or loss <= 0:
+            return None
+        per_token = coefficients[3] + coefficients[4] * position / 1e6
+        fixed = self.cost.predict(base) or 0.0
+        if per_token <= 0:
+            return None
+        if fixed <= 0:
+            return self.min_chunk_tokens
+        full = self.max_budget_tokens * per_token
+        wanted = (1.0 - loss) * full / (fixed + full)  # the whole budget's efficiency, less the loss
+        tokens = math.ceil(wanted * fixed / (per_token * (1.0 - wanted)))
+        return max(self.min_chunk_tokens, min(self.max_budget_tokens, tokens))
 
     def fair_order(self, documents: Sequence[RunningRequest]) -> list[RunningRequest]:
         """Documents in mid-prefill: users in turn (served longest ago first), within a user the
@@ -438,4 +469,9 @@ class Planner:
                 document_budget_tokens=documents,
                 reason="drafting_running",
             )
-        return StepPlan(order=order, defer=frozenset(deferred), reason="no_drafting")
+        base = StepShape.of([r.context_tokens for r in doc_decodes], [])
+        position = doc_prefills[0].context_tokens if doc_prefills else 0
+        idle = self.idle_budget(base, position) if doc_prefills else None
+        budget = None if idle is None else min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + idle)
+        return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=idle,
+                        reason="no_drafting")  # fmt: skip
