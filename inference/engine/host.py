@@ -590,6 +590,7 @@ class EngineHost:
         )
         outputs = engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id, priority=priority)
         output_tokens = 0
+        finished = False
         run.in_engine = True
         try:
             # aclosing: if the client leaves mid-stream, vLLM's generator is closed (and the
@@ -606,8 +607,12 @@ class EngineHost:
                         )
                         await writer.drain()
                     if output.finished:
+                        finished = True
                         self.requests_served += 1
                         writer.write(encode(self._done_message(run, output, completion, output_tokens)))
+            if not finished:  # vLLM ended it (an abort): say so, or the client would take it for a death
+                detail = "the engine ended this request before it finished (it was aborted)"
+                writer.write(encode({"type": "error", "code": ErrorCode.ENGINE, "detail": detail}))
         except Exception as exc:
             # The engine core died under it: not this request's own failure.
             if not (isinstance(exc, EngineDeadError) or engine.errored):
