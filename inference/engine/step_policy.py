@@ -412,10 +412,10 @@ class Planner:
             return None
         per_token = coefficients[3] + coefficients[4] * position / 1e6
         fixed = self.cost.predict(base) or 0.0
-        if per_token <= 0:
+        if per_token <= 0 or fixed <= 0:
+            # No fixed cost seen (the fit dropped its intercept): cutting prefill finer would look
+            # free by this model and is not, so vLLM keeps its own budget.
             return None
-        if fixed <= 0:
-            return self.min_chunk_tokens
         full = self.max_budget_tokens * per_token
         wanted = (1.0 - loss) * full / (fixed + full)  # the whole budget's efficiency, less the loss
         tokens = math.ceil(wanted * fixed / (per_token * (1.0 - wanted)))

@@ -152,7 +152,7 @@ def test_with_nobody_drafting_a_document_is_read_at_full_speed(engine_host):
     import math
 
     stats = engine_host.stats()
-    request = _document_of_tokens(engine_host, 6000, max_tokens=4, ignore_eos=True)
+    request = _document_of_tokens(engine_host, 2500, max_tokens=4, ignore_eos=True)
     prompt_tokens = engine_host.count_tokens([request.messages])[0]
     time.sleep(2.0)  # the host reads the scheduler's counters once a second: take them afresh
     before = _scheduler(engine_host)["counters"]
@@ -218,7 +218,7 @@ def test_a_drafter_that_arrives_while_a_document_prefills_starts_before_the_docu
     prefilling = threading.Event()
 
     def document():
-        for event in engine_host.generate(_document_of_tokens(engine_host, 7000, max_tokens=4)):
+        for event in engine_host.generate(_document_of_tokens(engine_host, 3000, max_tokens=4)):
             document_events.append(event)
             if event.type == "prefill" and event.data.get("tokens_done"):
                 prefilling.set()
@@ -242,9 +242,9 @@ def test_requests_sharing_a_prefix_reserve_its_blocks_once(engine_host):
 
     stats = engine_host.stats()
     budget, block = stats["kv_budget_tokens"], stats["kv_block_size"]
-    shared = _document_of_tokens(engine_host, 6000)
+    shared = _document_of_tokens(engine_host, 3000)
     prompt_tokens = engine_host.count_tokens([shared.messages])[0]
-    output = 2000
+    output = 5000
     assert 6 * (prompt_tokens + output) > budget  # one by one, they would not fit
     assert prompt_tokens + 6 * (output + 2 * block) < 0.9 * budget  # sharing the prompt, they do
     requests = [

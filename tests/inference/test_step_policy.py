@@ -227,6 +227,16 @@ def test_with_nobody_drafting_steps_are_as_short_as_a_2_percent_loss_of_speed_al
     assert efficiency(plan.token_budget, 0.030, 0.003) >= 0.98 * efficiency(2048, 0.030, 0.003) - 1e-6
 
 
+def test_with_no_fixed_step_cost_in_the_model_documents_keep_vllms_whole_budget():
+    # A fit that dropped its intercept would make 4-token chunks look free: a document of 8,000
+    # tokens would take 2,000 steps. vLLM's own budget is kept instead.
+    no_fixed = StepCostModel.from_coefficients((0.0, 0.002, 0.0, 0.0025, 3.0))
+    plan = Planner(config=PolicyConfig(), block_size=128, max_budget_tokens=2048, cost=no_fixed).plan(
+        [document("d1", left=8000)], [], [], set()
+    )
+    assert plan.reason == "no_drafting" and plan.token_budget is None
+
+
 def test_a_drafter_that_can_start_holds_document_prefill_back_for_its_step():
     waiting = [WaitingRequest("new-draft", drafting=True, user="u2"), WaitingRequest("doc3", drafting=False, user="u1")]
     running = [document("d1", left=3000), draft("old-draft"), document("d2", left=0, done=900)]
