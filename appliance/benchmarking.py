@@ -79,6 +79,24 @@ def bench_user(username: str):
     return owner
 
 
+def api_bench_user(username: str, *, deletes: str):
+    """An active user with no usable password, for a command that measures through the API under
+    a token of its own: refused when a person's account has the name (``deletes`` says what the
+    command removes afterwards)."""
+    from django.contrib.auth import get_user_model
+
+    user, created = get_user_model().objects.get_or_create(username=username)
+    if not created and (user.has_usable_password() or user.is_staff or user.is_superuser):
+        raise CommandError(
+            f"A person's account is called {username!r}; this command measures under that name and deletes its "
+            f"{deletes} afterwards. Rename the account first."
+        )
+    user.set_unusable_password()
+    user.is_active = True
+    user.save(update_fields=["password", "is_active"])
+    return user
+
+
 def machine() -> dict:
     import torch
     from django.db import connection
@@ -222,8 +240,13 @@ def stop_groups(processes: list[subprocess.Popen], *, timeout_s: float = 30, gra
     for process in processes:
         while _group_alive(process.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        if _group_alive(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            # A killed orphan is gone once init has reaped it: wait for that, a few seconds at most.
+            gone_by = time.monotonic() + 5
+            while _group_alive(process.pid) and time.monotonic() < gone_by:
+                time.sleep(0.05)
 
 
 def _group_alive(pgid: int) -> bool:

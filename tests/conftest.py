@@ -251,23 +251,14 @@ def workers(django_db_setup, django_db_blocker):
 def live_appliance(django_db_setup):
     """The real ASGI web server (uvicorn, as `make run` starts it) on a free port. Yields its URL."""
     import socket
-    import urllib.request
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     (process,) = _start_appliance_processes({"web"}, port=port)
     url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            urllib.request.urlopen(url + "/accounts/login/", timeout=2)
-            return True
-        except OSError:
-            return False
-
     try:
-        wait_until(answers, timeout_s=60, message="the web server")
+        wait_for_web_server(url)
         yield url
     finally:
         _stop(process)
@@ -287,6 +278,19 @@ def browser(alice):
     client = Client()
     client.force_login(alice)
     return client
+
+
+def wait_for_web_server(url: str, *, timeout_s: float = 60) -> None:
+    import urllib.request
+
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(url + "/accounts/login/", timeout=2)
+            return True
+        except OSError:
+            return False
+
+    wait_until(answers, timeout_s=timeout_s, message="the web server")
 
 
 def wait_until(predicate, *, timeout_s: float, interval_s: float = 0.25, message: str = "condition"):

@@ -384,19 +384,10 @@ class _Account:
 
     @classmethod
     def create(cls, *, expires_at) -> _Account:
-        from django.contrib.auth import get_user_model
-
         from api.services import token_create
+        from appliance.benchmarking import api_bench_user
 
-        user, created = get_user_model().objects.get_or_create(username=USERNAME)
-        if not created and (user.has_usable_password() or user.is_staff or user.is_superuser):
-            raise CommandError(
-                f"A person's account is called {USERNAME!r}; this benchmark runs under that name and deletes its "
-                "jobs and tokens afterwards. Rename the account first."
-            )
-        user.set_unusable_password()
-        user.is_active = True
-        user.save(update_fields=["password", "is_active"])
+        user = api_bench_user(USERNAME, deletes="jobs and tokens")
         cls._clear(user)  # what a run that was killed left
         row, token = token_create(
             user=user,

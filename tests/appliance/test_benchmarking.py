@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from appliance.benchmarking import stop_groups
 
 
@@ -37,3 +39,17 @@ def test_stopping_a_process_that_has_already_exited_is_quiet():
     done.wait()
     stop_groups([done], timeout_s=1, grace_s=0.1)
     assert done.returncode == 0
+
+
+@pytest.mark.django_db
+def test_a_measuring_account_is_made_without_a_password_and_a_persons_is_refused(django_user_model):
+    from django.core.management.base import CommandError
+
+    from appliance.benchmarking import api_bench_user
+
+    made = api_bench_user("bench-probe", deletes="jobs")
+    assert made.is_active and not made.has_usable_password()
+    django_user_model.objects.create_user("carol", password="a long passphrase")
+    with pytest.raises(CommandError, match="A person's account is called 'carol'.*deletes its jobs"):
+        api_bench_user("carol", deletes="jobs")
+    assert django_user_model.objects.get(username="carol").has_usable_password()  # left alone

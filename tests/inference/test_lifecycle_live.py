@@ -24,7 +24,7 @@ from api.services import token_create
 from appliance.supervisor import appliance_processes
 from inference import services, streaming
 from inference.models import Job, JobKind, Queue
-from tests.conftest import BASE_DIR, _child_env, _stop, _test_database_url, wait_until
+from tests.conftest import BASE_DIR, _child_env, _stop, _test_database_url, wait_for_web_server, wait_until
 from tests.factories import ready_document
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -167,16 +167,8 @@ def web_with_dead_broker(django_db_setup):
         spec.argv, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            urllib.request.urlopen(url + "/accounts/login/", timeout=2)
-            return True
-        except OSError:
-            return False
-
     try:
-        wait_until(answers, timeout_s=60, message="the web server")
+        wait_for_web_server(url)
         yield url
     finally:
         _stop(process)
