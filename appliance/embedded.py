@@ -230,12 +230,12 @@ class EmbeddedPostgres:
         if not self.lock_path.exists():
             return
         postmaster = _pid_in(self.lock_path)
-        if postmaster is not None and postmaster in self.processes():
+        leftovers = self.processes()
+        if postmaster is not None and postmaster in leftovers:
             raise EmbeddedServiceError(
                 f"embedded Postgres (pid {postmaster}) runs in {self.data_dir} but does not answer on port "
                 f"{self.port}: it is starting or stopping; not starting a second one"
             )
-        leftovers = self.processes()
         if leftovers:
             logger.warning(
                 "embedded Postgres: ending %d process(es) its dead postmaster (pid %s) left behind: %s",

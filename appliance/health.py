@@ -77,8 +77,7 @@ def check_engine() -> dict:
         return {"ok": False, "state": EngineState.RESTARTING, "detail": f"the engine is restarting: {exc}"}
     except (EngineUnavailable, EngineRequestError, OSError) as exc:
         return {"ok": False, "detail": str(exc)}
-    # A host from before the state field answers only once its engine is ready.
-    state = str(stats.get("state", EngineState.READY))
+    state = EngineState.of(stats)
     result = {
         "ok": state == EngineState.READY,
         "state": state,

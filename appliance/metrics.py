@@ -164,19 +164,22 @@ def _engine_state(state: str) -> GaugeMetricFamily:
     return family
 
 
+def _engine_up(value: int) -> GaugeMetricFamily:
+    return GaugeMetricFamily("appliance_engine_up", "1 when the engine host answers", value=value)
+
+
 def _engine_metrics():
     try:
         stats = EngineClient.from_settings().stats(timeout_s=2.0)
     except EngineRestarting:
-        yield GaugeMetricFamily("appliance_engine_up", "1 when the engine host answers", value=1)
+        yield _engine_up(1)
         yield _engine_state(EngineState.RESTARTING)
         return
     except (EngineUnavailable, EngineRequestError, OSError):
-        yield GaugeMetricFamily("appliance_engine_up", "1 when the engine host answers", value=0)
+        yield _engine_up(0)
         return
-    yield GaugeMetricFamily("appliance_engine_up", "1 when the engine host answers", value=1)
-    # A host from before the state field answers only once its engine is ready.
-    yield _engine_state(str(stats.get("state", EngineState.READY)))
+    yield _engine_up(1)
+    yield _engine_state(EngineState.of(stats))
     if "restarts" in stats:
         yield CounterMetricFamily(
             "appliance_engine_restarts",

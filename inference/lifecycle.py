@@ -248,7 +248,7 @@ def _run(job: Job, client: EngineClient | None) -> Job:
 def _after_failure(job: Job, attempt: Attempt, failure: Exception) -> Job:
     # A stop (cancel, lost claim, deadline) explains whatever error the closed request raised.
     reason = attempt.reason or (failure.reason if isinstance(failure, AttemptStopped) else None)
-    if reason is StopReason.DEADLINE:
+    if reason is StopReason.DEADLINE or (reason is None and isinstance(failure, SoftTimeLimitExceeded)):
         job_fail(job_id=job.pk, reason=time_limit_reason(settings.APPLIANCE_JOB_TIME_LIMIT_S), attempt=attempt)
     elif reason is StopReason.CANCELLED:
         streaming.fence_release(job.pk, attempt.number)  # the row says cancelled already
@@ -260,8 +260,6 @@ def _after_failure(job: Job, attempt: Attempt, failure: Exception) -> Job:
         _wait_for_engine(job, attempt, failure)
     elif isinstance(failure, EngineRequestError):
         job_fail(job_id=job.pk, reason=f"The engine refused this job: {failure.detail}", attempt=attempt)
-    elif isinstance(failure, SoftTimeLimitExceeded):
-        job_fail(job_id=job.pk, reason=time_limit_reason(settings.APPLIANCE_JOB_TIME_LIMIT_S), attempt=attempt)
     elif isinstance(failure, ValueError):
         job_fail(job_id=job.pk, reason=str(failure), attempt=attempt)
     else:

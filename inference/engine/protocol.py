@@ -41,6 +41,12 @@ class EngineState:
     READY = "ready"
     RESTARTING = "restarting"
 
+    @classmethod
+    def of(cls, stats: dict) -> str:
+        """The state a ``stats`` answer reports; a host from before the field answers only once
+        its engine is ready."""
+        return str(stats.get("state", cls.READY))
+
 
 class ErrorCode:
     """``code`` of an ``error`` event. The client turns ``ENGINE_RESTARTING`` into

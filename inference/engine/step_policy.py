@@ -370,7 +370,6 @@ class Planner:
     makes each step's ``StepPlan``."""
 
     config: PolicyConfig = field(default_factory=PolicyConfig)
-    block_size: int = 16
     max_budget_tokens: int = 2048
     cost: StepCostModel = field(default_factory=StepCostModel)
     # Document prefill tokens a step beside drafting always holds (documents always progress),

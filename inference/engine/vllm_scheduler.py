@@ -74,7 +74,7 @@ class ApplianceScheduling:
         super().__init__(*args, **kwargs)
         config = PolicyConfig.from_dict(json.loads(os.environ.get(CONFIG_ENV) or "{}"))
         self.planner = Planner(
-            config=config, block_size=self.block_size, max_budget_tokens=self.max_num_scheduled_tokens
+            config=config, max_budget_tokens=self.max_num_scheduled_tokens
         )
         self.output_lengths = OutputLengths()
         self._reserve_tokens: dict[str, int] = {}  # running request -> its reservation (prompt + output)

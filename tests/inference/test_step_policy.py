@@ -195,7 +195,7 @@ def test_attention_makes_a_late_chunk_costlier():
 
 
 def planner(**config) -> Planner:
-    return Planner(config=PolicyConfig(**config), block_size=BLOCK, max_budget_tokens=2048, cost=fitted_model())
+    return Planner(config=PolicyConfig(**config), max_budget_tokens=2048, cost=fitted_model())
 
 
 def test_with_nobody_drafting_documents_get_the_whole_budget_when_asked_to():
@@ -220,7 +220,7 @@ def test_with_nobody_drafting_steps_are_as_short_as_a_2_percent_loss_of_speed_al
     for _ in range(200):
         shape = StepShape(decode_requests=rng.randint(0, 4), prefill_tokens=rng.choice([0, 64, 512, 2048]))
         cpu.observe(shape, 0.030 + 0.002 * shape.decode_requests + 0.003 * shape.prefill_tokens)
-    plan = Planner(config=PolicyConfig(), block_size=128, max_budget_tokens=2048, cost=cpu).plan(
+    plan = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu).plan(
         [document("d1", left=5000)], [], [], set()
     )
     assert 300 <= plan.token_budget <= 500  # a drafter who arrives waits ~1.2 s, not ~6 s
@@ -231,7 +231,7 @@ def test_with_no_fixed_step_cost_in_the_model_documents_keep_vllms_whole_budget(
     # A fit that dropped its intercept would make 4-token chunks look free: a document of 8,000
     # tokens would take 2,000 steps. vLLM's own budget is kept instead.
     no_fixed = StepCostModel.from_coefficients((0.0, 0.002, 0.0, 0.0025, 3.0))
-    plan = Planner(config=PolicyConfig(), block_size=128, max_budget_tokens=2048, cost=no_fixed).plan(
+    plan = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=no_fixed).plan(
         [document("d1", left=8000)], [], [], set()
     )
     assert plan.reason == "no_drafting" and plan.token_budget is None
@@ -274,7 +274,7 @@ def test_documents_always_progress_beside_drafting():
 
 
 def test_before_the_cost_model_is_fitted_documents_take_small_chunks_beside_drafting():
-    p = Planner(config=PolicyConfig(), block_size=BLOCK, max_budget_tokens=2048)
+    p = Planner(config=PolicyConfig(), max_budget_tokens=2048)
     plan = p.plan([draft("a"), document("d1", left=5000)], [], [], set())
     assert plan.document_budget_tokens == p.unfitted_chunk_tokens
     alone = p.plan([document("d1", left=5000)], [], [], set())
@@ -320,6 +320,6 @@ def test_with_no_prefill_step_seen_documents_take_small_chunks_beside_drafting()
         shape = StepShape(decode_requests=n % 8 + 1)
         model.observe(shape, FakeStepCosts.seconds(shape))
     assert model.ready
-    p = Planner(config=PolicyConfig(), block_size=BLOCK, max_budget_tokens=2048, cost=model)
+    p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=model)
     plan = p.plan([draft("a"), document("d1", left=5000)], [], [], set())
     assert plan.document_budget_tokens == p.unfitted_chunk_tokens  # not the whole step: the model cannot tell

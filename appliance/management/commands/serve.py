@@ -100,4 +100,4 @@ def _engine_ready() -> bool:
         stats = EngineClient.from_settings().stats(timeout_s=1.0)
     except (EngineUnavailable, EngineRequestError, OSError):
         return False
-    return stats.get("state", EngineState.READY) == EngineState.READY
+    return EngineState.of(stats) == EngineState.READY
