@@ -111,6 +111,9 @@ def capacity_plan(
     shape (or ``model_dir``'s), the configured KV-cache precision, the device's memory (from
     ``engine_stats``, the engine's report the caller asked for once) and the configured context
     length. ``ShapeError`` names the inputs to give or correct."""
+    if engine_stats and not weight_dtype and layers is None:  # the served model: as the engine loaded it
+        weight_dtype = engine_stats.get("dtype")
+        kv_dtype = kv_dtype or engine_stats.get("kv_cache_dtype")
     kv_dtype = kv_dtype or settings.APPLIANCE_KV_CACHE_DTYPE
     shape = shape_of(
         layers=layers, kv_heads=kv_heads, head_dim=head_dim, parameters=parameters,
@@ -145,7 +148,9 @@ def served_model_check(stats: dict | None) -> dict | None:
     if not stats:
         return None
     try:
-        shape = served_model_shape()
+        # The precisions the engine resolved (on a CPU without bfloat16 arithmetic, "auto" loads
+        # float32 weights, and the KV cache follows), not the configured ones.
+        shape = served_model_shape(weight_dtype=stats.get("dtype"), kv_dtype=stats.get("kv_cache_dtype"))
     except ShapeError:
         return None
     context = int(stats.get("max_model_len") or settings.APPLIANCE_MAX_MODEL_LEN)

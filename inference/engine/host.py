@@ -75,6 +75,7 @@ class EngineConfig:
     itl_slowdown: float = 1.3
     itl_target_ms: float = 0.0
     idle_throughput_loss: float = 0.02
+    enforce_eager: bool = False
 
     @classmethod
     def from_settings(cls) -> EngineConfig:
@@ -101,6 +102,7 @@ class EngineConfig:
             itl_slowdown=settings.APPLIANCE_DRAFTING_ITL_SLOWDOWN,
             itl_target_ms=settings.APPLIANCE_DRAFTING_ITL_TARGET_MS,
             idle_throughput_loss=settings.APPLIANCE_IDLE_THROUGHPUT_LOSS,
+            enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
         )
 
     def policy(self) -> PolicyConfig:
@@ -187,6 +189,35 @@ def _device_description() -> dict[str, Any]:
     }
 
 
+# CPU features that give bfloat16 arithmetic in hardware (x86: AVX-512 BF16, AMX; Arm: BF16).
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_weight_dtype(requested: str, flags: set[str] | frozenset[str]) -> tuple[str, str]:
+    """The weights' dtype on a CPU, and why. ``auto`` (the model's own, bfloat16 for most) is
+    kept where the CPU computes in bfloat16; elsewhere every bfloat16 product is converted in
+    software, and float32 reads prompts about 4x faster (measured on an AVX2 EPYC: 155 against
+    37 prompt tokens/s; decoding 70 against 66 ms a token) at twice the memory, which a CPU box has."""
+    if requested != "auto":
+        return requested, f"{requested}, as configured"
+    if flags & NATIVE_BF16_FLAGS:
+        return "auto", "the model's own dtype: this CPU computes in bfloat16"
+    return "float32", "this CPU has no bfloat16 arithmetic (no AVX-512 BF16 or AMX), and float32 prefills ~4x faster"
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (x86 ``flags``, Arm ``Features``); empty elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
 class EngineHost:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -214,10 +245,13 @@ class EngineHost:
         import torch
 
         cfg = self.config
-        if cfg.max_num_seqs is not None and (cfg.gpu_memory_utilization is not None or not torch.cuda.is_available()):
-            return cfg
         if not torch.cuda.is_available():
-            return replace(cfg, max_num_seqs=32)
+            dtype, reason = cpu_weight_dtype(cfg.dtype, _cpu_flags())
+            if dtype != cfg.dtype:
+                logger.info("weights in %s: %s", dtype, reason)
+            return replace(cfg, dtype=dtype, max_num_seqs=cfg.max_num_seqs or 32)
+        if cfg.max_num_seqs is not None and cfg.gpu_memory_utilization is not None:
+            return cfg
         from inference.measure.capacity import gpu_engine_defaults, shape_of_model_dir
 
         shape = shape_of_model_dir(cfg.model, weight_dtype=cfg.dtype, kv_dtype=cfg.kv_cache_dtype)
@@ -263,6 +297,7 @@ class EngineHost:
             scheduling_policy="priority",
             gpu_memory_utilization=cfg.gpu_memory_utilization or 0.9,
             disable_log_stats=False,
+            enforce_eager=cfg.enforce_eager,
             **cache_args,
             # Compact JSON: a model may not spend its token budget on whitespace between fields.
             structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
@@ -303,6 +338,7 @@ class EngineHost:
             "gpu_memory_utilization": self.config.gpu_memory_utilization if device["device"] == "cuda" else None,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "prefix_caching": True,
+            "enforce_eager": bool(vcfg.model_config.enforce_eager),
             "vllm_scheduling_policy": "priority",
             "scheduler_class": str(vcfg.scheduler_config.scheduler_cls),
             "async_scheduling": bool(vcfg.scheduler_config.async_scheduling),

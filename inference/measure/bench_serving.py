@@ -349,6 +349,8 @@ def vllm_serve_argv(engine: dict, *, port: int, python: str, environment: dict) 
         "--async-scheduling" if engine.get("async_scheduling") else "--no-async-scheduling",
         "--disable-uvicorn-access-log",  # as the appliance's web server (--no-access-log)
     ]  # fmt: skip
+    if engine.get("enforce_eager"):
+        argv.append("--enforce-eager")  # compiled or not, as the appliance's engine
     return argv
 
 

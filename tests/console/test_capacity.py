@@ -148,6 +148,20 @@ def test_the_empty_form_plans_the_served_model_and_compares_it_with_the_engine(s
     assert "KV capacity 46,592 tokens, in blocks of 128" in page
 
 
+def test_the_plan_follows_the_precision_the_engine_loaded_not_the_configured_auto(staff_client, tmp_path, monkeypatch):
+    # On a CPU without bfloat16 arithmetic, "auto" is loaded as float32: twice the bytes a token.
+    served = model_dir(tmp_path / "tiny")
+    stats = fake_engine_stats(dtype="float32", kv_cache_dtype="float32", kv_capacity_tokens=23_296)
+    monkeypatch.setattr(selectors, "engine", lambda: stats)
+    with override_settings(APPLIANCE_MODEL=served, APPLIANCE_MAX_MODEL_LEN=4096, APPLIANCE_CPU_KV_CACHE_GIB=1):
+        response = staff_client.get("/console/capacity")
+    assert response.context["plan"].kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
+    check = response.context["check"]
+    assert check["planned_tokens_in_blocks"] == 23_296 and check["difference_tokens"] == 0
+    page = text(response)
+    assert "in float32 KV cache per token 45.0 KiB in float32" in page  # weights, then KV
+
+
 def test_on_a_gpu_the_comparison_uses_the_gpu_memory_less_the_weights(tmp_path):
     served = model_dir(tmp_path / "tiny")
     stats = fake_engine_stats(device="cuda", device_memory_bytes=24 * GIB, kv_block_size=16, kv_capacity_tokens=1000)

@@ -139,6 +139,9 @@ def test_vllm_serve_gets_the_engines_settings_and_the_same_kv_capacity():
     assert {"--enable-chunked-prefill", "--enable-prefix-caching", "--no-async-scheduling"} <= set(argv)
     on_gpu = bench_serving.vllm_serve_argv({**ENGINE, "async_scheduling": True}, port=1, python="p", environment=GIVEN)
     assert "--async-scheduling" in on_gpu and "--no-async-scheduling" not in on_gpu
+    assert "--enforce-eager" not in argv
+    eager = bench_serving.vllm_serve_argv({**ENGINE, "enforce_eager": True}, port=1, python="p", environment=GIVEN)
+    assert "--enforce-eager" in eager  # an uncompiled engine is compared with an uncompiled vllm serve
 
 
 def test_both_servers_get_the_same_bench_but_for_the_url(tmp_path: Path):

@@ -91,11 +91,14 @@ def test_the_command_prints_the_plan():
 def test_the_planner_agrees_with_the_engine_on_the_served_model(engine_host):
     """On CPU the engine holds ``APPLIANCE_CPU_KV_CACHE_GIB`` of KV cache: the planner's bytes per
     token must turn that into the tokens the engine reports (to within one block)."""
+    from inference.engine.host import _cpu_flags, cpu_weight_dtype
+
     stats = engine_host.stats()
-    shape = shape_of_model_dir(settings.APPLIANCE_MODEL, kv_dtype=settings.APPLIANCE_KV_CACHE_DTYPE)
+    dtype, _ = cpu_weight_dtype(settings.APPLIANCE_DTYPE, _cpu_flags())  # the weights' dtype on this CPU
+    shape = shape_of_model_dir(settings.APPLIANCE_MODEL, weight_dtype=dtype, kv_dtype=settings.APPLIANCE_KV_CACHE_DTYPE)
     planned_tokens = settings.APPLIANCE_CPU_KV_CACHE_GIB * GIB // shape.kv_bytes_per_token
     assert planned_tokens - stats["kv_block_size"] <= stats["kv_capacity_tokens"] <= planned_tokens
-    assert shape.weight_dtype == stats["dtype"]  # APPLIANCE_DTYPE=auto: the config's dtype
+    assert shape.weight_dtype == stats["dtype"] == stats["kv_cache_dtype"]  # KV "auto": the weights' dtype
 
 
 def test_gpu_defaults_come_from_the_planner_not_from_the_cpu():

@@ -35,10 +35,22 @@ def test_stats_describe_the_engine(engine_host):
     assert stats["dtype"] in {"bfloat16", "float32", "float16"}
     assert stats["kv_cache_dtype"] in {"bfloat16", "float32", "float16"}  # "auto" is resolved
     assert stats["max_model_len"] == 8192
-    assert stats["kv_capacity_tokens"] > 8192  # 1 GiB of KV holds several full contexts of this model
+    assert stats["kv_capacity_tokens"] > 8192  # 2 GiB of KV holds several full contexts of this model
     assert stats["kv_budget_tokens"] < stats["kv_capacity_tokens"]  # the safety factor
     for key in ("running", "waiting", "kv_usage", "prefix_cache_hit_rate", "preemptions", "vllm_version", "device"):
         assert key in stats
+    assert stats["enforce_eager"] is True  # the test settings: the suite's engines start uncompiled
+
+
+def test_the_weights_dtype_follows_what_the_cpu_computes_in():
+    from inference.engine.host import cpu_weight_dtype
+
+    avx2 = {"fpu", "sse4_2", "avx", "avx2", "fma"}
+    assert cpu_weight_dtype("auto", avx2)[0] == "float32"  # bfloat16 in software: 4x slower prefill
+    assert cpu_weight_dtype("auto", avx2 | {"avx512f", "avx512_bf16"})[0] == "auto"
+    assert cpu_weight_dtype("auto", avx2 | {"amx_bf16"})[0] == "auto"
+    assert cpu_weight_dtype("auto", {"fp", "asimd", "bf16"})[0] == "auto"  # Arm
+    assert cpu_weight_dtype("bfloat16", avx2) == ("bfloat16", "bfloat16, as configured")  # the operator decides
 
 
 def test_generate_streams_deltas_then_done(engine_host):
