@@ -12,6 +12,8 @@ request about a second, not kombu's default patience.
 
 from __future__ import annotations
 
+import functools
+
 import redis
 from django.conf import settings
 from kombu.exceptions import OperationalError
@@ -37,12 +39,14 @@ class BrokerUnavailable(ConnectionError):
 
 def broker_check() -> None:
     """Raise ``BrokerUnavailable`` unless the broker answers a ping within a second."""
-    client = redis.Redis.from_url(
-        settings.CELERY_BROKER_URL, socket_timeout=CHECK_TIMEOUT_S, socket_connect_timeout=CHECK_TIMEOUT_S
-    )
     try:
-        client.ping()
+        _client(settings.CELERY_BROKER_URL).ping()
     except redis.RedisError as exc:
         raise BrokerUnavailable() from exc
-    finally:
-        client.close()
+
+
+@functools.lru_cache(maxsize=4)
+def _client(url: str) -> redis.Redis:
+    """One client (a pool of connections) per broker URL and process, not a connection per
+    request; a connection broken by a broker restart is dropped by the pool and made again."""
+    return redis.Redis.from_url(url, socket_timeout=CHECK_TIMEOUT_S, socket_connect_timeout=CHECK_TIMEOUT_S)

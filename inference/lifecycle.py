@@ -32,7 +32,7 @@ from datetime import timedelta
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models import Count, F, Min, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -82,18 +82,18 @@ def engine_retry_delays_s(window_s: float) -> list[int]:
 # --- sending ---------------------------------------------------------------------------------
 
 
-def job_dispatch(*, job_id, countdown_s: float | None = None) -> None:
-    """Publish one ``run_job`` message (a turn) to the job's Celery queue, then record that it
-    was. Raises one of ``PUBLISH_ERRORS`` when the broker does not take it (bounded by the
-    settings' publish retry policy)."""
-    if _publish_turn(job_id, countdown_s=countdown_s):
+def job_dispatch(*, job_id, celery_queue: str | None = None, countdown_s: float | None = None) -> None:
+    """Publish one ``run_job`` message (a turn) to the job's Celery queue (read from its row
+    unless given), then record that it was. Raises one of ``PUBLISH_ERRORS`` when the broker
+    does not take it (bounded by the settings' publish retry policy)."""
+    if _publish_turn(job_id, countdown_s=countdown_s, celery_queue=celery_queue):
         Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).update(dispatched_at=timezone.now())
 
 
 def _publish_turn(job_id, *, countdown_s: float | None = None, celery_queue: str | None = None) -> bool:
     from inference.tasks import run_job
 
-    if celery_queue is None:
+    if not celery_queue:
         row = Job.objects.filter(pk=job_id).values("celery_queue", "queue").first()
         if row is None:
             return False
@@ -119,12 +119,12 @@ def jobs_dispatch_pending() -> int:
         Q(claimed_at=None) | Q(claimed_at__lt=cutoff)
     )
     sent = 0
-    for job_id in pending.values_list("pk", flat=True)[:500]:
+    for job_id, celery_queue, queue in pending.values_list("pk", "celery_queue", "queue")[:500]:
         # Taken first, so that two watchdogs do not both send it; given back if the send fails.
         if not Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).update(dispatched_at=now):
             continue
         try:
-            _publish_turn(job_id)
+            _publish_turn(job_id, celery_queue=celery_queue or celery_queue_for(queue))
         except PUBLISH_ERRORS:
             Job.objects.filter(pk=job_id, dispatched_at=now).update(dispatched_at=None)
             logger.warning("watchdog: the broker does not take messages; job %s stays unsent", job_id)
@@ -188,13 +188,14 @@ def _turn_later(*, celery_queue: str, job_id) -> None:
     """A turn that found nothing to start. If jobs of the queue still wait (for the engine to
     come back, or locked by another transaction), the turn comes back when the first may start,
     so that no waiting job is left without one; otherwise it ends here."""
-    waiting = Job.objects.filter(celery_queue=celery_queue, state=Job.State.QUEUED)
-    if not waiting.exists():
-        return
     now = timezone.now()
-    first = waiting.filter(not_before__gt=now).order_by("not_before").values_list("not_before", flat=True).first()
-    ready_now = waiting.filter(Q(not_before=None) | Q(not_before__lte=now)).exists()
-    countdown = IDLE_TURN_RETRY_S if ready_now or first is None else max(0.1, (first - now).total_seconds())
+    waiting = Job.objects.filter(celery_queue=celery_queue, state=Job.State.QUEUED).aggregate(
+        ready=Count("pk", filter=Q(not_before=None) | Q(not_before__lte=now)),
+        first=Min("not_before", filter=Q(not_before__gt=now)),
+    )
+    if not waiting["ready"] and waiting["first"] is None:
+        return
+    countdown = IDLE_TURN_RETRY_S if waiting["ready"] else max(0.1, (waiting["first"] - now).total_seconds())
     _publish_turn(job_id, countdown_s=countdown, celery_queue=celery_queue)
 
 
@@ -307,7 +308,7 @@ def _put_back(job: Job, attempt: Attempt, *, delay_s: float, reason: str, **coun
     streaming.fence_release(job.pk, attempt.number)
     streaming.publish_fenced(job.pk, "waiting", {"reason": reason, "position": None}, attempt=None)
     try:
-        job_dispatch(job_id=job.pk, countdown_s=delay_s)
+        job_dispatch(job_id=job.pk, celery_queue=job.celery_queue, countdown_s=delay_s)
     except PUBLISH_ERRORS:  # the watchdog sends it once the broker is back
         logger.warning("job %s: put back, but the broker did not take its message", job.pk)
     return True
@@ -347,14 +348,23 @@ def job_fail(*, job_id, reason: str, attempt: Attempt | None = None, **fields) -
     """Fail a job with a reason a person understands. From its attempt: only while the attempt
     holds it. From elsewhere (the watchdog, the task's last resort): any unfinished job, and the
     attempt running it, if any, loses its fence and stops."""
-    changes = {"state": Job.State.FAILED, "error": reason, "finished_at": timezone.now(), "checkpoint": {}, **fields}
     if attempt is not None:
-        if not held(attempt).update(**changes):
+        if not held(attempt).update(**_failed(reason, **fields)):
             return False
         streaming.publish_fenced(job_id, "failed", {"detail": reason}, attempt=attempt.number)
         streaming.fence_release(job_id, attempt.number)
         return True
-    if not Job.objects.filter(pk=job_id).exclude(state__in=Job.FINISHED_STATES).update(**changes):
+    return _fail_rows(Job.objects.filter(pk=job_id).exclude(state__in=Job.FINISHED_STATES), job_id, reason, **fields)
+
+
+def _failed(reason: str, **fields) -> dict:
+    return {"state": Job.State.FAILED, "error": reason, "finished_at": timezone.now(), "checkpoint": {}, **fields}
+
+
+def _fail_rows(rows, job_id, reason: str, **fields) -> bool:
+    """Fail the job if ``rows`` (a filter on it) still matches; the attempt running it, if any,
+    loses its fence."""
+    if not rows.update(**_failed(reason, **fields)):
         return False
     streaming.fence_release(job_id)
     streaming.publish(job_id, "failed", {"detail": reason})
@@ -377,17 +387,14 @@ def jobs_recover_stale() -> tuple[int, int]:
     stale = Job.objects.filter(state=Job.State.RUNNING).filter(
         Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at=None, started_at__lt=cutoff)
     )
-    for job in stale.only("pk", "queue", "attempts", "heartbeat_at"):
+    for job in stale.only("pk", "queue", "celery_queue", "attempts", "heartbeat_at"):
         seen = Job.objects.filter(pk=job.pk, state=Job.State.RUNNING, attempts=job.attempts, heartbeat_at=job.heartbeat_at)
         if job.attempts >= MAX_ATTEMPTS:
             reason = (
                 f"The worker running this job stopped {job.attempts} times, so it was given up. "
                 "The administrator can find why in the logs."
             )
-            if seen.update(state=Job.State.FAILED, error=reason, finished_at=timezone.now(), checkpoint={}):
-                streaming.fence_release(job.pk)
-                streaming.publish(job.pk, "failed", {"detail": reason})
-                failed += 1
+            failed += _fail_rows(seen, job.pk, reason)
             continue
         if not seen.update(state=Job.State.QUEUED, heartbeat_at=None, dispatched_at=None):
             continue
@@ -395,7 +402,7 @@ def jobs_recover_stale() -> tuple[int, int]:
         streaming.fence_release(job.pk, job.attempts)
         streaming.publish_fenced(job.pk, "waiting", {"reason": "worker_lost", "position": None}, attempt=None)
         try:
-            job_dispatch(job_id=job.pk)
+            job_dispatch(job_id=job.pk, celery_queue=job.celery_queue)
         except PUBLISH_ERRORS:
             logger.warning("job %s: handed on, but the broker did not take its message", job.pk)
         requeued += 1

@@ -49,7 +49,7 @@ class Job(models.Model):
     result_note = models.TextField(blank=True)  # e.g. what part of a document the result covers
     result_data = models.JSONField(default=dict, blank=True)  # clauses, a long document's partial summaries
     error = models.TextField(blank=True)
-    # Starts that count against services.MAX_ATTEMPTS. While the job runs, also the running
+    # Starts that count against lifecycle.MAX_ATTEMPTS. While the job runs, also the running
     # attempt's fencing token: each of its writes is conditional on (RUNNING, this number).
     attempts = models.PositiveSmallIntegerField(default=0)
     # Times the engine died while this job was in it: at 2 the job is failed (it may be the cause).
@@ -61,9 +61,9 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # Set by the worker while the job runs; a stale one means the worker died (the watchdog,
-    # services.jobs_recover_stale).
+    # lifecycle.jobs_recover_stale).
     heartbeat_at = models.DateTimeField(null=True, blank=True)
-    # The Celery queue its run_job messages go to (services.celery_queue_for when it was sent):
+    # The Celery queue its run_job messages go to (lifecycle.celery_queue_for when it was sent):
     # a worker of that queue claims the next job by fair share among the jobs sent there.
     celery_queue = models.CharField(max_length=16, blank=True)
     # When its latest message was published; None while queued means not published yet (the web

@@ -81,15 +81,20 @@ def queue_position(job: Job, *, orders: dict | None = None) -> int:
     return orders[queue].get(job.pk, 1)
 
 
-def queue_eta_s(*, queue: Queue | str, position: int) -> float | None:
+def queue_eta_s(*, queue: Queue | str, position: int, memo: dict | None = None) -> float | None:
     """Seconds until a job at ``position`` finishes, from how long this queue's jobs took in the
-    last hour and how many run at once; None before any job of the queue has finished."""
-    since = timezone.now() - ETA_WINDOW
-    duration = (
-        Job.objects.filter(queue=queue, state=Job.State.SUCCEEDED, finished_at__gte=since, started_at__isnull=False)
-        .annotate(took=ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField()))
-        .aggregate(mean=Avg("took"))["mean"]
-    )
+    last hour and how many run at once; None before any job of the queue has finished.
+    ``memo``: a dict kept across the jobs of one page (each queue's mean is read once)."""
+    memo = {} if memo is None else memo
+    key = ("mean_duration", str(queue))
+    if key not in memo:
+        since = timezone.now() - ETA_WINDOW
+        memo[key] = (
+            Job.objects.filter(queue=queue, state=Job.State.SUCCEEDED, finished_at__gte=since, started_at__isnull=False)
+            .annotate(took=ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField()))
+            .aggregate(mean=Avg("took"))["mean"]
+        )
+    duration = memo[key]
     if duration is None:
         return None
     rounds = -(-max(position, 1) // queue_concurrency(queue))  # ceil: jobs run in rounds of the cap
@@ -98,7 +103,8 @@ def queue_eta_s(*, queue: Queue | str, position: int) -> float | None:
 
 def job_queue_status(job: Job, *, orders: dict | None = None) -> dict:
     position = queue_position(job, orders=orders)
-    return {"position": position, "eta_s": queue_eta_s(queue=job.queue, position=position) if position else None}
+    eta = queue_eta_s(queue=job.queue, position=position, memo=orders) if position else None
+    return {"position": position, "eta_s": eta}
 
 
 @sync_to_async

@@ -378,7 +378,7 @@ def _job_create(
             options=options,
             api_token=api_token,
         )
-        transaction.on_commit(lambda: _dispatch_new(job.pk))
+        transaction.on_commit(lambda: _dispatch_new(job.pk, job.celery_queue))
     return job
 
 
@@ -415,9 +415,9 @@ def _check_owner_queued(owner: AbstractBaseUser, queue: str) -> None:
         )
 
 
-def _dispatch_new(job_id) -> None:
+def _dispatch_new(job_id, celery_queue: str) -> None:
     try:
-        job_dispatch(job_id=job_id)
+        job_dispatch(job_id=job_id, celery_queue=celery_queue)
     except PUBLISH_ERRORS as exc:
         # The broker went away after the check: take the row back rather than leave it queued.
         Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).delete()

@@ -70,6 +70,27 @@ def test_the_jobs_page_lists_only_mine_with_cancel_and_retry(people):
     assert "hx-get" not in _client(erin).get("/jobs/rows").content.decode()
 
 
+def test_the_rows_of_queued_jobs_cost_the_same_queries_however_many_there_are(people):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    erin, _ = people
+    lease = _document(erin)
+    took_30s = timezone.now() - timezone.timedelta(seconds=30)
+    _job(erin, document=lease, result_text="done", started_at=took_30s)  # an ETA to work out
+    client = _client(erin)
+
+    def queries_with(queued: int) -> int:
+        while Job.objects.filter(state=Job.State.QUEUED).count() < queued:
+            _job(erin, state=Job.State.QUEUED, document=lease, options={"length": "short"})
+        with CaptureQueriesContext(connection) as captured:
+            rows = client.get("/jobs/rows").content.decode()
+        assert rows.count("position ") == queued and "about" in rows  # each row has its place and ETA
+        return len(captured)
+
+    assert queries_with(2) == queries_with(8)  # each queue's order and mean duration read once a page
+
+
 def test_a_failed_job_is_tried_again_as_a_new_job_with_the_same_request(people):
     erin, fred = people
     lease = _document(erin)

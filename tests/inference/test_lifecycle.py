@@ -203,7 +203,7 @@ def test_a_slow_attempt_handed_on_by_the_watchdog_writes_nothing_more(alice, sen
     assert [e for e, _ in events][-1] == "waiting"  # the hand-on is the last word: no " more"
     # Every delta before the hand-on was published as it came (PUBLISH_INTERVAL_S is 0); none after.
     assert "".join(d["text"] for e, d in events if e == "delta") == "First attempt"
-    assert sent == [(str(job.pk), None, None)]
+    assert sent == [(str(job.pk), job.celery_queue, None)]
     # The next attempt runs it to the end; the browser drops what the first one streamed.
     second = lifecycle.job_run(job_id=job.pk, client=FakeEngine())
     assert second.state == Job.State.SUCCEEDED and second.attempts == 2
@@ -280,7 +280,7 @@ def test_an_engine_death_in_flight_is_retried_soon_as_a_suspect_and_fails_the_jo
     first = lifecycle.job_run(job_id=job.pk, client=engine)
     assert first.state == Job.State.QUEUED and first.engine_crashes == 1
     assert first.attempts == 0  # not counted against MAX_ATTEMPTS
-    assert first.not_before is not None and sent == [(str(job.pk), None, lifecycle.ENGINE_CRASH_RETRY_S)]
+    assert first.not_before is not None and sent == [(str(job.pk), job.celery_queue, lifecycle.ENGINE_CRASH_RETRY_S)]
     assert engine.requests[0].suspect is False
     second = lifecycle.job_run(job_id=job.pk, client=engine)
     assert engine.requests[1].suspect is True  # the host runs it apart from the others
@@ -294,7 +294,7 @@ def test_a_request_that_arrives_while_the_engine_restarts_waits_without_counting
     result = lifecycle.job_run(job_id=job.pk, client=engine)
     assert result.state == Job.State.QUEUED
     assert (result.engine_crashes, result.engine_waits, result.attempts) == (0, 1, 0)
-    assert sent == [(str(job.pk), None, engine_retry_delays_s(600)[0])]
+    assert sent == [(str(job.pk), job.celery_queue, engine_retry_delays_s(600)[0])]
 
 
 def test_a_job_that_cannot_reach_the_engine_for_the_whole_window_fails_with_a_reason(alice, sent):
@@ -388,7 +388,7 @@ def test_the_watchdog_sends_a_dead_workers_job_again_once(alice, sent):
     alive.refresh_from_db()
     assert dead.state == Job.State.QUEUED and dead.heartbeat_at is None
     assert alive.state == Job.State.RUNNING
-    assert sent == [(str(dead.pk), None, None)]
+    assert sent == [(str(dead.pk), dead.celery_queue, None)]
     assert not streaming.sync_client().exists(streaming.fence_key(dead.pk))  # the old attempt lost it
     assert lifecycle.jobs_recover_stale() == (0, 0)  # sent once, not at every sweep
 
@@ -409,7 +409,7 @@ def test_the_watchdog_sends_a_queued_job_whose_message_was_never_published(alice
     done = _job(alice, minutes_ago=5)
     Job.objects.filter(pk=done.pk).update(dispatched_at=timezone.now())
     assert lifecycle.jobs_dispatch_pending() == 1
-    assert sent == [(str(lost.pk), None, None)]
+    assert sent == [(str(lost.pk), lost.celery_queue, None)]
     assert Job.objects.get(pk=lost.pk).dispatched_at is not None
     assert Job.objects.get(pk=fresh.pk).dispatched_at is None
     assert lifecycle.jobs_dispatch_pending() == 0
@@ -441,6 +441,6 @@ def test_a_job_whose_message_the_broker_refuses_after_the_commit_is_taken_back(a
 
 def test_a_new_job_is_sent_to_its_queue_once_committed(alice, sent):
     job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=5)
-    assert sent == [(str(job.pk), None, None)]
+    assert sent == [(str(job.pk), job.celery_queue, None)]
     job.refresh_from_db()
     assert job.celery_queue == "decode" and job.dispatched_at is not None
