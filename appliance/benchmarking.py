@@ -54,13 +54,21 @@ def ensure_embedded_broker(progress):
     return valkey if valkey.start() else None
 
 
-def check_migrated() -> None:
+def check_migrated(progress) -> None:
+    """The embedded database is migrated here, as ``make run`` migrates it when it starts; an
+    operator's own database is left alone, and a run against one with unapplied migrations is
+    refused."""
+    from django.core.management import call_command
     from django.db import connection
     from django.db.migrations.executor import MigrationExecutor
 
     executor = MigrationExecutor(connection)
-    if executor.migration_plan(executor.loader.graph.leaf_nodes()):
+    if not executor.migration_plan(executor.loader.graph.leaf_nodes()):
+        return
+    if settings.DATABASE_URL != settings.EMBEDDED_DATABASE_URL:
         raise CommandError("The database has unapplied migrations: run `manage.py migrate` first.")
+    progress("applying the migrations the embedded database lacks (as `make run` does)")
+    call_command("migrate", interactive=False, verbosity=0)
 
 
 def bench_user(username: str):

@@ -80,7 +80,7 @@ def run(command, **options) -> dict:
     progress = Progress(write)
     started_postgres = ensure_embedded_database(progress)
     try:
-        check_migrated()
+        check_migrated(progress)
         from documents.embeddings import get_embedder
 
         owner = bench_user(BENCH_USERNAME)

@@ -91,7 +91,7 @@ def run(command, **options) -> dict:
     started_services = [s for s in (ensure_embedded_database(progress), ensure_embedded_broker(progress)) if s]
     processes = None
     try:
-        check_migrated()
+        check_migrated(progress)
         owner, outsider = bench_user(OWNER), bench_user(OUTSIDER)
         _delete_rows(owner, outsider)
         processes = _Processes(progress)

@@ -154,7 +154,7 @@ def run(command, **options) -> dict:
     started_services = [s for s in (ensure_embedded_database(progress), ensure_embedded_broker(progress)) if s]
     bench = None
     try:
-        check_migrated()
+        check_migrated(progress)
         _refuse_if_appliance_running()
         bench = _Bench(progress, options)
         bench.start_engine()

@@ -116,7 +116,7 @@ def run(command, **options) -> dict:
             service = ensure(progress)
             if service:
                 undo.callback(_stop_service, service, progress)
-        check_migrated()
+        check_migrated(progress)
         _refuse_if_appliance_running()
         account = _Account.create(expires_at=timezone.now() + timedelta(seconds=_budget_s(plan)))
         undo.callback(account.close)

@@ -128,7 +128,7 @@ def run(command, **options) -> dict[str, Any]:
             service = ensure(progress)
             if service:  # stopped again even if the next one fails to start
                 undo.callback(_stop_service, service, progress)
-        check_migrated()
+        check_migrated(progress)
         appliance = _Appliance(progress, options["url"])
         undo.callback(appliance.close)
         url, engine = appliance.start()
