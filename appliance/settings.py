@@ -228,6 +228,10 @@ APPLIANCE_DRAFTING_ITL_TARGET_MS = env_float("APPLIANCE_DRAFTING_ITL_TARGET_MS",
 # waits for a short step: on a GPU that is about the whole budget, on a CPU a fraction. 0: the
 # whole budget always.
 APPLIANCE_IDLE_THROUGHPUT_LOSS = env_float("APPLIANCE_IDLE_THROUGHPUT_LOSS", 0.02, minimum=0.0, maximum=0.4)
+# For this many seconds after a drafting request was last in the engine, a step of documents
+# alone is no longer than a drafter's first step, so that one arriving in a gap between drafters
+# waits little (0: off; then only APPLIANCE_IDLE_THROUGHPUT_LOSS bounds such a step).
+APPLIANCE_DRAFTING_RECENT_S = env_float("APPLIANCE_DRAFTING_RECENT_S", 30.0, minimum=0.0)
 # Past this many waiting jobs in a queue, new jobs are refused with 429 and Retry-After.
 APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 1000, minimum=1)
 # Past this many waiting jobs of one person in a queue, that person's new jobs are refused with

@@ -75,6 +75,7 @@ class EngineConfig:
     itl_slowdown: float = 1.3
     itl_target_ms: float = 0.0
     idle_throughput_loss: float = 0.02
+    drafting_recent_s: float = 30.0
     enforce_eager: bool = False
 
     @classmethod
@@ -102,6 +103,7 @@ class EngineConfig:
             itl_slowdown=settings.APPLIANCE_DRAFTING_ITL_SLOWDOWN,
             itl_target_ms=settings.APPLIANCE_DRAFTING_ITL_TARGET_MS,
             idle_throughput_loss=settings.APPLIANCE_IDLE_THROUGHPUT_LOSS,
+            drafting_recent_s=settings.APPLIANCE_DRAFTING_RECENT_S,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
         )
 
@@ -112,6 +114,7 @@ class EngineConfig:
             itl_slowdown=self.itl_slowdown,
             itl_target_ms=self.itl_target_ms,
             idle_throughput_loss=self.idle_throughput_loss,
+            drafting_recent_s=self.drafting_recent_s,
             kv_safety_factor=self.kv_safety_factor,
             kv_decode_reserve_fraction=self.kv_decode_reserve_fraction,
             drafting_priority=Priority.DECODE,

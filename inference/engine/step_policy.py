@@ -19,6 +19,10 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
   that speed where it is small (a CPU), so that a drafter who arrives waits for a short step.
+  While drafting comes and goes (a drafter seen in the last ``drafting_recent_s``), such a step
+  is also no longer than a drafter's own first step (its prompt, as recent drafters' were): one
+  who arrives in the gap waits at most about that long more, which keeps drafting TTFT within
+  twice its time alone; documents lose more speed in those gaps, and none once drafting stops.
 - **Fair between users.** Document chunks go to users in turn (the user served longest ago
   first), and to the document with the least prefill left within a user.
 - **KV admission by blocks** (``admit``): a waiting request enters the engine only while its
@@ -37,6 +41,7 @@ that the baseline can be tuned without restarting the engine.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -70,6 +75,9 @@ class PolicyConfig:
     # With nobody drafting, documents may lose this share of their speed to shorter steps (so
     # that a drafter who arrives waits less); 0: always vLLM's whole budget.
     idle_throughput_loss: float = 0.02
+    # For this long after a drafter was last in the engine, a step with nobody drafting is no
+    # longer than a drafter's first step (0: only ``idle_throughput_loss`` bounds it).
+    drafting_recent_s: float = 30.0
     long_prefill_token_threshold: int = 0  # ENGINE mode: vLLM's own per-request chunk cap
     drafting_priority: int = 0  # requests at or below this priority are drafting
 
@@ -88,6 +96,8 @@ class PolicyConfig:
             raise ValueError("long_prefill_token_threshold must not be negative")
         if not 0.0 <= self.idle_throughput_loss < 0.5:
             raise ValueError("idle_throughput_loss must be in [0, 0.5)")
+        if self.drafting_recent_s < 0:
+            raise ValueError("drafting_recent_s must not be negative")
 
     def to_dict(self) -> dict:
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), StrEnum) else v) for f in fields(self)}
@@ -379,7 +389,12 @@ class Planner:
     # Steps documents are held for one waiting drafter that vLLM then does not start (it may
     # wait for something this module cannot see): past this, documents go on beside it.
     max_hold_steps: int = 4
+    # A drafter's prompt, for the gaps between drafters, until some have been seen.
+    default_draft_prompt_tokens: int = 64
     _served_at: dict[str, int] = field(default_factory=dict)
+    _drafting_seen_at: float | None = None
+    _draft_prompts: deque = field(default_factory=lambda: deque(maxlen=64))
+    _draft_prompt_seen: dict[str, None] = field(default_factory=dict)
     _held_for: dict[str, int] = field(default_factory=dict)
     _step: int = 0
 
@@ -420,6 +435,41 @@ class Planner:
         tokens = math.ceil(wanted * fixed / (per_token * (1.0 - wanted)))
         return max(self.min_chunk_tokens, min(self.max_budget_tokens, tokens))
 
+    def draft_prompt_tokens(self) -> int:
+        """A drafter's prompt, as the median of the recent ones."""
+        if not self._draft_prompts:
+            return self.default_draft_prompt_tokens
+        ordered = sorted(self._draft_prompts)
+        return ordered[len(ordered) // 2]
+
+    def gap_budget(self, base: StepShape, position: int) -> int | None:
+        """Document prefill tokens for a step in a gap between drafters: what fits in the time a
+        drafter's first step would take (``base`` plus its prompt). None while the model cannot
+        tell."""
+        prompt = self.draft_prompt_tokens()
+        first_step = self.cost.predict(
+            StepShape(base.decode_requests, base.decode_context_tokens, base.prefill_tokens + prompt,
+                      base.prefill_attention + prompt * prompt / 2)
+        )  # fmt: skip
+        if first_step is None:
+            return None
+        return self.cost.prefill_budget(base, position=position, target_s=first_step)
+
+    def _note_drafting(self, running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], now: float) -> bool:
+        """Remember when drafting was last seen and how long drafters' prompts are; True while
+        it was seen within ``drafting_recent_s``."""
+        drafters = [r for r in running if r.drafting]
+        if drafters or any(w.drafting for w in waiting):
+            self._drafting_seen_at = now
+        for r in drafters:
+            if r.request_id not in self._draft_prompt_seen and r.prefill_left > 0 and r.context_tokens == 0:
+                self._draft_prompt_seen[r.request_id] = None
+                self._draft_prompts.append(r.prefill_left)
+        while len(self._draft_prompt_seen) > 256:
+            del self._draft_prompt_seen[next(iter(self._draft_prompt_seen))]
+        recent = self.config.drafting_recent_s
+        return self._drafting_seen_at is not None and recent > 0 and now - self._drafting_seen_at <= recent
+
     def fair_order(self, documents: Sequence[RunningRequest]) -> list[RunningRequest]:
         """Documents in mid-prefill: users in turn (served longest ago first), within a user the
         document with the least prefill left first."""
@@ -435,8 +485,10 @@ class Planner:
         return ordered
 
     def plan(self, running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], admitted: Sequence[str],
-             deferred: set[str]) -> StepPlan:  # fmt: skip
+             deferred: set[str], *, now: float | None = None) -> StepPlan:  # fmt: skip
+        """``now``: a monotonic clock's reading (``time.monotonic()`` when not given)."""
         self._step += 1
+        drafting_recent = self._note_drafting(running, waiting, time.monotonic() if now is None else now)
         drafting = [r for r in running if r.drafting]
         doc_decodes = [r for r in running if not r.drafting and r.prefill_left == 0]
         doc_prefills = self.fair_order([r for r in running if not r.drafting and r.prefill_left > 0])
@@ -471,6 +523,11 @@ class Planner:
         base = StepShape.of([r.context_tokens for r in doc_decodes], [])
         position = doc_prefills[0].context_tokens if doc_prefills else 0
         idle = self.idle_budget(base, position) if doc_prefills else None
+        reason = "no_drafting"
+        if doc_prefills and drafting_recent:
+            gap = self.gap_budget(base, position)
+            if gap is not None and (idle is None or gap < idle):
+                idle, reason = max(self.min_chunk_tokens, min(self.max_budget_tokens, gap)), "drafting_gap"
         budget = None if idle is None else min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + idle)
         return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=idle,
-                        reason="no_drafting")  # fmt: skip
+                        reason=reason)  # fmt: skip

@@ -697,6 +697,12 @@ class _Bench:
 
         self._workers("split")
         self._set_mode("appliance")
+        # No drafting traffic means none lately either: the scheduler keeps steps short for
+        # drafting_recent_s after the last drafter (the earlier phases' drafts).
+        quiet_s = float(self.engine_stats().get("scheduler", {}).get("config", {}).get("drafting_recent_s", 0))
+        if quiet_s:
+            self.progress(f"idle: waiting {quiet_s:.0f} s, the scheduler's drafting_recent_s, after the last drafter")
+            time.sleep(quiet_s + 1)
         n = self.options["documents"]
         output = self._tokens(self.options["document_output"])
         self.progress(f"idle: {n} documents alone through the appliance")

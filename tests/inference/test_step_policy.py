@@ -227,6 +227,39 @@ def test_with_nobody_drafting_steps_are_as_short_as_a_2_percent_loss_of_speed_al
     assert efficiency(plan.token_budget, 0.030, 0.003) >= 0.98 * efficiency(2048, 0.030, 0.003) - 1e-6
 
 
+def cpu_like_model() -> StepCostModel:
+    """Fitted on a fake CPU-like machine: 40 ms a step, 2 ms per decoding request, 6.5 ms a prompt token."""
+    cpu = StepCostModel(window=256, refit_every=8, min_steps=16)
+    rng = random.Random(5)
+    for _ in range(200):
+        shape = StepShape(decode_requests=rng.randint(0, 4), prefill_tokens=rng.choice([0, 40, 64, 512, 2048]))
+        cpu.observe(shape, 0.040 + 0.002 * shape.decode_requests + 0.0065 * shape.prefill_tokens)
+    return cpu
+
+
+def test_between_drafters_a_documents_step_is_no_longer_than_a_drafters_first_step():
+    p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu_like_model())
+    alone = [document("d1", left=8000)]
+    quiet = p.plan(alone, [], [], set(), now=0.0)  # no drafter seen yet: the 2 % rule
+    assert quiet.reason == "no_drafting" and quiet.token_budget > 200  # ~270 tokens: a 1.8 s step
+    # Drafters of 40-token prompts come and go...
+    for i in range(5):
+        drafter = RunningRequest(f"draft{i}", drafting=True, user="u2", arrival=float(i), need_tokens=40,
+                                 prefill_left=40, context_tokens=0)  # fmt: skip
+        p.plan([drafter, *alone], [], [], set(), now=100.0 + i)
+    assert p.draft_prompt_tokens() == 40
+    gap = p.plan(alone, [], [], set(), now=110.0)  # 6 s after the last one
+    assert gap.reason == "drafting_gap"
+    # ...so a step of documents alone takes no longer than a drafter's own first step would.
+    assert 0.040 + 0.0065 * gap.token_budget <= (0.040 + 0.0065 * 40) * 1.02
+    assert gap.token_budget >= 30  # and documents still progress in it
+    later = p.plan(alone, [], [], set(), now=104.0 + 31)  # drafting stopped half a minute ago
+    assert later.reason == "no_drafting" and later.token_budget == quiet.token_budget
+    off = Planner(config=PolicyConfig(drafting_recent_s=0), max_budget_tokens=2048, cost=cpu_like_model())
+    off.plan([draft("d"), *alone], [], [], set(), now=0.0)
+    assert off.plan(alone, [], [], set(), now=1.0).reason == "no_drafting"
+
+
 def test_with_no_fixed_step_cost_in_the_model_documents_keep_vllms_whole_budget():
     # A fit that dropped its intercept would make 4-token chunks look free: a document of 8,000
     # tokens would take 2,000 steps. vLLM's own budget is kept instead.
@@ -301,7 +334,7 @@ def test_a_drafter_vllm_does_not_start_holds_documents_only_a_few_steps():
     waiting = [WaitingRequest("stuck-draft", drafting=True, user="u")]
     reasons = [p.plan(running, waiting, ["stuck-draft"], set()).reason for _ in range(p.max_hold_steps + 2)]
     assert reasons[: p.max_hold_steps] == ["drafting_waiting"] * p.max_hold_steps
-    assert reasons[-1] == "no_drafting"
+    assert reasons[-1] == "drafting_gap"  # documents go on, in steps as short as a drafter's first
 
 
 def test_a_long_spell_of_drafting_alone_does_not_make_the_model_forget_what_prefill_costs():
