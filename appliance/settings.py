@@ -221,7 +221,7 @@ APPLIANCE_KV_DECODE_RESERVE = env_float("APPLIANCE_KV_DECODE_RESERVE", 0.1, mini
 # this many times as long as the same step without them (drafters' inter-token latency), as the
 # scheduler's step-cost model (fitted on this machine) predicts. Or, when set, an absolute
 # inter-token latency target in milliseconds instead.
-APPLIANCE_DRAFTING_ITL_SLOWDOWN = env_float("APPLIANCE_DRAFTING_ITL_SLOWDOWN", 1.3, minimum=1.0, maximum=10.0)
+APPLIANCE_DRAFTING_ITL_SLOWDOWN = env_float("APPLIANCE_DRAFTING_ITL_SLOWDOWN", 1.4, minimum=1.0, maximum=10.0)
 APPLIANCE_DRAFTING_ITL_TARGET_MS = env_float("APPLIANCE_DRAFTING_ITL_TARGET_MS", 0.0, minimum=0.0)
 # With nobody drafting, documents may lose this share of their prefill speed to steps shorter
 # than the whole budget (a step's fixed cost, paid more often), so that a drafter who arrives

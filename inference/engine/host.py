@@ -72,7 +72,7 @@ class EngineConfig:
     kv_reservation: Reservation = Reservation.MAX
     kv_safety_factor: float = 0.95
     kv_decode_reserve_fraction: float = 0.1
-    itl_slowdown: float = 1.3
+    itl_slowdown: float = 1.4
     itl_target_ms: float = 0.0
     idle_throughput_loss: float = 0.02
     drafting_recent_s: float = 30.0

@@ -68,7 +68,7 @@ class PolicyConfig:
     reservation: Reservation = Reservation.MAX
     # A step holding document chunks beside drafting may take this many times as long as the
     # same step without them (or ``itl_target_ms`` when that is set).
-    itl_slowdown: float = 1.3
+    itl_slowdown: float = 1.4
     itl_target_ms: float = 0.0
     kv_safety_factor: float = 0.95  # share of the KV blocks reservations may fill
     kv_decode_reserve_fraction: float = 0.1  # of those, kept for drafting

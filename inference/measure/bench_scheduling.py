@@ -672,7 +672,7 @@ class _Bench:
         target = (
             config["itl_target_ms"] / 1000
             if config.get("itl_target_ms")
-            else model.predict(base) * float(config.get("itl_slowdown", 1.3))
+            else model.predict(base) * float(config.get("itl_slowdown", 1.4))
         )
         position = self._tokens(self.options["document_tokens"]) // 2
         per_step = model.prefill_budget(base, position=position, target_s=target) or 0
