@@ -39,8 +39,12 @@ class BrokerUnavailable(ConnectionError):
 
 def broker_check() -> None:
     """Raise ``BrokerUnavailable`` unless the broker answers a ping within a second."""
+    client = _client(settings.CELERY_BROKER_URL)
     try:
-        _client(settings.CELERY_BROKER_URL).ping()
+        try:
+            client.ping()
+        except redis.ConnectionError:
+            client.ping()  # a pooled connection a broker restart broke: the pool has dropped it
     except redis.RedisError as exc:
         raise BrokerUnavailable() from exc
 

@@ -106,7 +106,8 @@ def _database_from_url(url: str) -> dict:
         "PORT": str(parts.port or ""),
         "CONN_MAX_AGE": 0,
         "CONN_HEALTH_CHECKS": True,
-        "OPTIONS": {"connect_timeout": 5},
+        # A 2-core box with the engine busy on one core may take seconds to start a backend.
+        "OPTIONS": {"connect_timeout": 10},
         "TEST": {"NAME": env_str("APPLIANCE_TEST_DATABASE_NAME")},
     }
 

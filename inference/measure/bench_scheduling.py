@@ -258,6 +258,24 @@ def document_figures(jobs: list, started: float) -> dict:
 
 
 @dataclass
+def _unfinished(job_ids: list) -> bool:
+    """Whether any of the jobs is unfinished; a database that is slow to take a connection on a
+    saturated machine is asked again rather than ending the run."""
+    from django.db import OperationalError, close_old_connections
+
+    from inference.models import Job
+
+    for attempt in range(5):
+        try:
+            return Job.objects.filter(pk__in=job_ids).exclude(state__in=Job.FINISHED_STATES).exists()
+        except OperationalError:
+            if attempt == 4:
+                raise
+            close_old_connections()
+            time.sleep(2)
+    return True
+
+
 class _Outcome:
     """The jobs of one run, once they have all finished."""
 
@@ -607,7 +625,6 @@ class _Bench:
         return "fifo" if self.worker_layout and self.worker_layout.startswith("fifo") else "appliance"
 
     def _steady_run(self, rng: random.Random, *, documents: bool, eos: bool) -> dict:
-        from inference.models import Job
 
         rate = self.options["steady_rate"]
         backlog = self._documents_for(self.options["steady_documents"]) if documents else []
@@ -619,11 +636,7 @@ class _Bench:
             backlog_done_at = None
             while True:
                 now = time.time()
-                if (
-                    documents
-                    and backlog_done_at is None
-                    and not Job.objects.filter(pk__in=document_ids).exclude(state__in=Job.FINISHED_STATES).exists()
-                ):
+                if documents and backlog_done_at is None and not _unfinished(document_ids):
                     backlog_done_at = now
                 if documents and backlog_done_at is not None:
                     break
