@@ -257,7 +257,6 @@ def document_figures(jobs: list, started: float) -> dict:
     }
 
 
-@dataclass
 def _unfinished(job_ids: list) -> bool:
     """Whether any of the jobs is unfinished; a database that is slow to take a connection on a
     saturated machine is asked again rather than ending the run."""
@@ -276,6 +275,7 @@ def _unfinished(job_ids: list) -> bool:
     return True
 
 
+@dataclass
 class _Outcome:
     """The jobs of one run, once they have all finished."""
 
