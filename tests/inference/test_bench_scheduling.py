@@ -1,0 +1,56 @@
+"""Pure parts of ``manage.py bench scheduling``: how the tuned baseline is chosen, and the
+backlog poll that outlasts a database slow to take a connection (a fake query stands in)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import OperationalError
+
+from inference.measure import bench_scheduling
+
+
+def _mode(*, meets: bool, per_minute: float, ttft: float) -> dict:
+    return {"meets_drafting_bounds": meets, "documents": {"documents_per_minute": per_minute}, "ttft_p95_ratio": ttft}
+
+
+def test_the_tuned_baseline_is_the_fastest_that_meets_the_bounds_else_the_most_responsive():
+    modes = {
+        "engine@0": _mode(meets=False, per_minute=9.0, ttft=41.0),
+        "engine@256": _mode(meets=True, per_minute=4.0, ttft=1.9),
+        "engine@512": _mode(meets=True, per_minute=5.0, ttft=1.8),
+    }
+    assert bench_scheduling._best_engine(modes) == "engine@512"
+    del modes["engine@256"], modes["engine@512"]
+    modes["engine@1024"] = _mode(meets=False, per_minute=12.0, ttft=54.0)
+    assert bench_scheduling._best_engine(modes) == "engine@0"
+
+
+class FakeJobs:
+    """A fake of ``Job.objects`` whose first ``failures`` queries time out connecting."""
+
+    def __init__(self, failures: int, unfinished: bool) -> None:
+        self.failures, self.unfinished, self.calls = failures, unfinished, 0
+
+    def filter(self, **_):
+        return self
+
+    def exclude(self, **_):
+        return self
+
+    def exists(self) -> bool:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise OperationalError("connection timeout expired")
+        return self.unfinished
+
+
+def test_the_backlog_poll_asks_again_when_the_database_is_slow_to_connect(monkeypatch):
+    from inference.models import Job
+
+    monkeypatch.setattr(bench_scheduling.time, "sleep", lambda s: None)
+    fake = FakeJobs(failures=2, unfinished=False)
+    monkeypatch.setattr(Job, "objects", fake)
+    assert bench_scheduling._unfinished(["a"]) is False and fake.calls == 3
+    monkeypatch.setattr(Job, "objects", FakeJobs(failures=9, unfinished=True))
+    with pytest.raises(OperationalError):  # a database that stays away ends the run, with its error
+        bench_scheduling._unfinished(["a"])
