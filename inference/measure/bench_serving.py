@@ -343,12 +343,15 @@ def vllm_serve_argv(engine: dict, *, port: int, python: str, environment: dict) 
         "--long-prefill-token-threshold", str(environment["long_prefill_token_threshold"]),
         "--block-size", str(engine["kv_block_size"]),
         "--num-gpu-blocks-override", str(engine["kv_blocks"]),
-        "--gpu-memory-utilization", str(environment["gpu_memory_utilization"]),
         "--enable-chunked-prefill",
         "--enable-prefix-caching" if engine.get("prefix_caching", True) else "--no-enable-prefix-caching",
         "--async-scheduling" if engine.get("async_scheduling") else "--no-async-scheduling",
         "--disable-uvicorn-access-log",  # as the appliance's web server (--no-access-log)
     ]  # fmt: skip
+    # As given, else what the engine took (the planner's, on a GPU); on a CPU neither: vLLM's own.
+    utilization = environment.get("gpu_memory_utilization") or engine.get("gpu_memory_utilization")
+    if utilization is not None:
+        argv += ["--gpu-memory-utilization", str(utilization)]
     if engine.get("enforce_eager"):
         argv.append("--enforce-eager")  # compiled or not, as the appliance's engine
     return argv
