@@ -72,6 +72,13 @@ def engine_capacity(stats: dict | None, check: dict | None = None) -> dict | Non
     }
 
 
+def engine_precisions(stats: dict) -> tuple[str | None, str | None]:
+    """The weights' and the KV cache's precision the engine resolved, from its ``stats`` (on a
+    CPU without bfloat16 arithmetic "auto" loads float32 weights, and the KV cache follows), not
+    the configured ones; None for what it does not report."""
+    return stats.get("dtype") or None, stats.get("kv_cache_dtype") or None
+
+
 def served_model_shape(*, weight_dtype: str | None = None, kv_dtype: str | None = None, model_dir=None) -> ModelShape:
     """The served model's shape (``APPLIANCE_MODEL``, or ``model_dir``), in the precisions the
     engine is configured with unless others are given. ``ShapeError`` when it cannot be read."""
@@ -112,8 +119,8 @@ def capacity_plan(
     ``engine_stats``, the engine's report the caller asked for once) and the configured context
     length. ``ShapeError`` names the inputs to give or correct."""
     if engine_stats and not weight_dtype and layers is None:  # the served model: as the engine loaded it
-        weight_dtype = engine_stats.get("dtype")
-        kv_dtype = kv_dtype or engine_stats.get("kv_cache_dtype")
+        weight_dtype, engine_kv = engine_precisions(engine_stats)
+        kv_dtype = kv_dtype or engine_kv
     kv_dtype = kv_dtype or settings.APPLIANCE_KV_CACHE_DTYPE
     shape = shape_of(
         layers=layers, kv_heads=kv_heads, head_dim=head_dim, parameters=parameters,
@@ -148,9 +155,8 @@ def served_model_check(stats: dict | None) -> dict | None:
     if not stats:
         return None
     try:
-        # The precisions the engine resolved (on a CPU without bfloat16 arithmetic, "auto" loads
-        # float32 weights, and the KV cache follows), not the configured ones.
-        shape = served_model_shape(weight_dtype=stats.get("dtype"), kv_dtype=stats.get("kv_cache_dtype"))
+        weights, kv = engine_precisions(stats)
+        shape = served_model_shape(weight_dtype=weights, kv_dtype=kv)
     except ShapeError:
         return None
     context = int(stats.get("max_model_len") or settings.APPLIANCE_MAX_MODEL_LEN)

@@ -264,15 +264,13 @@ def _unfinished(job_ids: list) -> bool:
 
     from inference.models import Job
 
-    for attempt in range(5):
+    for _ in range(4):
         try:
             return Job.objects.filter(pk__in=job_ids).exclude(state__in=Job.FINISHED_STATES).exists()
         except OperationalError:
-            if attempt == 4:
-                raise
             close_old_connections()
             time.sleep(2)
-    return True
+    return Job.objects.filter(pk__in=job_ids).exclude(state__in=Job.FINISHED_STATES).exists()  # its error ends the run
 
 
 @dataclass

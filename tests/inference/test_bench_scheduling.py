@@ -47,7 +47,10 @@ class FakeJobs:
 def test_the_backlog_poll_asks_again_when_the_database_is_slow_to_connect(monkeypatch):
     from inference.models import Job
 
+    import django.db
+
     monkeypatch.setattr(bench_scheduling.time, "sleep", lambda s: None)
+    monkeypatch.setattr(django.db, "close_old_connections", lambda: None)  # no real connection to close here
     fake = FakeJobs(failures=2, unfinished=False)
     monkeypatch.setattr(Job, "objects", fake)
     assert bench_scheduling._unfinished(["a"]) is False and fake.calls == 3
