@@ -240,6 +240,32 @@ def drafting_figures(jobs: list) -> dict:
         "itl_p95_ms": _round(percentile(itl_p95s, 95)),
         "output_tokens_mean": round(statistics.mean(job.metrics.output_tokens for job in jobs), 1),
         "preemptions": sum(job.metrics.preemptions for job in jobs),
+        "ttft_tail": ttft_tail(jobs),
+    }
+
+
+def ttft_tail(jobs: list, q: float = 95) -> dict:
+    """Where the slowest drafters' time to first token went, so a tail can be told apart: the
+    mean, over the drafts at or above the q-th TTFT percentile, of the wait for a worker
+    (``queue_wait_ms``), in the engine for KV blocks and a turn (``admission_wait_ms``), from
+    admission to the first token (``prefill_ms``: the steps it waited behind and its own), and
+    what is left (the host's and the stream's hops)."""
+    cut = percentile([job.metrics.ttft_ms for job in jobs], q)
+    tail = [job.metrics for job in jobs if cut is not None and job.metrics.ttft_ms >= cut]
+    if not tail:
+        return {"requests": 0}
+    parts = {
+        "queue_wait_ms": [m.queue_wait_ms for m in tail],
+        "admission_wait_ms": [m.admission_wait_ms for m in tail],
+        "prefill_ms": [m.prefill_ms or 0.0 for m in tail],
+    }
+    means = {name: statistics.mean(values) for name, values in parts.items()}
+    ttft = statistics.mean(m.ttft_ms for m in tail)
+    return {
+        "requests": len(tail),
+        "ttft_ms": _round(ttft),
+        **{name: _round(value) for name, value in means.items()},
+        "other_ms": _round(ttft - sum(means.values())),
     }
 
 
@@ -1054,6 +1080,7 @@ def table(results: dict) -> list[str]:
                 f"{mode:<14} {_fmt(f['ttft_p95_ratio']):>24} {_fmt(f['itl_p95_ratio']):>24} "
                 f"{_fmt(f['documents_vs_fifo']):>24} {min(f['drafts_measured']):>10}"
             )
+        lines += _tail_lines(results["repeats"], workload)
         if entry.get("bound_vs_fifo"):
             lines.append(
                 f"bound from the measured step costs within the ITL target: documents <= {_fmt(entry['bound_vs_fifo'])} x FIFO"
@@ -1085,6 +1112,21 @@ def table(results: dict) -> list[str]:
             "",
             f"Prefix reuse: second job's prefill / first's = {_fmt(summary['prefix']['ratio'])} (target <= {TARGETS['prefix']}): {summary['prefix']['verdict']}",
         ]
+    return lines
+
+
+def _tail_lines(repeats: list[dict], workload: str) -> list[str]:
+    """Per repeat, where the appliance's slowest drafters (TTFT >= p95) spent their wait."""
+    lines = []
+    for index, repeat in enumerate(repeats, 1):
+        run = repeat.get(workload, {}).get("modes", {}).get("appliance", {})
+        tail = run.get("drafting", {}).get("ttft_tail") or {}
+        if tail.get("requests"):
+            lines.append(
+                f"  appliance repeat {index}, TTFT >= p95 ({tail['requests']} drafts, {tail['ttft_ms']} ms): "
+                f"worker wait {tail['queue_wait_ms']}, KV/turn wait {tail['admission_wait_ms']}, "
+                f"admitted -> first token {tail['prefill_ms']}, other {tail['other_ms']} ms"
+            )
     return lines
 
 

@@ -45,9 +45,9 @@ class FakeJobs:
 
 
 def test_the_backlog_poll_asks_again_when_the_database_is_slow_to_connect(monkeypatch):
-    from inference.models import Job
-
     import django.db
+
+    from inference.models import Job
 
     monkeypatch.setattr(bench_scheduling.time, "sleep", lambda s: None)
     monkeypatch.setattr(django.db, "close_old_connections", lambda: None)  # no real connection to close here
@@ -57,3 +57,25 @@ def test_the_backlog_poll_asks_again_when_the_database_is_slow_to_connect(monkey
     monkeypatch.setattr(Job, "objects", FakeJobs(failures=9, unfinished=True))
     with pytest.raises(OperationalError):  # a database that stays away ends the run, with its error
         bench_scheduling._unfinished(["a"])
+
+
+class FakeMetrics:
+    """A fake of one draft's ``RequestMetrics``: only the times the tail breakdown reads."""
+
+    def __init__(self, ttft: float, queue: float, admission: float, prefill: float | None) -> None:
+        self.ttft_ms, self.queue_wait_ms, self.admission_wait_ms, self.prefill_ms = ttft, queue, admission, prefill
+
+
+class FakeJob:
+    def __init__(self, metrics: FakeMetrics) -> None:
+        self.metrics = metrics
+
+
+def test_the_ttft_tail_says_where_the_slowest_drafters_waited():
+    fast = [FakeJob(FakeMetrics(400, 20, 0, 300)) for _ in range(19)]
+    slow = FakeJob(FakeMetrics(3400, 2900, 100, 300))  # waited for a worker: the tail is the queue's
+    tail = bench_scheduling.ttft_tail([*fast, slow])
+    assert tail["requests"] == 1 and tail["ttft_ms"] == 3400
+    assert tail["queue_wait_ms"] == 2900 and tail["admission_wait_ms"] == 100 and tail["prefill_ms"] == 300
+    assert tail["other_ms"] == 100
+    assert bench_scheduling.ttft_tail([]) == {"requests": 0}
