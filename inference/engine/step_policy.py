@@ -522,9 +522,13 @@ class Planner:
             )
         base = StepShape.of([r.context_tokens for r in doc_decodes], [])
         position = doc_prefills[0].context_tokens if doc_prefills else 0
-        idle = self.idle_budget(base, position) if doc_prefills else None
+        # Documents that wait to start are bounded as those in mid-prefill are: unbounded, a
+        # backlog arriving at an idle engine would start with one step of the whole budget
+        # (seconds on a CPU) that every drafter arriving just after it waits for.
+        prefilling = bool(doc_prefills) or any(not w.drafting for w in waiting if w.request_id not in deferred)
+        idle = self.idle_budget(base, position) if prefilling else None
         reason = "no_drafting"
-        if doc_prefills and drafting_recent:
+        if prefilling and drafting_recent:
             gap = self.gap_budget(base, position)
             if gap is not None and (idle is None or gap < idle):
                 idle, reason = max(self.min_chunk_tokens, min(self.max_budget_tokens, gap)), "drafting_gap"

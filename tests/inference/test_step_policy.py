@@ -237,6 +237,23 @@ def cpu_like_model() -> StepCostModel:
     return cpu
 
 
+def test_documents_arriving_at_an_idle_engine_start_with_a_short_step_not_the_whole_budget():
+    # A backlog submitted at once: nothing runs yet, the documents wait to start. Their first
+    # step is bounded like any other documents' step, so a drafter a moment later waits for it.
+    p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu_like_model())
+    backlog = [WaitingRequest(f"doc{i}", drafting=False, user="u1") for i in range(3)]
+    first = p.plan([], backlog, [w.request_id for w in backlog], set(), now=0.0)
+    mid = p.plan([document("doc0", left=1400)], backlog[1:], [], set(), now=1.0)
+    assert first.reason == "no_drafting" and first.token_budget is not None
+    assert first.token_budget == mid.token_budget < 600  # not 2048 tokens: a 13 s step on this machine
+    # Drafters seen lately: the first step is as short as the gap rule makes any other.
+    p.plan([draft("d")], [], [], set(), now=2.0)
+    gap = p.plan([], backlog, [], set(), now=3.0)
+    assert gap.reason == "drafting_gap" and gap.token_budget < first.token_budget
+    # Nothing to prefill (only decodes, or documents deferred): vLLM's own budget.
+    assert p.plan([], backlog, [], {w.request_id for w in backlog}, now=100.0).token_budget is None
+
+
 def test_between_drafters_a_documents_step_is_no_longer_than_a_drafters_first_step():
     p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu_like_model())
     alone = [document("d1", left=8000)]
