@@ -16,6 +16,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from inference.quotes import Candidate, quote_candidates
+
 # The 41 categories of CUAD (Hendrycks et al., 2021, CC BY 4.0), then five that offices ask for.
 CUAD_CATEGORIES = (
     "Document Name", "Parties", "Agreement Date", "Effective Date", "Expiration Date", "Renewal Term",
@@ -48,9 +50,6 @@ MAX_ITEMS = 20
 # decoding then cannot write a sentence the document does not have. Past it, the grammar would
 # grow large, and the quote is free text again (and verified all the same).
 MAX_QUOTE_CHOICES = 800
-QUOTE_MIN_WORDS = 4
-
-_SENTENCE_BREAK = re.compile(r"(?<=[.;!?])\s+(?=[\"'(\[A-Z0-9])")
 
 
 def categories_for(taxonomy: str, selected: list[str] | None = None) -> tuple[str, ...]:
@@ -66,22 +65,12 @@ def categories_for(taxonomy: str, selected: list[str] | None = None) -> tuple[st
     return tuple(c for c in allowed if c in selected)
 
 
-def quote_choices(texts: list[str]) -> list[str]:
-    """The sentences of these page texts, each exactly as the text has it, in order and without
-    repeats: what a quote may be (``clause_schema``). Lines are cut at sentence ends; pieces
-    shorter than ``QUOTE_MIN_WORDS`` words (headings, numbers) are left out; a piece longer
-    than ``QUOTE_MAX_CHARS`` is cut at the last word boundary before it."""
-    choices: dict[str, None] = {}
-    for text in texts:
-        for line in text.splitlines():
-            for piece in _SENTENCE_BREAK.split(line.strip()):
-                piece = piece.strip()
-                if len(piece.split()) < QUOTE_MIN_WORDS:
-                    continue
-                if len(piece) > QUOTE_MAX_CHARS:
-                    piece = piece[:QUOTE_MAX_CHARS].rsplit(" ", 1)[0]
-                choices[piece] = None
-    return list(choices)
+def quote_choices(pages: list[tuple[int, str]], running: set[str] | None = None) -> list[Candidate]:
+    """What a quote may be (``clause_schema``): the pages' sentences rebuilt across line wraps,
+    page breaks and running headers (``running``: see ``inference.quotes.running_lines``),
+    numbered sub-clauses and runs of a few sentences, each at most ``QUOTE_MAX_CHARS`` and
+    located in the pages' text."""
+    return quote_candidates(pages, max_chars=QUOTE_MAX_CHARS, running=running)
 
 
 def clause_schema(categories: tuple[str, ...], pages: list[int], quotes: list[str] | None = None) -> dict:
@@ -146,8 +135,9 @@ class Match:
     page: int
     start: int  # character offsets in that page's stored text
     end: int
-    how: str  # "exact", "normalised" or "fuzzy"
+    how: str  # "exact", "normalised", "fuzzy" or "candidate" (one of the quotes offered, located)
     ratio: float = 1.0
+    end_page: int | None = None  # where it ends, when on a later page than it starts
 
 
 _QUOTES = str.maketrans(
@@ -253,6 +243,7 @@ class Clause:
     end: int
     note: str
     match: str
+    end_page: int  # the page its last character is on: ``page``, or a later one
 
 
 @dataclass(frozen=True)
@@ -261,7 +252,13 @@ class Verified:
     dropped: list[dict]  # what the model claimed and the text does not contain
 
 
-def verify_clauses(raw: list[dict], pages: dict[int, str], categories: tuple[str, ...]) -> Verified:
+def verify_clauses(
+    raw: list[dict], pages: dict[int, str], categories: tuple[str, ...], offered: list[Candidate] = ()
+) -> Verified:
+    """The claimed clauses whose quote is in the text. A quote that is one of the candidates
+    ``offered`` to the model (``quote_choices``) is where that candidate is, across line and
+    page breaks; any other is looked for (``verify_quote``)."""
+    located = {candidate.text: candidate for candidate in offered}
     kept: list[Clause] = []
     dropped: list[dict] = []
     seen: set[tuple[str, int, int]] = set()
@@ -271,7 +268,13 @@ def verify_clauses(raw: list[dict], pages: dict[int, str], categories: tuple[str
             page = int(item.get("page", 0))
         except (TypeError, ValueError):
             page = 0
-        match = verify_quote(quote, page, pages) if category in categories else None
+        match = None
+        if category in categories:
+            candidate = located.get(quote.strip())
+            if candidate is not None and candidate.page in pages and candidate.end_page in pages:
+                match = Match(candidate.page, candidate.start, candidate.end, "candidate", end_page=candidate.end_page)
+            else:
+                match = verify_quote(quote, page, pages)
         if match is None:
             dropped.append({"category": category, "quote": quote[:QUOTE_MAX_CHARS], "page": page})
             continue
@@ -279,7 +282,9 @@ def verify_clauses(raw: list[dict], pages: dict[int, str], categories: tuple[str
         if key in seen:
             continue  # the same clause found twice (overlapping sections)
         seen.add(key)
-        text = pages[match.page][match.start : match.end]
+        # The document's own words: the candidate's (single-spaced, without the running headers
+        # it crosses), else the stored text of the match.
+        text = located[quote.strip()].text if match.how == "candidate" else pages[match.page][match.start : match.end]
         kept.append(
             Clause(
                 category,
@@ -289,6 +294,7 @@ def verify_clauses(raw: list[dict], pages: dict[int, str], categories: tuple[str
                 match.end,
                 str(item.get("note", ""))[:NOTE_MAX_CHARS],
                 match.how,
+                match.end_page or match.page,
             )
         )
     return Verified(kept, dropped)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from django.conf import settings
 
@@ -36,6 +36,7 @@ from inference.prompts import (
     section_messages,
     summary_instruction,
 )
+from inference.quotes import running_lines
 from inference.sourcing import SourcePassage, source_statements
 from inference.summarise import Section, group_partials, split_sections
 from inference.timing import Delta
@@ -309,6 +310,24 @@ def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
 # --- clauses ---------------------------------------------------------------------------------
 
 
+def _section_quote_choices(section, stored: dict[int, str], running: set[str]) -> list:
+    """The quotes a section may give, located in the stored page texts: a piece of a long page
+    (``split_sections`` cuts one that does not fit) by where the piece sits in its page."""
+    bases = [stored.get(page.number, "").find(page.text) for page in section.pages]
+    found = quote_choices([(i, page.text) for i, page in enumerate(section.pages)], running)
+    return [
+        replace(
+            c,
+            page=section.pages[c.page].number,
+            start=c.start + bases[c.page],
+            end_page=section.pages[c.end_page].number,
+            end=c.end + bases[c.end_page],
+        )
+        for c in found
+        if bases[c.page] >= 0 and bases[c.end_page] >= 0  # (a piece is its page's own text)
+    ]
+
+
 def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     """Each section answers in JSON held to the clause schema by the engine's guided decoding
     (each answer kept as it finishes, like a summary's partials); every quote is then looked for
@@ -319,17 +338,21 @@ def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     stored = {page.number: page.text for page in pages}
     result = TaskResult()
     raw: list[dict] = []
+    offered: list = []  # the quote candidates every section was given, located in the stored pages
+    running = running_lines(sorted(stored.items()))  # headers and footers, over the whole document
     cut_short = 0
     for section in sections:
         _progress(attempt, f"Looking for clauses in {section.page_label} (part {section.index + 1} of {len(sections)})")
         numbers = sorted({p.number for p in section.pages})
         messages = section_messages(title=title, pages=list(section.pages), instruction=clause_instruction(categories))
+        choices = _section_quote_choices(section, stored, running)
+        offered.extend(choices)
         request = engine_request(
             job,
             messages,
             CLAUSES_MAX_TOKENS,
             part=f"c{section.index}",
-            json_schema=clause_schema(categories, numbers, quote_choices([p.text for p in section.pages])),
+            json_schema=clause_schema(categories, numbers, [c.text for c in choices]),
         )
         found, complete = parse_answer(result.run_hidden(job, client, attempt, request))
         if not complete:
@@ -337,7 +360,7 @@ def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
             logger.warning("job %s: section %s gave an incomplete answer", job.pk, section.index)
         raw.extend(found)
     attempt.check()
-    verified = verify_clauses(raw, stored, categories)
+    verified = verify_clauses(raw, stored, categories, offered)
     clauses = [asdict(clause) for clause in verified.clauses]
     result.data = {
         "taxonomy": job.options.get("taxonomy"),

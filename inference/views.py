@@ -261,9 +261,10 @@ def clauses_export(request, job_id, fmt: str):
     else:
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         writer = csv.writer(response)
-        writer.writerow(["category", "page", "quote", "note", "match"])
+        writer.writerow(["category", "page", "end_page", "quote", "note", "match"])
         for clause in clauses:
-            writer.writerow([_csv_cell(clause[k]) for k in ("category", "page", "quote", "note", "match")])
+            clause = {"end_page": clause["page"], **clause}  # kept before quotes could cross a page break
+            writer.writerow([_csv_cell(clause[k]) for k in ("category", "page", "end_page", "quote", "note", "match")])
     response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
     return response
 
@@ -305,6 +306,8 @@ def clause_views(job) -> list[dict]:
     for clause in job.result_data["clauses"]:
         text = texts.get(clause["page"], "")
         start, end = clause["start"], clause["end"]
+        if clause.get("end_page", clause["page"]) != clause["page"]:
+            end = len(text)  # it goes on over the page break: its first page's part is marked
         views.append(
             {
                 **clause,
@@ -383,5 +386,3 @@ async def job_events(request, job_id):
         raise Http404("No such job.")
     after = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
     return events.sse_response(events.job_events(job, after=after))
-
-

@@ -47,10 +47,13 @@ from appliance.benchmarking import (
     wait_for_queues,
 )
 from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
+from inference.evaluation.contracts import LAYOUTS, load_contracts, quote_ceiling
 from inference.evaluation.gold import GoldSet, fact_covered, load_gold_set
 from inference.evaluation.metrics import Counts, Span, match_clauses, share
 
 TASKS = ("clauses", "summaries", "replies")
+MODEL_FREE_TASKS = ("ceiling",)  # measured without the engine: the reading of real documents
+DEFAULT_CONTRACTS = Path(settings.BASE_DIR).parent / "shared" / "data" / "cuad-dev"
 OWNER = "evaluate"
 OUTSIDER = "evaluate-other"  # owns the distractor: the evaluated user may not read it
 QUEUES = {"ingest", "prefill", "decode"}
@@ -58,7 +61,18 @@ _PAGE_REFERENCE = re.compile(r"\bpp?\.\s*(\d+)")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--tasks", default=",".join(TASKS), help="tasks to evaluate, comma-separated")
+    parser.add_argument(
+        "--tasks",
+        default=",".join(TASKS),
+        help=f"tasks to evaluate, comma-separated, of {', '.join(TASKS + MODEL_FREE_TASKS)} ('ceiling': the share "
+        "of the labelled clause spans of --contracts that some quote candidate matches, no model needed)",
+    )
+    parser.add_argument(
+        "--contracts",
+        type=Path,
+        default=DEFAULT_CONTRACTS,
+        help="a folder of labelled contracts laid out like ../shared/data/cuad-dev (labels.json, pdf/, txt/)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="at most this many cases per task")
     parser.add_argument(
         "--taxonomy",
@@ -85,8 +99,19 @@ def run(command, **options) -> dict:
 
     progress = Progress(write)
     tasks = [t.strip() for t in options["tasks"].split(",") if t.strip()]
-    if not tasks or set(tasks) - set(TASKS):
-        raise CommandError(f"--tasks: choose from {', '.join(TASKS)}")
+    if not tasks or set(tasks) - set(TASKS + MODEL_FREE_TASKS):
+        raise CommandError(f"--tasks: choose from {', '.join(TASKS + MODEL_FREE_TASKS)}")
+    results: dict = {
+        "options": {k: options.get(k) for k in ("tasks", "limit", "taxonomy", "summary_length", "reply_scope")}
+    }
+    if "ceiling" in tasks:
+        results["ceiling"] = quote_ceiling_of(Path(options["contracts"]), progress)
+        tasks.remove("ceiling")
+    if not tasks:
+        write("")
+        for line in table(results):
+            write(line)
+        return results
     gold = load_gold_set()
     started_services = [s for s in (ensure_embedded_database(progress), ensure_embedded_broker(progress)) if s]
     processes = None
@@ -98,12 +123,11 @@ def run(command, **options) -> dict:
         stats = processes.start()
         evaluation = _Evaluation(gold, owner, outsider, progress, options)
         evaluation.ingest(tasks)
-        results: dict = {
-            "model": stats["model"],
-            "engine": {k: v for k, v in stats.items() if not isinstance(v, dict)},
-            "machine": machine(),
-            "options": {k: options[k] for k in ("tasks", "limit", "taxonomy", "summary_length", "reply_scope")},
-        }
+        results.update(
+            model=stats["model"],
+            engine={k: v for k, v in stats.items() if not isinstance(v, dict)},
+            machine=machine(),
+        )
         for task in tasks:
             results[task] = getattr(evaluation, task)()
         write("")
@@ -117,6 +141,37 @@ def run(command, **options) -> dict:
             _delete_rows(bench_user(OWNER), bench_user(OUTSIDER))
         for service in reversed(started_services):
             service.stop()
+
+
+def quote_ceiling_of(folder: Path, progress: Progress) -> dict:
+    """The quote ceiling (``contracts.quote_ceiling``) of every layout the folder has, each file
+    read by the ingest's own extraction (in its sandbox)."""
+    from documents.extraction import ExtractionError
+    from documents.sandbox import extract_in_sandbox
+
+    try:
+        contracts = load_contracts(folder)
+    except ValueError as exc:
+        raise CommandError(f"--contracts: {exc}") from exc
+    result: dict = {"folder": str(folder)}
+    for layout in LAYOUTS:
+        having = [c for c in contracts if layout in c.files]
+        if not having:
+            continue
+        progress(f"ceiling: reading the {len(having)} {layout} files of {folder} as the ingest does")
+
+        def pages_of(contract, layout=layout) -> list[str]:
+            path = contract.files[layout]
+            try:
+                return [page.text for page in extract_in_sandbox(path.read_bytes(), filename=path.name).pages]
+            except ExtractionError as exc:
+                progress(f"ceiling: {path.name} cannot be read ({exc}); its spans count as missed")
+                return []
+
+        result[layout] = quote_ceiling(having, pages_of)
+    if "pdf" in result and "txt" in result:
+        result["pdf_minus_txt"] = round(result["pdf"]["ceiling"] - result["txt"]["ceiling"], 3)
+    return result
 
 
 def _delete_rows(*users) -> None:
@@ -423,7 +478,21 @@ def table(results: dict) -> list[str]:
     def figure(value) -> str:
         return "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
-    lines = [f"model: {results['model']}"]
+    lines = [f"model: {results['model']}"] if "model" in results else []
+    if "ceiling" in results:
+        c = results["ceiling"]
+        lines.append(
+            f"quote ceiling (no model: the share of labelled clause spans, entity categories aside, that some quote "
+            f"candidate matches at Jaccard >= 0.5), {c['folder']}"
+        )
+        for layout in LAYOUTS:
+            if layout in c:
+                part = c[layout]
+                lines.append(
+                    f"  {layout}: {figure(part['ceiling'])} [{', '.join(figure(v) for v in part['interval'] or [])}] "
+                    f"({part['matched']} of {part['spans']} spans, {part['contracts']} contracts, "
+                    f"{part['candidates_per_contract']} candidates a contract)"
+                )
     if "clauses" in results:
         c = results["clauses"]
         lines += [

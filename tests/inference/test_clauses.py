@@ -109,17 +109,19 @@ def test_verify_clauses_keeps_the_texts_own_words_and_counts_what_it_drops():
 
 
 def test_quotes_can_be_held_to_the_sections_own_sentences():
-    choices = quote_choices(list(PAGES.values()))
-    assert "MASTER SERVICES AGREEMENT" not in choices  # three words: a heading, not a clause
+    choices = quote_choices(sorted(PAGES.items()))
+    texts = [c.text for c in choices]
+    assert "MASTER SERVICES AGREEMENT" not in texts  # three words: a heading, not a clause
     assert (
         "Each party shall keep the other party\u2019s Confidential Information secret and "
-        "shall not disclose it to any third party without prior written consent." in choices
+        "shall not disclose it to any third party without prior written consent." in texts
     )
-    for choice in choices:  # each exactly as some page has it
-        assert any(choice in text for text in PAGES.values())
-    assert len(choices) == len(set(choices))
-    schema = clause_schema(("Confidentiality",), [1, 2], choices)
-    assert schema["properties"]["clauses"]["items"]["properties"]["quote"] == {"type": "string", "enum": choices}
+    for choice in choices:  # each where its page has it ("pay-\nments": one word)
+        stored = PAGES[choice.page][choice.start : choice.end]
+        assert choice.page == choice.end_page and stored.replace("-\n", "").split() == choice.text.split()
+    assert len(texts) == len(set(texts))
+    schema = clause_schema(("Confidentiality",), [1, 2], texts)
+    assert schema["properties"]["clauses"]["items"]["properties"]["quote"] == {"type": "string", "enum": texts}
     # Too many sentences for a small grammar: free text again, verified afterwards as before.
     many = [f"Sentence number {i} of a long document." for i in range(900)]
     assert (
@@ -127,4 +129,23 @@ def test_quotes_can_be_held_to_the_sections_own_sentences():
         in clause_schema(("Confidentiality",), [1], many)["properties"]["clauses"]["items"]["properties"]["quote"]
     )
     long_line = "The Supplier shall " + "really " * 100 + "deliver."
-    assert all(len(c) <= 400 for c in quote_choices([long_line]))
+    assert all(len(c.text) <= 400 for c in quote_choices([(1, long_line)]))
+
+
+def test_a_quote_the_model_was_offered_is_located_across_the_page_break():
+    pages = {
+        1: "4. Term. This Agreement continues for three (3) years and renews for one-year terms unless\n"
+        "either party gives notice of non-renewal at least ninety (90) days before the end of",
+        2: "the then-current term.\n5. Payment. The Customer pays within thirty (30) days.",
+    }
+    offered = quote_choices(sorted(pages.items()))
+    (across,) = [c for c in offered if c.page == 1 and c.end_page == 2 and c.text.startswith("This Agreement")]
+    raw = [{"category": "Termination", "quote": across.text, "page": 1, "note": ""}]
+    (clause,) = verify_clauses(raw, pages, ("Termination",), offered).clauses
+    assert (clause.page, clause.end_page, clause.match) == (1, 2, "candidate")
+    assert clause.quote == across.text and clause.quote.endswith("the end of the then-current term.")
+    assert pages[1][clause.start :].startswith("This Agreement") and pages[2][: clause.end].endswith("term.")
+    # Without the offer the same words are looked for, and no one page holds them all: at best
+    # a near match of the part on the first page.
+    (alone,) = verify_clauses(raw, pages, ("Termination",)).clauses
+    assert alone.match == "fuzzy" and alone.end_page == 1 and not alone.quote.endswith("term.")

@@ -1,0 +1,121 @@
+"""A folder of labelled contracts laid out like ``../shared/data/cuad-dev`` (``labels.json``,
+``pdf/``, ``txt/``), and the model-independent *quote ceiling* on it: the share of the lawyers'
+labelled clause spans that some quote candidate the appliance would offer the model matches
+under CUAD's rule (word Jaccard >= 0.5). A model that always chose the best candidate could
+reach it and no more, so it measures the reading of the document (extraction, unwrapping,
+sentence cutting), not the model. Pure apart from reading the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from inference.clauses import quote_choices
+from inference.evaluation.metrics import JACCARD_MATCH, words
+
+# CUAD's entity categories hold short answers (a name, a date), not clauses: not quoted spans.
+ENTITY_CATEGORIES = frozenset({"Document Name", "Parties", "Agreement Date", "Effective Date"})
+LAYOUTS = ("pdf", "txt")
+BOOTSTRAP_SAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class LabelledContract:
+    key: str
+    files: dict[str, Path]  # layout ("pdf", "txt") -> the file of it that exists
+    labels: dict[str, tuple[str, ...]]  # category -> the labelled spans
+
+    def clause_spans(self) -> list[tuple[str, str]]:
+        return [(c, s) for c, spans in self.labels.items() if c not in ENTITY_CATEGORIES for s in spans]
+
+
+def load_contracts(folder: Path) -> list[LabelledContract]:
+    """The contracts of ``folder``; a ValueError says what is missing or malformed."""
+    path = folder / "labels.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} has no labels.json (a list of {{id, labels: {{category: [span, ...]}}}})")
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} cannot be read as JSON: {exc}") from exc
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: expected a list of contracts")
+    contracts = []
+    for index, item in enumerate(items):
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("id"), str)
+            or not isinstance(item.get("labels"), dict)
+        ):
+            raise ValueError(f"{path}: entry {index} needs an 'id' and a 'labels' object")
+        key = item["id"]
+        files = {layout: folder / layout / f"{key}.{layout}" for layout in LAYOUTS}
+        files = {layout: f for layout, f in files.items() if f.is_file()}
+        if not files:
+            raise ValueError(f"{folder}: contract {key} has neither pdf/{key}.pdf nor txt/{key}.txt")
+        labels = {
+            str(c): tuple(str(s) for s in spans) for c, spans in item["labels"].items() if isinstance(spans, list)
+        }
+        contracts.append(LabelledContract(key, files, labels))
+    return contracts
+
+
+def best_match(span: str, candidates: list[set[str]]) -> float:
+    """The highest word Jaccard between a labelled span and any candidate's words."""
+    mine = words(span)
+    return max((len(mine & theirs) / len(mine | theirs) for theirs in candidates if mine | theirs), default=0.0)
+
+
+def quote_ceiling(
+    contracts: list[LabelledContract], pages_of: Callable[[LabelledContract], list[str]], *, seed: int = 0
+) -> dict:
+    """The share of labelled clause spans some candidate matches, with a bootstrap 95 % interval
+    over contracts; ``pages_of`` reads a contract's pages (the real ingest's extraction)."""
+    per_contract: list[tuple[int, int]] = []
+    candidates_total = 0
+    misses: list[dict] = []
+    for contract in contracts:
+        pages = pages_of(contract)
+        candidates = quote_choices(list(enumerate(pages, 1)))
+        candidates_total += len(candidates)
+        sets = [words(c.text) for c in candidates]
+        matched = 0
+        spans = contract.clause_spans()
+        for category, span in spans:
+            best = best_match(span, sets)
+            if best >= JACCARD_MATCH:
+                matched += 1
+            elif len(misses) < 20:
+                misses.append({"contract": contract.key, "category": category, "best_jaccard": round(best, 2),
+                               "span": span[:160]})  # fmt: skip
+        per_contract.append((matched, len(spans)))
+    matched = sum(m for m, _ in per_contract)
+    total = sum(t for _, t in per_contract)
+    return {
+        "contracts": len(contracts),
+        "spans": total,
+        "matched": matched,
+        "ceiling": round(matched / total, 3) if total else None,
+        "interval": bootstrap_interval(per_contract, seed=seed),
+        "candidates_per_contract": round(candidates_total / len(contracts), 1) if contracts else None,
+        "misses": misses,
+    }
+
+
+def bootstrap_interval(per_unit: list[tuple[int, int]], *, seed: int = 0) -> list[float] | None:
+    """A percentile bootstrap 95 % interval of sum(hits) / sum(totals), resampling the units."""
+    if len(per_unit) < 2:
+        return None
+    rng = random.Random(seed)  # noqa: S311 - a resampling, not a secret
+    shares = []
+    for _ in range(BOOTSTRAP_SAMPLES):
+        sample = [per_unit[rng.randrange(len(per_unit))] for _ in per_unit]
+        total = sum(t for _, t in sample)
+        if total:
+            shares.append(sum(h for h, _ in sample) / total)
+    shares.sort()
+    return [round(shares[int(0.025 * (len(shares) - 1))], 3), round(shares[int(0.975 * (len(shares) - 1))], 3)]
