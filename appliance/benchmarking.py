@@ -28,6 +28,27 @@ class Progress:
         self.write(f"[{time.perf_counter() - self.started:7.1f} s] {message}")
 
 
+@contextlib.contextmanager
+def sigterm_as_exit():
+    """A SIGTERM (``kill``, a CI limit) ends a long command as Ctrl-C would, by an exception in
+    its main thread, so its ``finally`` blocks stop the engine host, workers and services it
+    started instead of leaving them running without it."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def ensure_embedded_database(progress):
     """Start the embedded Postgres if the appliance uses it and it is not running."""
     if settings.DATABASE_URL != settings.EMBEDDED_DATABASE_URL:

@@ -157,6 +157,7 @@ def run(command, **options) -> dict:
         check_migrated(progress)
         _refuse_if_appliance_running()
         bench = _Bench(progress, options)
+        bench._delete_rows()  # what an interrupted run left (its documents would collide with these)
         bench.start_engine()
         results: dict = {
             "machine": machine(),
@@ -347,6 +348,7 @@ class _Bench:
         if self.options["engine_socket"]:
             self.progress(f"using the engine host at {self.socket}")
         else:
+            self._refuse_if_engine_listening()
             capacity = self.options["kv_capacity_tokens"]
             if capacity is None:
                 capacity = 0 if _has_cuda() else 24576
@@ -365,6 +367,20 @@ class _Bench:
         self.progress(
             f"engine: {stats['model']} on {stats['device_name']}, context {stats['max_model_len']}, "
             f"KV capacity {stats['kv_capacity_tokens']} tokens; lengths scaled by {self.scale:g}"
+        )
+
+    def _refuse_if_engine_listening(self) -> None:
+        """An engine host already on the benchmark's socket (an interrupted run's) would answer
+        in place of the one started here, with its own settings."""
+        from inference.engine.client import EngineClient
+
+        try:
+            pid = EngineClient(self.socket, connect_timeout_s=1.0).stats().get("pid")
+        except Exception:  # noqa: BLE001 - nothing listening: as it should be
+            return
+        raise CommandError(
+            f"An engine host (pid {pid}) is already listening at {self.socket}, perhaps left by an interrupted "
+            "run: stop it, or pass --engine-socket to measure that one."
         )
 
     def _workers(self, layout: str, *, prefill: int | None = None, decode: int | None = None) -> None:

@@ -53,3 +53,22 @@ def test_a_measuring_account_is_made_without_a_password_and_a_persons_is_refused
     with pytest.raises(CommandError, match="A person's account is called 'carol'.*deletes its jobs"):
         api_bench_user("carol", deletes="jobs")
     assert django_user_model.objects.get(username="carol").has_usable_password()  # left alone
+
+
+def test_a_sigterm_ends_a_long_command_through_its_cleanup_and_the_handler_is_put_back():
+    import signal
+    import time
+
+    from appliance.benchmarking import sigterm_as_exit
+
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    with pytest.raises(SystemExit) as stopped:
+        with sigterm_as_exit():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler's exception interrupts it
+            finally:
+                cleaned.append(True)  # what stops the engine host and workers runs
+    assert stopped.value.code == 128 + signal.SIGTERM and cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) == before

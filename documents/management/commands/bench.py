@@ -29,6 +29,8 @@ from django.apps import apps
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from appliance.benchmarking import sigterm_as_exit
+
 MODULE_PREFIX = "bench_"
 
 
@@ -83,7 +85,8 @@ class Command(BaseCommand):
                 raise CommandError(f"no benchmark called {benchmark!r}; there are: {', '.join(benchmark_modules())}")
             module = importlib.import_module(path)
         started = datetime.now(UTC)
-        results = module.run(self, **options)
+        with sigterm_as_exit():
+            results = module.run(self, **options)
         document = {
             "benchmark": benchmark,
             "started_at": started.isoformat(),

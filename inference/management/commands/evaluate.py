@@ -11,6 +11,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from appliance.benchmarking import sigterm_as_exit
 from inference.evaluation import run as evaluation
 
 
@@ -31,7 +32,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         started = datetime.now(UTC)
-        results = evaluation.run(self, **options)
+        with sigterm_as_exit():
+            results = evaluation.run(self, **options)
         out_dir = Path(settings.VAR_DIR) / "evaluate"
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"evaluate-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
