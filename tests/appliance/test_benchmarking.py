@@ -63,12 +63,11 @@ def test_a_sigterm_ends_a_long_command_through_its_cleanup_and_the_handler_is_pu
 
     before = signal.getsignal(signal.SIGTERM)
     cleaned = []
-    with pytest.raises(SystemExit) as stopped:
-        with sigterm_as_exit():
-            try:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)  # the handler's exception interrupts it
-            finally:
-                cleaned.append(True)  # what stops the engine host and workers runs
+    with pytest.raises(SystemExit) as stopped, sigterm_as_exit():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler's exception interrupts it
+        finally:
+            cleaned.append(True)  # what stops the engine host and workers runs
     assert stopped.value.code == 128 + signal.SIGTERM and cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) == before
