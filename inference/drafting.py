@@ -6,9 +6,10 @@ The model sees numbered passages (document title and page with each) as data, th
 message as data, and an instruction to cite passages as [n] after the sentences that use them
 (``prompts.draft_messages``).
 Afterwards every citation is resolved to its passage (a number that names no passage is
-reported, never linked), and every sentence is checked against the passages it cites by
-embedding similarity: a sentence that cites nothing, or whose citations do not support it, is
-flagged for the person who sends the reply.
+reported, never linked), and every sentence is checked against the passages it cites, by
+embedding similarity and by its facts (``inference.facts``: numbers, dates, names, negations):
+a sentence that cites nothing, is not close to what it cites, or states a fact its passages do
+not, is flagged for the person who sends the reply.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from inference.facts import missing_facts
 from inference.prompts import NumberedPassage
 
 SUPPORT_MIN_SIMILARITY = 0.5  # cosine similarity of a sentence to its best cited passage
@@ -74,6 +76,9 @@ class SentenceCheck:
     unknown_citations: list[int]  # numbers that name none
     similarity: float | None  # to the best cited passage
     supported: bool
+    # Facts of the sentence no cited passage states (``inference.facts``), as a person reads them:
+    # a sentence close to its passage but with another number, date, name or negation.
+    missing_facts: list[str] = field(default_factory=list)
 
 
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -104,9 +109,12 @@ def check_support(
         known = [n for n in numbers if n in by_number]
         unknown = [n for n in numbers if n not in by_number]
         similarity = max((_cosine(vector, passage_vector[n]) for n in known), default=None)
-        supported = similarity is not None and similarity >= min_similarity
+        missing = [f.describe() for f in missing_facts(strip_citations(sentence), [by_number[n].text for n in known])]
+        supported = similarity is not None and similarity >= min_similarity and not missing
         checks.append(
-            SentenceCheck(sentence, known, unknown, None if similarity is None else round(similarity, 3), supported)
+            SentenceCheck(
+                sentence, known, unknown, None if similarity is None else round(similarity, 3), supported, missing
+            )
         )
     return checks
 

@@ -235,8 +235,8 @@ def summary_statements(document, text: str) -> list[dict] | None:
     if chunks.exclude(embedding_model=embedder.model_name).exists():
         return None
     passages = [
-        SourcePassage(page_start, page_end, vector)
-        for page_start, page_end, vector in chunks.values_list("page_start", "page_end", "embedding")
+        SourcePassage(page_start, page_end, vector, text)
+        for page_start, page_end, vector, text in chunks.values_list("page_start", "page_end", "embedding", "text")
     ]
     last_page = document.pages_total or max((p.page_end for p in passages), default=1)
     statements = source_statements(text, passages, last_page=last_page, embed=embedder.encode)

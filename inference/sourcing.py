@@ -4,8 +4,9 @@ come in with their embeddings, sentences are embedded through a callable.
 The model is asked to write page references like (p. 2), and a good model does; a small one
 forgets or invents them. So every sentence of a summary is matched against the document's own
 passages (the chunks search uses, embedded at ingestion): a page the model gave is kept when the
-sentence is close to a passage of that page, otherwise the closest passage anywhere gives the
-page, and a sentence close to no passage is marked as having none. Every statement then either
+sentence is close to a passage of that page that also states its facts (``inference.facts``:
+numbers, dates, names, negations), otherwise the closest such passage anywhere gives the page,
+and a sentence no passage supports is marked as having none (with the facts it got wrong). Every statement then either
 points at a page that says something like it, or says plainly that it does not.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inference.drafting import split_sentences
+from inference.facts import missing_facts
 
 SOURCE_MIN_SIMILARITY = 0.45  # cosine similarity of a sentence to a passage of its page
 _REFERENCE = re.compile(r"\(\s*(?:pp?|pages?)\.?\s*(\d{1,5})(?:\s*[-\u2013]\s*(\d{1,5}))?\s*\)", re.IGNORECASE)
@@ -28,6 +30,7 @@ class SourcePassage:
     page_start: int
     page_end: int
     vector: Sequence[float]  # unit length, as the embedder writes them
+    text: str = ""  # for the facts check; a passage without text is held to similarity alone
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class Statement:
     page: int | None  # the page it comes from; None: no passage is close enough
     similarity: float | None  # to the closest passage of that page
     source: str  # "model": the model's own reference held; "matched": found by the appliance; "none"
+    # Facts of the sentence that the closest passages do not state, when that is why no page
+    # was given (a statement near a passage but with another number, date, name or negation).
+    missing_facts: tuple[str, ...] = ()
 
 
 def model_pages(sentence: str, last_page: int) -> list[int]:
@@ -72,17 +78,22 @@ def source_statements(
     similarities = vectors @ matrix.T  # unit vectors: cosine similarity
     statements = []
     for sentence, row in zip(sentences, similarities, strict=True):
+        plain = strip_references(sentence)
         claimed = model_pages(sentence, last_page)
-        on_claimed = [i for i, p in enumerate(passages) if any(p.page_start <= n <= p.page_end for n in claimed)]
+        close = [i for i in np.argsort(-row) if row[i] >= min_similarity]
+        # A passage gives the page only if it also states the sentence's facts.
+        missing = {i: missing_facts(plain, [passages[i].text]) if passages[i].text else [] for i in close[:8]}
+        holds = [i for i in close[:8] if not missing[i]]
+        on_claimed = [i for i in holds if any(passages[i].page_start <= n <= passages[i].page_end for n in claimed)]
         if on_claimed:
-            best = max(on_claimed, key=lambda i: row[i])
-            if row[best] >= min_similarity:
-                page = next(n for n in claimed if passages[best].page_start <= n <= passages[best].page_end)
-                statements.append(Statement(sentence, page, round(float(row[best]), 3), "model"))
-                continue
-        best = int(np.argmax(row))
-        if row[best] >= min_similarity:
+            best = on_claimed[0]
+            page = next(n for n in claimed if passages[best].page_start <= n <= passages[best].page_end)
+            statements.append(Statement(sentence, page, round(float(row[best]), 3), "model"))
+        elif holds:
+            best = holds[0]
             statements.append(Statement(sentence, passages[best].page_start, round(float(row[best]), 3), "matched"))
         else:
-            statements.append(Statement(sentence, None, round(float(row[best]), 3), "none"))
+            best = int(np.argmax(row))
+            wrong = tuple(f.describe() for f in missing.get(best, []))
+            statements.append(Statement(sentence, None, round(float(row[best]), 3), "none", wrong))
     return statements

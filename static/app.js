@@ -126,7 +126,8 @@ function showSources(statements) {
     } else {
       const flag = document.createElement("span");
       flag.className = "flag";
-      flag.textContent = "no page of the document says this";
+      const wrong = (s.missing_facts || []).join("; ");
+      flag.textContent = "no page of the document says this" + (wrong ? ` (the closest passage does not say: ${wrong})` : "");
       item.append(flag);
     }
     return item;

@@ -25,6 +25,7 @@ Metrics, per task:
 from __future__ import annotations
 
 import os
+import random
 import re
 import time
 from pathlib import Path
@@ -48,11 +49,13 @@ from appliance.benchmarking import (
 )
 from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
 from inference.evaluation.contracts import LAYOUTS, load_contracts, quote_ceiling
+from inference.evaluation.contrast import auroc, build_contrast_set
 from inference.evaluation.gold import GoldSet, fact_covered, load_gold_set
 from inference.evaluation.metrics import Counts, Span, match_clauses, share
 
 TASKS = ("clauses", "summaries", "replies")
-MODEL_FREE_TASKS = ("ceiling",)  # measured without the engine: the reading of real documents
+# Measured without the engine: the reading of real documents, and the support checks.
+MODEL_FREE_TASKS = ("ceiling", "contrast")
 DEFAULT_CONTRACTS = Path(settings.BASE_DIR).parent / "shared" / "data" / "cuad-dev"
 OWNER = "evaluate"
 OUTSIDER = "evaluate-other"  # owns the distractor: the evaluated user may not read it
@@ -66,6 +69,12 @@ def add_arguments(parser) -> None:
         default=",".join(TASKS),
         help=f"tasks to evaluate, comma-separated, of {', '.join(TASKS + MODEL_FREE_TASKS)} ('ceiling': the share "
         "of the labelled clause spans of --contracts that some quote candidate matches, no model needed)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the contrast set's random seed (default: a new one each run, printed with the figures)",
     )
     parser.add_argument(
         "--contracts",
@@ -107,6 +116,12 @@ def run(command, **options) -> dict:
     if "ceiling" in tasks:
         results["ceiling"] = quote_ceiling_of(Path(options["contracts"]), progress)
         tasks.remove("ceiling")
+    if "contrast" in tasks:
+        seed = options.get("seed")
+        results["contrast"] = contrast_of(
+            Path(options["contracts"]), random.SystemRandom().randrange(1 << 31) if seed is None else seed, progress
+        )
+        tasks.remove("contrast")
     if not tasks:
         write("")
         for line in table(results):
@@ -141,6 +156,77 @@ def run(command, **options) -> dict:
             _delete_rows(bench_user(OWNER), bench_user(OUTSIDER))
         for service in reversed(started_services):
             service.stop()
+
+
+def contrast_of(folder: Path, seed: int, progress: Progress) -> dict:
+    """The support checks against a contrast set (``contrast.build_contrast_set``) made from the
+    gold set's cited snippets and labelled clauses and, when the folder is there, the labelled
+    clause spans of ``folder``: how well each check tells the sentences as written (positive)
+    from the altered ones (AUROC of its score: similarity, less one for each missing fact), and
+    what share of each it flags."""
+    from documents.embeddings import get_embedder
+    from inference.drafting import SUPPORT_MIN_SIMILARITY, check_support
+    from inference.prompts import NumberedPassage
+    from inference.sourcing import SOURCE_MIN_SIMILARITY, SourcePassage, source_statements
+
+    gold = load_gold_set()
+    passages = [clause.quote for case in gold.clauses for clause in case.clauses]
+    passages += [expected.snippet for case in gold.replies for expected in case.expected]
+    sources = ["gold set"]
+    if (folder / "labels.json").is_file():
+        passages += [span for contract in load_contracts(folder) for _, span in contract.clause_spans()]
+        sources.append(str(folder))
+    cases = build_contrast_set(passages, seed=seed)
+    progress(f"contrast: {len(cases)} sentences from {len(passages)} passages ({', '.join(sources)}), seed {seed}")
+    embedder = get_embedder()
+    texts = sorted({c.sentence for c in cases} | {c.passage for c in cases})
+    vectors = dict(zip(texts, embedder.encode(texts), strict=True))
+
+    def embed(batch: list[str]):
+        return [vectors[t] if t in vectors else embedder.encode([t])[0] for t in batch]
+
+    draft_scores, similarities, draft_flags, summary_flags = [], [], [], []
+    for case in cases:
+        (check,) = check_support(f"{case.sentence} [1]", [NumberedPassage(1, "contrast", case.passage)], embed=embed)[
+            :1
+        ]
+        draft_scores.append((check.similarity or 0.0) - len(check.missing_facts))
+        similarities.append(check.similarity or 0.0)
+        draft_flags.append(not check.supported)
+        (statement,) = source_statements(
+            case.sentence, [SourcePassage(1, 1, vectors[case.passage], case.passage)], last_page=1, embed=embed
+        )[:1]
+        summary_flags.append(statement.page is None)
+    unchanged = [not c.changed for c in cases]
+
+    def flagged(flags: list[bool], which) -> float | None:
+        chosen = [f for f, c in zip(flags, cases, strict=True) if which(c)]
+        return round(sum(chosen) / len(chosen), 3) if chosen else None
+
+    changes = sorted({c.change for c in cases if c.changed})
+    return {
+        "seed": seed,
+        "sources": sources,
+        "cases": len(cases),
+        "unchanged": sum(unchanged),
+        "by_change": {change: sum(c.change == change for c in cases) for change in changes},
+        "draft_check": {
+            "min_similarity": SUPPORT_MIN_SIMILARITY,
+            "auroc": _round3(auroc(draft_scores, unchanged)),
+            "auroc_similarity_alone": _round3(auroc(similarities, unchanged)),  # the check before facts
+            "unchanged_flagged": flagged(draft_flags, lambda c: not c.changed),
+            "changed_flagged": {ch: flagged(draft_flags, lambda c, ch=ch: c.change == ch) for ch in changes},
+        },
+        "summary_check": {
+            "min_similarity": SOURCE_MIN_SIMILARITY,
+            "unchanged_flagged": flagged(summary_flags, lambda c: not c.changed),
+            "changed_flagged": {ch: flagged(summary_flags, lambda c, ch=ch: c.change == ch) for ch in changes},
+        },
+    }
+
+
+def _round3(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def quote_ceiling_of(folder: Path, progress: Progress) -> dict:
@@ -493,6 +579,18 @@ def table(results: dict) -> list[str]:
                     f"({part['matched']} of {part['spans']} spans, {part['contracts']} contracts, "
                     f"{part['candidates_per_contract']} candidates a contract)"
                 )
+    if "contrast" in results:
+        c = results["contrast"]
+        d, m = c["draft_check"], c["summary_check"]
+        lines += [
+            f"support checks on a contrast set (no model: {c['cases']} sentences, {c['unchanged']} as written, the rest "
+            f"with a fact altered; seed {c['seed']})",
+            f"  draft check: AUROC {figure(d['auroc'])} (similarity alone {figure(d['auroc_similarity_alone'])}), as "
+            f"written flagged {figure(d['unchanged_flagged'])}, altered "
+            "flagged " + ", ".join(f"{k} {figure(v)}" for k, v in d["changed_flagged"].items()),
+            f"  summary page check: as written flagged {figure(m['unchanged_flagged'])}, altered flagged "
+            + ", ".join(f"{k} {figure(v)}" for k, v in m["changed_flagged"].items()),
+        ]
     if "clauses" in results:
         c = results["clauses"]
         lines += [

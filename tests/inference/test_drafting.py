@@ -144,3 +144,20 @@ def test_abbreviations_end_no_sentence():
         "Mr. Porter pays it, e.g. by transfer.",
         "No. 5 applies.",
     ]
+
+
+def test_a_sentence_close_to_its_passage_with_another_number_or_a_lost_not_is_flagged():
+    passages = [
+        NumberedPassage(1, passage_source("NDA", 2, 2), "The Recipient shall not disclose the Information for six months."),
+    ]
+    draft = (
+        "The Recipient shall not disclose the Information for six months [1]. "
+        "The Recipient shall not disclose the Information for three months [1]. "
+        "The Recipient shall disclose the Information for six months [1]."
+    )
+    same = lambda texts: [[1.0, 0.0] for _ in texts]  # noqa: E731 - a fake embedder: all alike
+    right, number, negation = check_support(draft, passages, embed=same)
+    assert right.supported and right.missing_facts == []
+    assert not number.supported and number.similarity == 1.0  # as close as the right one...
+    assert any("three" in fact for fact in number.missing_facts)  # ...and says why it is flagged
+    assert not negation.supported and any("not" in fact for fact in negation.missing_facts)

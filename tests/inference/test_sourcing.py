@@ -52,3 +52,17 @@ def test_a_document_without_passages_sources_nothing():
     statements = source_statements("One. Two words here.", [], last_page=1, embed=fake_embed)
     assert [s.source for s in statements] == ["none", "none"]
     assert source_statements("", PASSAGES, last_page=4, embed=fake_embed) == []
+
+
+def test_a_statement_whose_facts_its_page_does_not_state_gets_no_page_and_says_why():
+    rent = "The rent is 1,850 euros a month."
+    passages = [SourcePassage(1, 1, fake_embed([rent])[0], rent)]
+    right, wrong = source_statements(
+        "The rent is 1,850 euros a month (p. 1). The rent is 2,850 euros a month (p. 1).",
+        passages,
+        last_page=1,
+        embed=fake_embed,
+    )
+    assert (right.page, right.source) == (1, "model")
+    assert (wrong.page, wrong.source) == (None, "none") and wrong.similarity > 0.9
+    assert any("2,850" in fact for fact in wrong.missing_facts)

@@ -1,6 +1,7 @@
-"""The quote ceiling of ``manage.py evaluate``: how many of the lawyers' labelled clause spans
-some quote candidate matches (CUAD's rule), on the real CUAD-dev contracts through the ingest's
-own extraction, and its pure parts on fakes."""
+"""The model-free parts of ``manage.py evaluate`` on the real CUAD-dev contracts: the quote
+ceiling (how many of the lawyers' labelled clause spans some quote candidate matches, through
+the ingest's own extraction) and the support checks on a contrast set; their pure parts on
+fakes."""
 
 from __future__ import annotations
 
@@ -15,13 +16,27 @@ from inference.evaluation import contracts as contract_set
 from inference.evaluation.run import DEFAULT_CONTRACTS
 
 
-def test_quote_candidates_reach_nine_in_ten_labelled_clauses_of_real_contracts_pdf_and_text_alike():
+def test_on_real_contracts_quotes_reach_the_labelled_clauses_and_the_checks_catch_altered_facts():
     assert (DEFAULT_CONTRACTS / "labels.json").is_file(), f"the CUAD-dev set is expected at {DEFAULT_CONTRACTS}"
     out = StringIO()
-    call_command("evaluate", "--tasks", "ceiling", stdout=out)
+    call_command("evaluate", "--tasks", "ceiling,contrast", "--seed", "7", stdout=out)
     printed = out.getvalue()
     saved = Path(printed.rsplit("results saved to ", 1)[1].strip())
-    ceiling = json.loads(saved.read_text())["ceiling"]
+    results = json.loads(saved.read_text())
+
+    # The contrast set: sentences of real passages as written, and with a number, month, party or
+    # negation altered; the draft check tells them apart, similarity alone does not.
+    contrast = results["contrast"]
+    assert contrast["seed"] == 7 and str(DEFAULT_CONTRACTS) in contrast["sources"]
+    assert contrast["unchanged"] > 200 and set(contrast["by_change"]) >= {"number", "party", "negation added"}
+    draft = contrast["draft_check"]
+    assert draft["auroc"] >= 0.9 and draft["unchanged_flagged"] <= 0.05
+    assert draft["auroc_similarity_alone"] < draft["auroc"]
+    assert all(share >= 0.8 for share in draft["changed_flagged"].values()), draft
+    assert contrast["summary_check"]["unchanged_flagged"] <= 0.05
+    assert f"AUROC {draft['auroc']:.3f}" in printed
+
+    ceiling = results["ceiling"]
     pdf, txt = ceiling["pdf"], ceiling["txt"]
     assert pdf["contracts"] == txt["contracts"] == 30 and pdf["spans"] == txt["spans"] > 200
     assert pdf["ceiling"] >= 0.9 and txt["ceiling"] >= 0.9  # line-based candidates reached 0.50 here
@@ -65,3 +80,27 @@ def test_the_ceiling_counts_clause_spans_not_entities_and_gives_an_interval(tmp_
     low, high = result["interval"]
     assert 0.5 <= low <= 0.75 <= high <= 1.0
     assert {m["category"] for m in result["misses"]} == {"Audit Rights"}
+
+
+def test_the_contrast_set_alters_one_fact_at_a_time_and_keeps_the_sentence_as_written():
+    from inference.evaluation.contrast import build_contrast_set
+
+    passage = "Acme Ltd shall pay the fee of 5,000 euros by 1 March 2025. The notice period is thirty days."
+    cases = build_contrast_set([passage], seed=3)
+    assert {c.change for c in cases} >= {"none", "number", "month", "party", "negation added"}
+    written = [c.sentence for c in cases if not c.changed]
+    assert written == ["Acme Ltd shall pay the fee of 5,000 euros by 1 March 2025.", "The notice period is thirty days."]
+    for case in cases:
+        assert case.passage == passage
+        if case.changed:
+            assert case.sentence not in written
+    assert build_contrast_set([passage], seed=3) == cases  # the seed decides the alterations
+
+
+def test_auroc_by_ranks():
+    from inference.evaluation.contrast import auroc
+
+    assert auroc([0.9, 0.8, 0.1, 0.2], [True, True, False, False]) == 1.0
+    assert auroc([0.1, 0.2, 0.9, 0.8], [True, True, False, False]) == 0.0
+    assert auroc([0.5, 0.5], [True, False]) == 0.5  # a tie counts half
+    assert auroc([0.3], [True]) is None
