@@ -7,8 +7,11 @@ Two arms, fused with reciprocal-rank fusion (Cormack et al., 2009):
   ``hnsw.iterative_scan`` so that the access filter does not leave the list short); when they
   may read only a few (``APPLIANCE_SEARCH_EXACT_MAX_CHUNKS``), exactly, over just those chunks:
   an index walk would have to pass over most of everyone else's chunks to find theirs;
-- words: ``websearch_to_tsquery('english', query)`` against ``Chunk.search_vector`` (GIN), ranked
-  by ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur.
+- words: the query's significant terms (``significant_terms``: codes, numbers, words that are
+  not function words), each as ``plainto_tsquery('english', term)``, OR-ed, against
+  ``Chunk.search_vector`` (GIN), ranked by how many of the terms a chunk holds, then by
+  ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
+  finds them in a long message too, whose words all together no passage has.
 
 The documents the user may read (``readable_documents``, the rule of ``selectors``) are looked
 up first, and their ids are a condition of every chunk query, never a filter applied afterwards
@@ -18,6 +21,7 @@ rather than a subquery, let Postgres estimate how many chunks match and plan acc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,13 +31,23 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import connection, transaction
-from django.db.models import F, QuerySet
+from django.db.models import Case, F, IntegerField, QuerySet, Value, When
 from pgvector.django import CosineDistance
 
 from documents.models import Chunk, Document
 from documents.selectors import documents_readable_by
 
 RRF_K = 60  # the constant of reciprocal-rank fusion: score = sum over arms of 1 / (RRF_K + rank)
+MAX_QUERY_TERMS = 24  # terms of a query the words arm matches (a letter has hundreds of words)
+_TERM = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-_.]*[A-Za-z0-9]|[0-9]")
+_FUNCTION_WORDS = frozenset(
+    """the and for are but not you your yours our ours has have had was were will would shall should can could
+    may might must this that these those there their them they then than what when where which who whom whose
+    why how all any each some such with within without from into onto upon about above below after before
+    over under again further once here also only very just too its it's is be been being do does did done
+    dear thank thanks please kind regards sincerely faithfully would like could let know hope
+    """.split()  # noqa: SIM905 - a list of words reads better as words
+)
 
 
 @dataclass(frozen=True)
@@ -149,8 +163,8 @@ def vector_search(
 def text_search(
     query: str, *, limit: int, user: AbstractBaseUser | None, document_ids: Sequence[int] | None = None
 ) -> list[tuple[int, float]]:
-    """(chunk id, ts_rank_cd) of the chunks the user may read that match the words of ``query``
-    (web-search syntax: "quoted phrases", or, -not), best first: the words arm on its own."""
+    """(chunk id, terms matched + ts_rank_cd) of the chunks the user may read that match any
+    significant term of ``query``, best first: the words arm on its own."""
     readable = searchable_document_ids(user, document_ids)
     if not readable:
         return []
@@ -229,15 +243,42 @@ def _vector_arm(
     return sorted(rows, key=lambda row: (row[1], row[0]))
 
 
+def significant_terms(query: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
+    """The words of ``query`` worth matching, in order, without repeats: codes and numbers
+    ("XK-42-ZULU", "2024") and words of three letters or more that are not function words."""
+    terms: dict[str, None] = {}
+    for match in _TERM.finditer(query):
+        term = match.group(0).lower().strip("-_.'")
+        if not term or term in _FUNCTION_WORDS or (len(term) < 3 and not term.isdigit()):
+            continue
+        terms.setdefault(term, None)
+        if len(terms) >= limit:
+            break
+    return list(terms)
+
+
 def _text_arm(document_ids: Sequence[int], query: str, limit: int) -> list[tuple[int, float]]:
-    tsquery = SearchQuery(query, search_type="websearch", config="english")
-    rows = (
-        Chunk.objects.filter(document_id__in=list(document_ids), search_vector=tsquery)
-        .annotate(rank=SearchRank(F("search_vector"), tsquery, cover_density=True))
-        .order_by("-rank", "pk")
-        .values_list("pk", "rank")[:limit]
+    """Chunks that match *any* significant term of the query (a message's words all together
+    almost never meet in one passage), ranked by how many of the terms they hold, then by
+    ``ts_rank_cd`` over them."""
+    terms = significant_terms(query)
+    if not terms:
+        return []
+    queries = [SearchQuery(term, search_type="plain", config="english") for term in terms]
+    anything = queries[0]
+    for q in queries[1:]:
+        anything = anything | q
+    coverage = sum(
+        (Case(When(search_vector=q, then=Value(1)), default=Value(0), output_field=IntegerField()) for q in queries),
+        start=Value(0, output_field=IntegerField()),
     )
-    return [(chunk_id, float(rank)) for chunk_id, rank in rows]
+    rows = (
+        Chunk.objects.filter(document_id__in=list(document_ids), search_vector=anything)
+        .annotate(coverage=coverage, rank=SearchRank(F("search_vector"), anything, cover_density=True))
+        .order_by("-coverage", "-rank", "pk")
+        .values_list("pk", "coverage", "rank")[:limit]
+    )
+    return [(chunk_id, covered + float(rank)) for chunk_id, covered, rank in rows]
 
 
 def _nearest_queryset(chunks: QuerySet[Chunk], query_vector, limit: int, *, tie_break: bool = True) -> QuerySet[Chunk]:

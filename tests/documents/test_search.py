@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 from django.contrib.auth.models import AnonymousUser, Group, User
-from django.contrib.postgres.search import SearchVector
+from django.contrib.postgres.search import SearchQuery, SearchVector
 from django.db import connection
 
 from documents.chunking import chunk_pages, pages_with_offsets
@@ -210,3 +210,25 @@ def test_reciprocal_rank_fusion():
     assert [item for item, _ in fused] == [1, 3, 2]
     assert fused[0][1] == pytest.approx(1 / 61 + 1 / 62)
     assert reciprocal_rank_fusion([[], []]) == []
+
+
+def test_the_words_arm_finds_a_passage_from_a_long_message_by_any_of_its_terms(library, embedder):
+    alice = library["alice"]
+    message = (
+        "Dear Sir, following our meeting last week about the payroll system, could you please tell me how "
+        "quickly your invoices must be settled and what happens to late payments? Kind regards, Dana"
+    )
+    # All of its words together are in no passage: matching them all (websearch_to_tsquery) finds nothing.
+    assert not Chunk.objects.filter(search_vector=SearchQuery(message, search_type="websearch", config="english"))
+    hits = text_search(message, limit=10, user=alice)
+    fees = Chunk.objects.get(pk=hits[0][0])
+    assert "Late payments" in fees.text  # the passage with the most of its terms comes first
+    assert [score for _, score in hits] == sorted((score for _, score in hits), reverse=True)
+
+
+def test_significant_terms_keep_codes_and_numbers_and_drop_function_words():
+    from documents.search import significant_terms
+
+    assert significant_terms("What is the fee for XK-42-ZULU in 2024, and the fee?") == ["fee", "xk-42-zulu", "2024"]
+    assert significant_terms("Dear Sir, could you please let me know") == ["sir"]
+    assert len(significant_terms(" ".join(f"word{i}" for i in range(100)))) == 24
