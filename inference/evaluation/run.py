@@ -187,15 +187,13 @@ def contrast_of(folder: Path, seed: int, progress: Progress) -> dict:
 
     draft_scores, similarities, draft_flags, summary_flags = [], [], [], []
     for case in cases:
-        (check,) = check_support(f"{case.sentence} [1]", [NumberedPassage(1, "contrast", case.passage)], embed=embed)[
-            :1
-        ]
+        passage = [NumberedPassage(1, "contrast", case.passage)]
+        check = check_support(f"{case.sentence} [1]", passage, embed=embed)[0]  # one sentence
         draft_scores.append((check.similarity or 0.0) - len(check.missing_facts))
         similarities.append(check.similarity or 0.0)
         draft_flags.append(not check.supported)
-        (statement,) = source_statements(
-            case.sentence, [SourcePassage(1, 1, vectors[case.passage], case.passage)], last_page=1, embed=embed
-        )[:1]
+        source = [SourcePassage(1, 1, vectors[case.passage], case.passage)]
+        statement = source_statements(case.sentence, source, last_page=1, embed=embed)[0]
         summary_flags.append(statement.page is None)
     unchanged = [not c.changed for c in cases]
 
