@@ -31,27 +31,53 @@ QUERY_MAX_CHARS = 1_000
 
 
 _CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
-# Abbreviations whose full stop ends no sentence: (p. 2), No. 5, Mr. Smith, e.g. this.
-_ABBREVIATIONS = ("p", "pp", "No", "no", "Mr", "Mrs", "Ms", "Dr", "St", "cf", "vs", "Art", "Sec", "para", "e.g", "i.e")
+# Abbreviations whose full stop ends no sentence: (p. 2), No. 5, Mr. Smith, e.g. this, Acme Inc.
+# has, U.S. law (as written; the quote candidates' segmenter knows the same ones).
+_ABBREVIATIONS = ("p", "pp", "No", "no", "Nos", "Mr", "Mrs", "Ms", "Dr", "Prof", "St", "cf", "vs", "v", "Art",
+                  "Sec", "Secs", "para", "e.g", "i.e", "etc", "al", "Inc", "Corp", "Co", "Ltd", "LLC", "plc", "Bros",
+                  "U.S", "U.K", "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec",
+                  "approx", "Ex", "Exh", "Sch", "cl")  # fmt: skip
 _NOT_AFTER = "".join(rf"(?<!\b{re.escape(a)}\.)" for a in _ABBREVIATIONS)
 _SENTENCE_END = re.compile(
     rf"(?<=[.!?]){_NOT_AFTER}(?:\s*(?:\[\d{{1,3}}(?:\s*,\s*\d{{1,3}})*\]))*\s+(?=[A-Z0-9\"'(])"
 )
+# A line that starts a list item or a heading of its own: a bullet, "1." or "(a)", "#".
+_ITEM = re.compile(r"^\s*(?:[-*\u2022\u25cf\u25aa\u2013]\s+|\d{1,3}[.)]\s+|\([a-z0-9ivx]{1,4}\)\s+|#{1,6}\s+)")
+
+
+def _blocks(text: str) -> list[str]:
+    """Paragraphs and list items: a blank line or a line that starts an item ends a block; the
+    item's bullet is left out (a bullet is no part of the statement)."""
+    blocks: list[str] = []
+    current: list[str] = []
+    for line in text.splitlines():
+        if not line.strip() or _ITEM.match(line):
+            if current:
+                blocks.append(" ".join(current))
+            current = []
+            line = _ITEM.sub("", line, count=1)
+        if line.strip():
+            current.append(line.strip())
+    if current:
+        blocks.append(" ".join(current))
+    return blocks
 
 
 def split_sentences(text: str) -> list[str]:
-    """Sentences of a reply, each keeping the citations that follow its full stop."""
+    """Sentences of a reply or a summary, each keeping the citations that follow its full stop;
+    list items and paragraphs never run into each other, and their bullets are left out."""
     sentences: list[str] = []
-    start = 0
-    for match in _SENTENCE_END.finditer(text):
-        end = match.start() + len(match.group(0).rstrip())
-        sentence = text[start:end].strip()
-        if sentence:
-            sentences.append(sentence)
-        start = end
-    rest = text[start:].strip()
-    if rest:
-        sentences.append(rest)
+    for block in _blocks(text):
+        start = 0
+        for match in _SENTENCE_END.finditer(block):
+            end = match.start() + len(match.group(0).rstrip())
+            sentence = block[start:end].strip()
+            if sentence:
+                sentences.append(sentence)
+            start = end
+        rest = block[start:].strip()
+        if rest:
+            sentences.append(rest)
     return sentences
 
 

@@ -161,3 +161,22 @@ def test_a_sentence_close_to_its_passage_with_another_number_or_a_lost_not_is_fl
     assert not number.supported and number.similarity == 1.0  # as close as the right one...
     assert any("three" in fact for fact in number.missing_facts)  # ...and says why it is flagged
     assert not negation.supported and any("not" in fact for fact in negation.missing_facts)
+
+
+def test_bullets_and_list_items_are_statements_of_their_own_and_abbreviations_end_none():
+    summary = (
+        "The lease runs for ten years.\n"
+        "- Rent is 1,850 euros a month\n"
+        "- The tenant insures the premises (p. 2)\n"
+        "1. Either party may end it on notice\n"
+        "(a) Acme Inc. pays the U.S. taxes, approx. 5% of the rent.\n\n"
+        "The landlord\nrepairs the roof."
+    )
+    assert split_sentences(summary) == [
+        "The lease runs for ten years.",
+        "Rent is 1,850 euros a month",
+        "The tenant insures the premises (p. 2)",
+        "Either party may end it on notice",
+        "Acme Inc. pays the U.S. taxes, approx. 5% of the rent.",
+        "The landlord repairs the roof.",
+    ]
