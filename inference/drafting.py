@@ -38,9 +38,7 @@ _ABBREVIATIONS = ("p", "pp", "No", "no", "Nos", "Mr", "Mrs", "Ms", "Dr", "Prof",
                   "U.S", "U.K", "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec",
                   "approx", "Ex", "Exh", "Sch", "cl")  # fmt: skip
 _NOT_AFTER = "".join(rf"(?<!\b{re.escape(a)}\.)" for a in _ABBREVIATIONS)
-_SENTENCE_END = re.compile(
-    rf"(?<=[.!?]){_NOT_AFTER}(?:\s*(?:\[\d{{1,3}}(?:\s*,\s*\d{{1,3}})*\]))*\s+(?=[A-Z0-9\"'(])"
-)
+_SENTENCE_END = re.compile(rf"(?<=[.!?]){_NOT_AFTER}(?:\s*(?:\[\d{{1,3}}(?:\s*,\s*\d{{1,3}})*\]))*\s+(?=[A-Z0-9\"'(])")
 # A line that starts a list item or a heading of its own: a bullet, "1." or "(a)", "#".
 _ITEM = re.compile(r"^\s*(?:[-*\u2022\u25cf\u25aa\u2013]\s+|\d{1,3}[.)]\s+|\([a-z0-9ivx]{1,4}\)\s+|#{1,6}\s+)")
 

@@ -148,7 +148,9 @@ def test_abbreviations_end_no_sentence():
 
 def test_a_sentence_close_to_its_passage_with_another_number_or_a_lost_not_is_flagged():
     passages = [
-        NumberedPassage(1, passage_source("NDA", 2, 2), "The Recipient shall not disclose the Information for six months."),
+        NumberedPassage(
+            1, passage_source("NDA", 2, 2), "The Recipient shall not disclose the Information for six months."
+        ),
     ]
     draft = (
         "The Recipient shall not disclose the Information for six months [1]. "
