@@ -258,7 +258,9 @@ def verify_clauses(
     """The claimed clauses whose quote is in the text. A quote that is one of the candidates
     ``offered`` to the model (``quote_choices``) is where that candidate is, across line and
     page breaks; any other is looked for (``verify_quote``)."""
-    located = {candidate.text: candidate for candidate in offered}
+    located: dict[str, list[Candidate]] = {}
+    for candidate in offered:  # the same words can be in two places (a clause repeated)
+        located.setdefault(candidate.text, []).append(candidate)
     kept: list[Clause] = []
     dropped: list[dict] = []
     seen: set[tuple[str, int, int]] = set()
@@ -270,7 +272,9 @@ def verify_clauses(
             page = 0
         match = None
         if category in categories:
-            candidate = located.get(quote.strip())
+            places = located.get(quote.strip(), [])
+            # Where the model said it is, if the words are there too; else their first place.
+            candidate = next((c for c in places if c.page == page), places[0] if places else None)
             if candidate is not None and candidate.page in pages and candidate.end_page in pages:
                 match = Match(candidate.page, candidate.start, candidate.end, "candidate", end_page=candidate.end_page)
             else:
@@ -284,7 +288,7 @@ def verify_clauses(
         seen.add(key)
         # The document's own words: the candidate's (single-spaced, without the running headers
         # it crosses), else the stored text of the match.
-        text = located[quote.strip()].text if match.how == "candidate" else pages[match.page][match.start : match.end]
+        text = quote.strip() if match.how == "candidate" else pages[match.page][match.start : match.end]
         kept.append(
             Clause(
                 category,

@@ -286,12 +286,12 @@ def quote_candidates(
     pages: list[tuple[int, str]], *, max_chars: int, running: set[str] | None = None
 ) -> list[Candidate]:
     """Every candidate quote of these pages (``(number, stored text)`` in order), longest-first
-    within each paragraph, without repeats; one longer than ``max_chars`` is cut at the last
+    within each paragraph, each place once; one longer than ``max_chars`` is cut at the last
     word boundary before it. ``running``: the running headers and footers, found over the whole
     document when these pages are only part of it (by default, over these pages)."""
     if running is None:
         running = running_lines(pages)
-    found: dict[str, Candidate] = {}
+    found: dict[tuple[str, int, int], Candidate] = {}  # the same words in two places are two candidates
     for paragraph in _with_lists(paragraphs(pages, running)):
         text = "".join(paragraph.chars)
         for start, end in _spans(text):
@@ -303,8 +303,8 @@ def quote_candidates(
                 cut = text.rfind(" ", start, start + max_chars + 1)
                 end = cut if cut > start else start + max_chars
             piece = text[start:end]
-            if len(piece.split()) < MIN_WORDS or piece in found:
-                continue
             first, last = paragraph.where[start], paragraph.where[end - 1]
-            found[piece] = Candidate(piece, first[0], first[1], last[0], last[1] + 1)
+            if len(piece.split()) < MIN_WORDS or (piece, *first) in found:
+                continue
+            found[(piece, *first)] = Candidate(piece, first[0], first[1], last[0], last[1] + 1)
     return list(found.values())

@@ -352,7 +352,7 @@ def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
             messages,
             CLAUSES_MAX_TOKENS,
             part=f"c{section.index}",
-            json_schema=clause_schema(categories, numbers, [c.text for c in choices]),
+            json_schema=clause_schema(categories, numbers, list(dict.fromkeys(c.text for c in choices))),
         )
         found, complete = parse_answer(result.run_hidden(job, client, attempt, request))
         if not complete:

@@ -149,3 +149,13 @@ def test_a_quote_the_model_was_offered_is_located_across_the_page_break():
     # a near match of the part on the first page.
     (alone,) = verify_clauses(raw, pages, ("Termination",)).clauses
     assert alone.match == "fuzzy" and alone.end_page == 1 and not alone.quote.endswith("term.")
+
+
+def test_words_offered_in_two_places_are_placed_on_the_page_the_model_named():
+    repeated = "The Supplier shall keep all records for six years after delivery."
+    pages = {1: f"1. Records. {repeated}", 2: f"9. Survival. {repeated}"}
+    offered = quote_choices(sorted(pages.items()))
+    for page in (1, 2):
+        raw = [{"category": "Termination", "quote": repeated, "page": page, "note": ""}]
+        (clause,) = verify_clauses(raw, pages, ("Termination",), offered).clauses
+        assert clause.page == page and pages[page][clause.start : clause.end] == repeated
