@@ -44,16 +44,13 @@ _ITEM = re.compile(r"^\s*(?:[-*\u2022\u25cf\u25aa\u2013]\s+|\d{1,3}[.)]\s+|\([a-
 
 
 def _blocks(text: str) -> list[str]:
-    """Paragraphs and list items: a blank line or a line that starts an item ends a block; the
-    item's bullet is left out (a bullet is no part of the statement)."""
+    """Paragraphs and list items: a blank line or a line that starts an item ends a block."""
     blocks: list[str] = []
     current: list[str] = []
     for line in text.splitlines():
-        if not line.strip() or _ITEM.match(line):
-            if current:
-                blocks.append(" ".join(current))
+        if (not line.strip() or _ITEM.match(line)) and current:
+            blocks.append(" ".join(current))
             current = []
-            line = _ITEM.sub("", line, count=1)
         if line.strip():
             current.append(line.strip())
     if current:
@@ -61,13 +58,19 @@ def _blocks(text: str) -> list[str]:
     return blocks
 
 
+def strip_item_marker(sentence: str) -> str:
+    """A list item's sentence without its bullet or number ("1." is not a fact it states)."""
+    return _ITEM.sub("", sentence, count=1)
+
+
 def split_sentences(text: str) -> list[str]:
-    """Sentences of a reply or a summary, each keeping the citations that follow its full stop;
-    list items and paragraphs never run into each other, and their bullets are left out."""
+    """Sentences of a reply or a summary, each keeping the citations that follow its full stop,
+    and a list item its bullet; list items and paragraphs never run into each other."""
     sentences: list[str] = []
     for block in _blocks(text):
         start = 0
-        for match in _SENTENCE_END.finditer(block):
+        marker = _ITEM.match(block)  # "1. Either party...": the item's number ends no sentence
+        for match in _SENTENCE_END.finditer(block, marker.end() if marker else 0):
             end = match.start() + len(match.group(0).rstrip())
             sentence = block[start:end].strip()
             if sentence:
@@ -90,7 +93,8 @@ def cited_numbers(sentence: str) -> list[int]:
 
 
 def strip_citations(sentence: str) -> str:
-    return _CITATION.sub("", sentence).strip()
+    """The sentence's words alone: without its citations, or the bullet of a list item."""
+    return strip_item_marker(_CITATION.sub("", sentence).strip()).strip()
 
 
 @dataclass(frozen=True)

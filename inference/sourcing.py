@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inference.drafting import split_sentences
+from inference.drafting import split_sentences, strip_item_marker
 from inference.facts import missing_facts
 
 SOURCE_MIN_SIMILARITY = 0.45  # cosine similarity of a sentence to a passage of its page
@@ -57,7 +57,8 @@ def model_pages(sentence: str, last_page: int) -> list[int]:
 
 
 def strip_references(sentence: str) -> str:
-    return _REFERENCE.sub("", sentence).strip()
+    """The statement's words alone: without its page references, or the bullet of a list item."""
+    return strip_item_marker(_REFERENCE.sub("", sentence).strip()).strip()
 
 
 def source_statements(

@@ -51,7 +51,9 @@ def test_a_drafted_reply_cites_its_passages_and_each_sentence_is_checked(alice, 
     for sentence in sentences:
         assert set(sentence["citations"]) <= numbers
         assert sentence["supported"] == (
-            sentence["similarity"] is not None and sentence["similarity"] >= SUPPORT_MIN_SIMILARITY
+            sentence["similarity"] is not None
+            and sentence["similarity"] >= SUPPORT_MIN_SIMILARITY
+            and not sentence["missing_facts"]  # and states no fact its passages do not
         )
     assert data["support"]["unsupported"] == sum(not s["supported"] for s in sentences)
 

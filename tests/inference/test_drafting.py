@@ -166,6 +166,7 @@ def test_a_sentence_close_to_its_passage_with_another_number_or_a_lost_not_is_fl
 
 
 def test_bullets_and_list_items_are_statements_of_their_own_and_abbreviations_end_none():
+    # (The bullet stays with its sentence, so the draft reads as written.)
     summary = (
         "The lease runs for ten years.\n"
         "- Rent is 1,850 euros a month\n"
@@ -176,9 +177,11 @@ def test_bullets_and_list_items_are_statements_of_their_own_and_abbreviations_en
     )
     assert split_sentences(summary) == [
         "The lease runs for ten years.",
-        "Rent is 1,850 euros a month",
-        "The tenant insures the premises (p. 2)",
-        "Either party may end it on notice",
-        "Acme Inc. pays the U.S. taxes, approx. 5% of the rent.",
+        "- Rent is 1,850 euros a month",
+        "- The tenant insures the premises (p. 2)",
+        "1. Either party may end it on notice",
+        "(a) Acme Inc. pays the U.S. taxes, approx. 5% of the rent.",
         "The landlord repairs the roof.",
     ]
+    # The item's number is no fact it states, nor part of what is checked.
+    assert strip_citations("1. Either party may end it on notice [2].") == "Either party may end it on notice ."
