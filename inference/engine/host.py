@@ -196,6 +196,19 @@ def _device_description() -> dict[str, Any]:
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def check_kv_capacity(tokens: int, *, max_model_len: int, block: int) -> None:
+    """A KV capacity given in tokens must hold one request of the whole context beside the
+    block vLLM keeps back (its null block); otherwise the engine core refuses to start with a
+    traceback. ValueError with what to give instead."""
+    least = -(-max_model_len // block) * block + block
+    if tokens < least:
+        raise ValueError(
+            f"APPLIANCE_KV_CAPACITY_TOKENS={tokens} cannot hold one request of the model's context "
+            f"({max_model_len} tokens) beside the block vLLM keeps back: give at least {least}, "
+            "or a smaller APPLIANCE_MAX_MODEL_LEN"
+        )
+
+
 def cpu_weight_dtype(requested: str, flags: set[str] | frozenset[str]) -> tuple[str, str]:
     """The weights' dtype on a CPU, and why. ``auto`` (the model's own, bfloat16 for most) is
     kept where the CPU computes in bfloat16; elsewhere every bfloat16 product is converted in
@@ -284,6 +297,7 @@ class EngineHost:
         if cfg.kv_capacity_tokens:
             # vLLM counts in blocks: fix the block size so that the count means what it says.
             block = cfg.kv_block_size or (16 if torch.cuda.is_available() else 128)
+            check_kv_capacity(cfg.kv_capacity_tokens, max_model_len=cfg.max_model_len, block=block)
             cache_args["block_size"] = block
             cache_args["num_gpu_blocks_override"] = max(1, cfg.kv_capacity_tokens // block)
         args = AsyncEngineArgs(

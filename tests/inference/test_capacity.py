@@ -116,3 +116,14 @@ def test_gpu_defaults_come_from_the_planner_not_from_the_cpu():
     # fp8 KV halves the bytes per token: twice the requests.
     fp8 = gpu_engine_defaults(dataclasses.replace(llama, kv_dtype="fp8"), device_memory_bytes=24 * GIB)
     assert fp8.max_num_seqs == 56 and "max_num_seqs 56" in fp8.reason
+
+
+def test_a_kv_capacity_must_hold_one_whole_context_beside_vllms_reserved_block():
+    from inference.engine.host import check_kv_capacity
+
+    check_kv_capacity(8192 + 128, max_model_len=8192, block=128)  # 65 blocks: one held back, 64 for a request
+    check_kv_capacity(24576, max_model_len=8192, block=128)
+    with pytest.raises(ValueError, match="give at least 8320"):
+        check_kv_capacity(8192, max_model_len=8192, block=128)  # vLLM refused this one with a traceback
+    with pytest.raises(ValueError, match="give at least 1024"):  # 63 blocks of 16, and one
+        check_kv_capacity(1000, max_model_len=1000, block=16)
