@@ -212,6 +212,10 @@ def contrast_of(folder: Path, seed: int, progress: Progress) -> dict:
             "min_similarity": SUPPORT_MIN_SIMILARITY,
             "auroc": _round3(auroc(draft_scores, unchanged)),
             "auroc_similarity_alone": _round3(auroc(similarities, unchanged)),  # the check before facts
+            # What similarity alone (the check before facts) flags at the same threshold.
+            "similarity_alone_changed_flagged": flagged(
+                [sim < SUPPORT_MIN_SIMILARITY for sim in similarities], lambda c: c.changed
+            ),
             "unchanged_flagged": flagged(draft_flags, lambda c: not c.changed),
             "changed_flagged": {ch: flagged(draft_flags, lambda c, ch=ch: c.change == ch) for ch in changes},
         },
@@ -583,7 +587,8 @@ def table(results: dict) -> list[str]:
         lines += [
             f"support checks on a contrast set (no model: {c['cases']} sentences, {c['unchanged']} as written, the rest "
             f"with a fact altered; seed {c['seed']})",
-            f"  draft check: AUROC {figure(d['auroc'])} (similarity alone {figure(d['auroc_similarity_alone'])}), as "
+            f"  draft check: AUROC {figure(d['auroc'])} (similarity alone {figure(d['auroc_similarity_alone'])}, "
+            f"which flags {figure(d['similarity_alone_changed_flagged'])} of the altered), as "
             f"written flagged {figure(d['unchanged_flagged'])}, altered "
             "flagged " + ", ".join(f"{k} {figure(v)}" for k, v in d["changed_flagged"].items()),
             f"  summary page check: as written flagged {figure(m['unchanged_flagged'])}, altered flagged "
