@@ -90,7 +90,10 @@ def test_the_contrast_set_alters_one_fact_at_a_time_and_keeps_the_sentence_as_wr
     cases = build_contrast_set([passage], seed=3)
     assert {c.change for c in cases} >= {"none", "number", "month", "party", "negation added"}
     written = [c.sentence for c in cases if not c.changed]
-    assert written == ["Acme Ltd shall pay the fee of 5,000 euros by 1 March 2025.", "The notice period is thirty days."]
+    assert written == [
+        "Acme Ltd shall pay the fee of 5,000 euros by 1 March 2025.",
+        "The notice period is thirty days.",
+    ]
     for case in cases:
         assert case.passage == passage
         if case.changed:
