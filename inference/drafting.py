@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from inference.facts import missing_facts
 from inference.prompts import NumberedPassage
+from inference.quotes import ABBREVIATIONS
 
 SUPPORT_MIN_SIMILARITY = 0.5  # cosine similarity of a sentence to its best cited passage
 DRAFT_MAX_TOKENS = {"short": 192, "standard": 384, "detailed": 768}  # per DRAFT_LENGTHS
@@ -32,11 +33,8 @@ QUERY_MAX_CHARS = 1_000
 
 _CITATION = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
 # Abbreviations whose full stop ends no sentence: (p. 2), No. 5, Mr. Smith, e.g. this, Acme Inc.
-# has, U.S. law (as written; the quote candidates' segmenter knows the same ones).
-_ABBREVIATIONS = ("p", "pp", "No", "no", "Nos", "Mr", "Mrs", "Ms", "Dr", "Prof", "St", "cf", "vs", "v", "Art",
-                  "Sec", "Secs", "para", "e.g", "i.e", "etc", "al", "Inc", "Corp", "Co", "Ltd", "LLC", "plc", "Bros",
-                  "U.S", "U.K", "Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec",
-                  "approx", "Ex", "Exh", "Sch", "cl")  # fmt: skip
+# has, U.S. law: the quote candidates' list, as written, capitalised or in capitals.
+_ABBREVIATIONS = sorted({form for a in ABBREVIATIONS for form in (a, a.capitalize(), a.upper())})
 _NOT_AFTER = "".join(rf"(?<!\b{re.escape(a)}\.)" for a in _ABBREVIATIONS)
 _SENTENCE_END = re.compile(rf"(?<=[.!?]){_NOT_AFTER}(?:\s*(?:\[\d{{1,3}}(?:\s*,\s*\d{{1,3}})*\]))*\s+(?=[A-Z0-9\"'(])")
 # A line that starts a list item or a heading of its own: a bullet, "1." or "(a)", "#".
