@@ -16,9 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 
 from django.conf import settings
+from django.db import connections
 
 from inference import fencing, grounding, streaming
 from inference.attempts import Attempt, StopReason
@@ -70,20 +74,146 @@ class TaskResult:
     runs: list[EngineRun] = field(default_factory=list)  # every engine request, in order
     visible: EngineRun | None = None  # the one the user watched stream, if any
     resumed: int = 0  # hidden requests answered from the job's checkpoint instead of the engine
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def run_hidden(self, job: Job, client: EngineClient, attempt: Attempt, request: GenerateRequest) -> str:
+    def run_hidden(
+        self,
+        job: Job,
+        client: EngineClient,
+        attempt: Attempt,
+        request: GenerateRequest,
+        group: SectionGroup | None = None,
+    ) -> str:
         """The text of one request whose tokens the user does not watch: from the job's
         checkpoint when an earlier attempt finished the same request, else from the engine (and
-        then kept in the checkpoint)."""
+        then kept in the checkpoint). Safe to call from several threads at once (``map_sections``)."""
         key = request_fingerprint(request)
         kept = (job.checkpoint or {}).get(key)
         if kept is not None:
-            self.resumed += 1
+            with self._lock:
+                self.resumed += 1
             return str(kept["text"])
-        run = run_engine(job, request, client, attempt, visible=False)
-        self.runs.append(run)
+        if group is not None:
+            group.check()
+        run = run_engine(job, request, client, attempt, visible=False, group=group)
+        if not run.done:  # closed by its group (another section failed): not an answer to keep
+            raise SectionAbandoned()
+        with self._lock:
+            self.runs.append(run)
         fencing.checkpoint_add(attempt, key, {"text": run.text})
         return run.text
+
+
+class SectionAbandoned(Exception):
+    """A section's request was closed because another section of the same job failed."""
+
+
+class SectionGroup:
+    """The engine requests of one job's sections running at once: when one fails, the others
+    are closed, and those not started yet do not start."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._aborts: list = []
+        self.abandoned = False
+
+    def opened(self, abort) -> None:
+        with self._lock:
+            self._aborts.append(abort)
+            abandoned = self.abandoned
+        if abandoned:
+            abort()
+
+    def closed(self, abort) -> None:
+        with self._lock:
+            if abort in self._aborts:
+                self._aborts.remove(abort)
+
+    def check(self) -> None:
+        if self.abandoned:
+            raise SectionAbandoned()
+
+    def abandon(self) -> None:
+        with self._lock:
+            self.abandoned = True
+            aborts = list(self._aborts)
+        for abort in aborts:
+            abort()
+
+
+def map_sections(
+    job: Job,
+    client: EngineClient,
+    attempt: Attempt,
+    result: TaskResult,
+    requests: list[GenerateRequest],
+    *,
+    doing: str,
+) -> list[str]:
+    """The answers of a long document's section requests, in section order, up to
+    ``APPLIANCE_PREFILL_CONCURRENCY`` (the prefill queue's cap) at a time: the engine batches
+    their prefill chunks and decodes their answers together, so a long document takes about as
+    long as its reading, not as its sections one after another. Each answer is kept as it
+    finishes (``run_hidden``). Progress says how many parts are done and, from the rate of those
+    read here, about how long the rest will take. If one fails, the others are closed, those
+    not started do not start, and its error goes on."""
+    at_once = max(1, min(int(settings.APPLIANCE_PREFILL_CONCURRENCY), len(requests)))
+    sizes = [sum(len(m["content"]) for m in request.messages) for request in requests]
+    answers: list[str | None] = [None] * len(requests)
+    group = SectionGroup()
+    started = time.monotonic()
+    read_here = 0  # characters of the sections the engine answered here (not from the checkpoint)
+    _progress(attempt, f"{doing}: {len(requests)} parts, {at_once} at a time")
+
+    kept = job.checkpoint or {}
+    from_engine = [request_fingerprint(request) not in kept for request in requests]
+
+    def one(index: int) -> int:
+        try:
+            answers[index] = result.run_hidden(job, client, attempt, requests[index], group)
+            return index
+        except BaseException:
+            group.abandon()  # here, before this thread takes the next part from the pool's queue
+            raise
+        finally:
+            connections.close_all()  # this thread's database connection
+
+    with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix=f"job-{job.pk}-part") as pool:
+        pending = {pool.submit(one, i) for i in range(len(requests))}
+        try:
+            abandoned = False
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: isinstance(f.exception(), SectionAbandoned)):
+                    if isinstance(future.exception(), SectionAbandoned):
+                        abandoned = True  # closed because another part failed: that part's error goes on
+                        continue
+                    index = future.result()  # a part's error leaves from here
+                    read_here += sizes[index] if from_engine[index] else 0
+                finished = sum(a is not None for a in answers)
+                if pending and not abandoned:
+                    left = sum(size for size, answer in zip(sizes, answers, strict=True) if answer is None)
+                    eta = left * (time.monotonic() - started) / read_here if read_here else None
+                    _progress(
+                        attempt,
+                        f"{doing}: {finished} of {len(requests)} parts done"
+                        + (f", about {_duration(eta)} left" if eta is not None else ""),
+                    )
+            if abandoned:  # every part ended and none said why (it cannot happen: the failed one abandons)
+                raise SectionAbandoned()
+        except BaseException:
+            group.abandon()
+            for future in pending:
+                future.cancel()
+            raise
+    attempt.check()
+    return [str(answer) for answer in answers]
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(5, round(seconds / 5) * 5):.0f} s"
+    return f"{round(seconds / 60):.0f} min"
 
 
 def request_fingerprint(request: GenerateRequest) -> str:
@@ -124,7 +254,13 @@ def engine_request(
 
 
 def run_engine(
-    job: Job, request: GenerateRequest, client: EngineClient, attempt: Attempt, *, visible: bool = True
+    job: Job,
+    request: GenerateRequest,
+    client: EngineClient,
+    attempt: Attempt,
+    *,
+    visible: bool = True,
+    group: SectionGroup | None = None,
 ) -> EngineRun:
     """One engine request. ``visible``: its tokens go to the job's stream (the first at once,
     later ones in batches of at most ``PUBLISH_INTERVAL_S``, by default each as it arrives; one
@@ -156,6 +292,8 @@ def run_engine(
     def opened(abort) -> None:
         aborts.append(abort)
         attempt.opened(abort)
+        if group is not None:
+            group.opened(abort)
 
     # The watch thread closes the request at the deadline; the idle timeout is only a backstop.
     events = client.generate(request, idle_timeout_s=attempt.remaining_s() + 30, opened=opened)
@@ -193,6 +331,8 @@ def run_engine(
         events.close()
         for abort in aborts:
             attempt.closed(abort)
+            if group is not None:
+                group.closed(abort)
     attempt.check()  # the stream ended because the attempt was stopped from its watch thread
     run.text = "".join(parts)
     return run
@@ -264,13 +404,21 @@ def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
         result.visible, result.text = run, run.text
         return result
 
-    partials: list[tuple[str, str]] = []
-    for section in sections:
-        _progress(attempt, f"Reading {section.page_label} (part {section.index + 1} of {len(sections)})")
-        instruction = summary_instruction(length=length, focus=focus, part=section.page_label)
-        messages = section_messages(title=title, pages=list(section.pages), instruction=instruction)
-        request = engine_request(job, messages, PARTIAL_SUMMARY_MAX_TOKENS, part=f"s{section.index}")
-        partials.append((section.page_label, result.run_hidden(job, client, attempt, request)))
+    requests = [
+        engine_request(
+            job,
+            section_messages(
+                title=title,
+                pages=list(section.pages),
+                instruction=summary_instruction(length=length, focus=focus, part=section.page_label),
+            ),
+            PARTIAL_SUMMARY_MAX_TOKENS,
+            part=f"s{section.index}",
+        )
+        for section in sections
+    ]
+    answers = map_sections(job, client, attempt, result, requests, doing="Reading the document")
+    partials = [(section.page_label, answer) for section, answer in zip(sections, answers, strict=True)]
     result.data["partials"] = [{"pages": label, "text": text} for label, text in partials]
 
     context = int(client.stats()["max_model_len"])
@@ -283,13 +431,19 @@ def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     groups = group_partials(partials, fits=fits)
     while len(groups) > 1:
         round_ += 1
-        _progress(attempt, f"Combining {len(partials)} partial summaries")
-        combined: list[tuple[str, str]] = []
-        for index, group in enumerate(groups):
-            messages = combine_messages(title=title, partials=group, length="detailed", focus=focus)
-            request = engine_request(job, messages, PARTIAL_SUMMARY_MAX_TOKENS, part=f"r{round_}-{index}")
-            combined.append((f"{group[0][0]} to {group[-1][0]}", result.run_hidden(job, client, attempt, request)))
-        partials = combined
+        requests = [
+            engine_request(
+                job,
+                combine_messages(title=title, partials=group, length="detailed", focus=focus),
+                PARTIAL_SUMMARY_MAX_TOKENS,
+                part=f"r{round_}-{index}",
+            )
+            for index, group in enumerate(groups)
+        ]
+        answers = map_sections(
+            job, client, attempt, result, requests, doing=f"Combining {len(partials)} partial summaries"
+        )
+        partials = [(f"{group[0][0]} to {group[-1][0]}", answer) for group, answer in zip(groups, answers, strict=True)]
         groups = group_partials(partials, fits=fits)
     attempt.check()
     messages = combine_messages(title=title, partials=groups[0], length=length, focus=focus)
@@ -341,20 +495,28 @@ def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     offered: list = []  # the quote candidates every section was given, located in the stored pages
     running = running_lines(sorted(stored.items()))  # headers and footers, over the whole document
     cut_short = 0
+    requests = []
     for section in sections:
-        _progress(attempt, f"Looking for clauses in {section.page_label} (part {section.index + 1} of {len(sections)})")
         numbers = sorted({p.number for p in section.pages})
         messages = section_messages(title=title, pages=list(section.pages), instruction=clause_instruction(categories))
         choices = _section_quote_choices(section, stored, running)
         offered.extend(choices)
-        request = engine_request(
-            job,
-            messages,
-            CLAUSES_MAX_TOKENS,
-            part=f"c{section.index}",
-            json_schema=clause_schema(categories, numbers, list(dict.fromkeys(c.text for c in choices))),
+        requests.append(
+            engine_request(
+                job,
+                messages,
+                CLAUSES_MAX_TOKENS,
+                part=f"c{section.index}",
+                json_schema=clause_schema(categories, numbers, list(dict.fromkeys(c.text for c in choices))),
+            )
         )
-        found, complete = parse_answer(result.run_hidden(job, client, attempt, request))
+    if len(requests) == 1:
+        _progress(attempt, "Looking for clauses")
+        answers = [result.run_hidden(job, client, attempt, requests[0])]
+    else:
+        answers = map_sections(job, client, attempt, result, requests, doing="Looking for clauses")
+    for section, answer in zip(sections, answers, strict=True):
+        found, complete = parse_answer(answer)
         if not complete:
             cut_short += 1  # the answer ran past its token limit; what it finished is kept
             logger.warning("job %s: section %s gave an incomplete answer", job.pk, section.index)

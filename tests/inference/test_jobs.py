@@ -3,6 +3,7 @@ mid-job, and an engine host that crashes and comes back."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -292,3 +293,12 @@ def test_a_document_longer_than_the_context_is_summarised_section_by_section(ali
     assert "progress" in events and events.index("progress") < events.index(
         "delta"
     )  # parts first, then the answer streams
+    # The sections were read two at a time (the prefill queue's cap), with an estimate of the rest.
+    steps = [
+        json.loads(fields[b"data"])["step"]
+        for _, fields in streaming.sync_client().xrange(streaming.stream_key(job.pk))
+        if fields[b"event"] == b"progress" and "step" in json.loads(fields[b"data"])
+    ]
+    assert f"Reading the document: {len(sections)} parts, 2 at a time" in steps, steps
+    if len(sections) > 2:
+        assert any(" parts done, about " in step for step in steps), steps

@@ -325,6 +325,7 @@ def _long_document(owner) -> Document:
     return document
 
 
+@override_settings(APPLIANCE_PREFILL_CONCURRENCY=1)  # one part at a time: which parts finish first is known
 def test_a_retried_summary_resumes_from_its_finished_sections(alice, sent, monkeypatch):
     from inference import running
 
@@ -358,6 +359,30 @@ def test_a_retried_summary_resumes_from_its_finished_sections(alice, sent, monke
     assert again.pk != job.pk and again.checkpoint == {}
 
 
+@override_settings(APPLIANCE_PREFILL_CONCURRENCY=2)
+def test_parts_run_two_at_a_time_and_a_retry_asks_only_for_those_not_kept(alice, sent, monkeypatch):
+    from inference import running
+
+    monkeypatch.setattr(running, "summary_statements", lambda document, text: [])  # no embedder here
+    document = _long_document(alice)
+    job = services.job_create_summary(owner=alice, document=document, length="short")
+    died = EngineRestarting("the engine core died", in_flight=True)
+    engine = FakeEngine(lambda r: [died] if r.request_id.endswith("-s2") else [f"partial {r.request_id[-2:]}"],
+                        max_model_len=2048)  # fmt: skip
+    assert lifecycle.job_run(job_id=job.pk, client=engine).state == Job.State.QUEUED
+    kept = len(Job.objects.get(pk=job.pk).checkpoint)
+    assert 1 <= kept < len(engine.requests)  # what finished before the death is kept, s2 is not
+
+    engine = FakeEngine(lambda r: [f"again {r.request_id[-2:]}"], max_model_len=2048)
+    done = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert done.state == Job.State.SUCCEEDED, done.error
+    sections = [p["text"].split()[1] for p in done.result_data["partials"]]
+    assert sections == [f"s{i}" for i in range(len(sections))]  # in section order, whatever finished first
+    again = {r.request_id[-2:] for r in engine.requests if "-s" in r.request_id}
+    assert again == {p["text"].split()[1] for p in done.result_data["partials"] if p["text"].startswith("again")}
+    assert "s2" in again and done.result_data["resumed_parts"] == kept == len(sections) - len(again)
+
+
 def test_the_fingerprint_changes_with_anything_that_shapes_the_answer_but_not_the_attempt():
     from inference.engine.protocol import GenerateRequest
     from inference.running import request_fingerprint
@@ -366,7 +391,9 @@ def test_the_fingerprint_changes_with_anything_that_shapes_the_answer_but_not_th
     same = GenerateRequest(
         request_id="j-2-s0", messages=[{"role": "user", "content": "pages 1-3"}], max_tokens=320, suspect=True, user="9"
     )
-    other_pages = GenerateRequest(request_id="j-1-s0", messages=[{"role": "user", "content": "pages 1-4"}], max_tokens=320)
+    other_pages = GenerateRequest(
+        request_id="j-1-s0", messages=[{"role": "user", "content": "pages 1-4"}], max_tokens=320
+    )
     other_options = GenerateRequest(
         request_id="j-1-s0", messages=[{"role": "user", "content": "pages 1-3"}], max_tokens=320, temperature=0.7
     )
