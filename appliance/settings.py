@@ -188,9 +188,7 @@ APPLIANCE_MAX_NUM_BATCHED_TOKENS = env_int("APPLIANCE_MAX_NUM_BATCHED_TOKENS", 2
 # appliance's scheduler already sizes document chunks; this would bound long drafting prompts.
 APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD = env_int("APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD", 0, minimum=0)
 # Share of the GPU's memory vLLM takes; 0: all but what the runtime needs beside it (the planner).
-APPLIANCE_GPU_MEMORY_UTILIZATION = (
-    env_float("APPLIANCE_GPU_MEMORY_UTILIZATION", 0.0, minimum=0.0, maximum=0.99) or None
-)
+APPLIANCE_GPU_MEMORY_UTILIZATION = env_float("APPLIANCE_GPU_MEMORY_UTILIZATION", 0.0, minimum=0.0, maximum=0.99) or None
 # CPU build only: the KV cache size in GiB (vLLM's VLLM_CPU_KVCACHE_SPACE).
 APPLIANCE_CPU_KV_CACHE_GIB = env_int("APPLIANCE_CPU_KV_CACHE_GIB", 2, minimum=1)
 # Run the model without compiling it (vLLM's enforce_eager: no torch.compile, no CUDA graphs).
@@ -278,6 +276,9 @@ APPLIANCE_CHUNK_OVERLAP_TOKENS = env_int("APPLIANCE_CHUNK_OVERLAP_TOKENS", 24, m
 APPLIANCE_SEARCH_EF_SEARCH = env_int("APPLIANCE_SEARCH_EF_SEARCH", 200, minimum=10, maximum=1000)
 APPLIANCE_SEARCH_CANDIDATES = env_int("APPLIANCE_SEARCH_CANDIDATES", 50, minimum=10, maximum=1000)
 APPLIANCE_SEARCH_EXACT_MAX_CHUNKS = env_int("APPLIANCE_SEARCH_EXACT_MAX_CHUNKS", 10000, minimum=0)
+# Rerank search's candidates by clause titles and terms (documents.rerank). Off: on CUAD-dev it
+# finds a little more, on the reply gold set less (`evaluate --tasks retrieval` prints both).
+APPLIANCE_SEARCH_RERANK = env_bool("APPLIANCE_SEARCH_RERANK", False)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 

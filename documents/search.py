@@ -13,6 +13,9 @@ Two arms, fused with reciprocal-rank fusion (Cormack et al., 2009):
   ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
   finds them in a long message too, whose words all together no passage has.
 
+The fused candidates are then reranked (``documents.rerank``): by the titles of the clauses
+they are in and by how many of the question's terms they hold.
+
 The documents the user may read (``readable_documents``, the rule of ``selectors``) are looked
 up first, and their ids are a condition of every chunk query, never a filter applied afterwards
 in Python: a passage of a document the user may not read is never even fetched. Literal ids,
@@ -31,7 +34,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import connection, transaction
-from django.db.models import Case, F, IntegerField, QuerySet, Value, When
+from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
 from pgvector.django import CosineDistance
 
 from documents.models import Chunk, Document
@@ -39,6 +42,8 @@ from documents.selectors import documents_readable_by
 
 RRF_K = 60  # the constant of reciprocal-rank fusion: score = sum over arms of 1 / (RRF_K + rank)
 MAX_QUERY_TERMS = 24  # terms of a query the words arm matches (a letter has hundreds of words)
+RERANK_PER_RESULT = 3  # candidates reranked per result asked for (at least 30)
+RERANK_BEFORE_CHARS = 600  # of the passage before a candidate, read for the title it starts under
 _TERM = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-_.]*[A-Za-z0-9]|[0-9]")
 _FUNCTION_WORDS = frozenset(
     """the and for are but not you your yours our ours has have had was were will would shall should can could
@@ -58,7 +63,7 @@ class Passage:
     page_start: int
     page_end: int
     text: str
-    score: float  # fused reciprocal-rank score: higher is better, comparable within one search only
+    score: float  # higher is better, comparable within one search only (fused or reranked order)
     char_start: int
     char_end: int
 
@@ -90,8 +95,11 @@ def search_passages(
     limit: int = 10,
     document_ids: list[int] | None = None,
     embedder=None,
+    rerank: bool | None = None,
 ) -> list[Passage]:
-    """The passages that best answer ``query`` among the documents ``user`` may read, best first."""
+    """The passages that best answer ``query`` among the documents ``user`` may read, best first:
+    the two arms fused, then the first candidates reranked by their clause titles and the
+    question's terms (``documents.rerank``; ``APPLIANCE_SEARCH_RERANK``, or ``rerank``)."""
     query = (query or "").strip()
     if not query or limit < 1:
         return []
@@ -106,9 +114,13 @@ def search_passages(
     query_vector = embedder.encode([query])[0]
     by_meaning = [chunk_id for chunk_id, _ in _vector_arm(readable, query_vector, candidates)]
     by_words = [chunk_id for chunk_id, _ in _text_arm(readable, query, candidates)]
-    fused = reciprocal_rank_fusion([by_meaning, by_words])[:limit]
+    fused = reciprocal_rank_fusion([by_meaning, by_words])
     if not fused:
         return []
+    if settings.APPLIANCE_SEARCH_RERANK if rerank is None else rerank:
+        kept = _reranked(readable, query, [chunk_id for chunk_id, _ in fused[: max(RERANK_PER_RESULT * limit, 30)]])
+        fused = [(chunk_id, 1.0 / rank) for rank, chunk_id in enumerate(kept, 1)]
+    fused = fused[:limit]
     scores = dict(fused)
     chunks = (
         Chunk.objects.filter(pk__in=list(scores), document_id__in=readable)
@@ -133,6 +145,34 @@ def search_passages(
     ]
     passages.sort(key=lambda passage: (-passage.score, passage.chunk_id))
     return passages
+
+
+def _reranked(document_ids: Sequence[int], query: str, chunk_ids: list[int]) -> list[int]:
+    """``chunk_ids`` (fused order) reranked by ``documents.rerank``, each passage read with the
+    end of the one before it (where the title of the clause it starts in is)."""
+    from documents.rerank import Candidate, rerank
+
+    rows = {
+        pk: (document_id, index, text)
+        for pk, document_id, index, text in Chunk.objects.filter(pk__in=chunk_ids, document_id__in=list(document_ids))
+        .values_list("pk", "document_id", "index", "text")
+    }  # fmt: skip
+    wanted = Q()
+    for document_id, index, _ in rows.values():
+        if index > 0:
+            wanted |= Q(document_id=document_id, index=index - 1)
+    before = {}
+    if wanted:
+        before = {
+            (document_id, index): text
+            for document_id, index, text in Chunk.objects.filter(wanted).values_list("document_id", "index", "text")
+        }
+    candidates = [
+        Candidate(pk, rows[pk][2], before.get((rows[pk][0], rows[pk][1] - 1), "")[-RERANK_BEFORE_CHARS:])
+        for pk in chunk_ids
+        if pk in rows
+    ]
+    return rerank(significant_terms(query), candidates)
 
 
 def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = RRF_K) -> list[tuple[int, float]]:

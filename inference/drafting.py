@@ -27,7 +27,8 @@ SUPPORT_MIN_SIMILARITY = 0.5  # cosine similarity of a sentence to its best cite
 DRAFT_MAX_TOKENS = {"short": 192, "standard": 384, "detailed": 768}  # per DRAFT_LENGTHS
 DRAFT_PASSAGES = 6  # passages given to the model, best first
 MESSAGE_MAX_CHARS = 12_000  # an incoming letter or e-mail; longer ones are cut, with a note
-MAX_QUERIES = 5  # the whole message and up to four of its questions
+MAX_QUERIES = 6  # the whole message and up to five of its questions and paragraphs
+PARAGRAPH_QUERY_MIN_WORDS = 12  # a body paragraph, not "Dear Ms Vaughan," nor a signature
 QUERY_MAX_CHARS = 1_000
 
 
@@ -147,15 +148,23 @@ def check_support(
 
 def retrieval_queries(message: str) -> list[str]:
     """What to search for to answer ``message``: the message itself (its start, as the embedder
-    reads only so much), then each question it asks, so that a letter with three questions finds
-    passages for all three and not only for the one its wording leans on."""
+    reads only so much), then each question it asks, then each paragraph of its body, so that a
+    letter with three questions finds passages for all three and not only for the one its
+    wording leans on, and a request written as a statement ("we would ask that the audit is
+    postponed") in its third paragraph is searched for too. Greetings and sign-offs are too short
+    to be body paragraphs."""
     text = " ".join(message.split())
     if not text:
         return []
     queries = [text[:QUERY_MAX_CHARS]]
-    for sentence in split_sentences(text):
-        if sentence.endswith("?") and len(sentence) > 12 and sentence not in queries:
-            queries.append(sentence[:QUERY_MAX_CHARS])
+    wanted = [s for s in split_sentences(text) if s.endswith("?") and len(s) > 12]
+    wanted += [
+        " ".join(p.split()) for p in re.split(r"\n\s*\n", message) if len(p.split()) >= PARAGRAPH_QUERY_MIN_WORDS
+    ]
+    for query in wanted:
+        query = query[:QUERY_MAX_CHARS]
+        if query not in queries:
+            queries.append(query)
         if len(queries) >= MAX_QUERIES:
             break
     return queries

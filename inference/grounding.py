@@ -72,7 +72,13 @@ def scope_document_ids(*, user: AbstractBaseUser, scope: Scope) -> list[int]:
 
 
 def retrieve(
-    *, user: AbstractBaseUser, message: str, scope: Scope, limit: int = DRAFT_PASSAGES, embedder=None
+    *,
+    user: AbstractBaseUser,
+    message: str,
+    scope: Scope,
+    limit: int = DRAFT_PASSAGES,
+    embedder=None,
+    rerank: bool | None = None,
 ) -> list[Passage]:
     """The passages that best answer ``message``, best first: one search per query of
     ``drafting.retrieval_queries``, fused by rank."""
@@ -83,7 +89,7 @@ def retrieve(
     rankings = []
     for query in retrieval_queries(message):
         passages = search_passages(
-            user=user, query=query, limit=CANDIDATES_PER_QUERY, document_ids=ids, embedder=embedder
+            user=user, query=query, limit=CANDIDATES_PER_QUERY, document_ids=ids, embedder=embedder, rerank=rerank
         )
         rankings.append([p.chunk_id for p in passages])
         for passage in passages:

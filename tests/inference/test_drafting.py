@@ -87,10 +87,29 @@ def test_retrieval_searches_for_the_message_and_each_of_its_questions():
     )
     queries = retrieval_queries(message)
     assert queries[0].startswith("Dear Sir, we received")  # whitespace folded, the whole message first
-    assert queries[1:] == ["When is it payable?", "Also: can we end the contract early?"]
+    assert queries[1:3] == ["When is it payable?", "Also: can we end the contract early?"]
+    assert queries[3:] == [
+        "we received your invoice 4411. When is it payable? Also: can we end the contract early? Thanks."
+    ]
     assert retrieval_queries("   ") == []
     many = " ".join(f"Question number {i} is here?" for i in range(10))
-    assert len(retrieval_queries(many)) == 5
+    assert len(retrieval_queries(many)) == 6
+
+
+def test_retrieval_searches_each_body_paragraph_of_a_letter_that_asks_without_question_marks():
+    message = (
+        "Dear Ms Vaughan,\n\nOn 2 March one of our payroll administrators responded to a phishing e-mail, and an "
+        "unknown party had access to her mailbox for about a day.\n\nWe understand that your officer would like "
+        "to carry out an audit next week. We would ask that the audit is postponed until July.\n\nYours "
+        "sincerely,\n\nRafael Osei-Bonsu\nDirector, Lumen Payroll Services Limited"
+    )
+    queries = retrieval_queries(message)
+    assert queries[1].startswith("On 2 March one of our payroll administrators")
+    assert queries[2] == (
+        "We understand that your officer would like to carry out an audit next week. We would ask that the audit "
+        "is postponed until July."
+    )
+    assert len(queries) == 3  # the greeting and the signature are not searched for on their own
 
 
 def test_rankings_are_fused_by_reciprocal_rank():
