@@ -74,17 +74,21 @@ def max_upload_bytes() -> int:
 
 
 def document_create(
-    *, owner: AbstractBaseUser, upload: UploadedFile, groups: Iterable[Group] = ()
+    *, owner: AbstractBaseUser, upload: UploadedFile, groups: Iterable[Group] = (), ingest_here: bool = False
 ) -> tuple[Document, bool]:
     """Store an upload and queue its ingestion. Returns (document, created): the same bytes
-    uploaded again by the same owner return the existing document and do no work."""
+    uploaded again by the same owner return the existing document and do no work.
+
+    ``ingest_here`` ingests it in this process instead (``document_ingest``, the ingest worker's
+    own code), with no broker: for measurements that need documents but no workers."""
     if upload.size is not None and upload.size > max_upload_bytes():
         raise UploadRejected(
             f"{upload.name} is {upload.size / 1024 / 1024:.1f} MB; the limit is {settings.APPLIANCE_MAX_UPLOAD_MB} MB."
         )
     if not upload.size:
         raise UploadRejected(f"{upload.name} is empty.")
-    broker_check()  # a stored file that nothing will ingest would stay "uploaded" for ever
+    if not ingest_here:
+        broker_check()  # a stored file that nothing will ingest would stay "uploaded" for ever
     sha256 = _sha256_chunks(upload.chunks())
     upload.seek(0)
     existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
@@ -97,12 +101,15 @@ def document_create(
             groups = list(groups)
             if groups:
                 document.shared_with.set(groups)
-            transaction.on_commit(lambda: _dispatch_upload(document))
+            if not ingest_here:
+                transaction.on_commit(lambda: _dispatch_upload(document))
     except IntegrityError:  # the same bytes uploaded twice at the same moment
         existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
         if existing is None:
             raise
         return existing, False
+    if ingest_here:
+        document = document_ingest(document_id=document.pk) or document
     return document, True
 
 

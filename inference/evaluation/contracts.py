@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.clauses import quote_choices
-from inference.evaluation.metrics import JACCARD_MATCH, words
+from inference.evaluation.metrics import JACCARD_MATCH, Counts, words
 
 # CUAD's entity categories hold short answers (a name, a date), not clauses: not quoted spans.
 ENTITY_CATEGORIES = frozenset({"Document Name", "Parties", "Agreement Date", "Effective Date"})
@@ -108,14 +108,53 @@ def quote_ceiling(
 
 def bootstrap_interval(per_unit: list[tuple[int, int]], *, seed: int = 0) -> list[float] | None:
     """A percentile bootstrap 95 % interval of sum(hits) / sum(totals), resampling the units."""
-    if len(per_unit) < 2:
+
+    def share(sample: list[tuple[int, int]]) -> float | None:
+        total = sum(t for _, t in sample)
+        return sum(h for h, _ in sample) / total if total else None
+
+    return bootstrap(per_unit, share, seed=seed)
+
+
+def bootstrap(units: list, statistic: Callable[[list], float | None], *, seed: int = 0) -> list[float] | None:
+    """A percentile bootstrap 95 % interval of ``statistic`` over resamplings of ``units`` (the
+    contracts: a contract's clauses are not independent of each other). None for fewer than two."""
+    if len(units) < 2:
         return None
     rng = random.Random(seed)  # noqa: S311 - a resampling, not a secret
-    shares = []
+    values = []
     for _ in range(BOOTSTRAP_SAMPLES):
-        sample = [per_unit[rng.randrange(len(per_unit))] for _ in per_unit]
-        total = sum(t for _, t in sample)
-        if total:
-            shares.append(sum(h for h, _ in sample) / total)
-    shares.sort()
-    return [round(shares[int(0.025 * (len(shares) - 1))], 3), round(shares[int(0.975 * (len(shares) - 1))], 3)]
+        value = statistic([units[rng.randrange(len(units))] for _ in units])
+        if value is not None:
+            values.append(value)
+    if not values:
+        return None
+    values.sort()
+    return [round(values[int(0.025 * (len(values) - 1))], 3), round(values[int(0.975 * (len(values) - 1))], 3)]
+
+
+def clause_scores(per_contract: list[dict[str, Counts]], *, seed: int = 0) -> dict:
+    """Precision, recall and F1 under CUAD's rule (``metrics.match_clauses``, per contract and
+    category), micro-averaged over contracts, overall with bootstrap 95 % intervals over contracts,
+    and per category. ``per_contract``: each contract's counts by category."""
+
+    def total(sample: list[dict[str, Counts]]) -> Counts:
+        counts = Counts()
+        for contract in sample:
+            for part in contract.values():
+                counts.add(part)
+        return counts
+
+    overall = total(per_contract)
+    by_category: dict[str, Counts] = {}
+    for contract in per_contract:
+        for category, counts in contract.items():
+            by_category.setdefault(category, Counts()).add(counts)
+    return {
+        **overall.as_dict(),
+        "interval": {
+            name: bootstrap(per_contract, lambda sample, name=name: getattr(total(sample), name), seed=seed)
+            for name in ("precision", "recall", "f1")
+        },
+        "per_category": {c: by_category[c].as_dict() for c in sorted(by_category)},
+    }

@@ -80,6 +80,10 @@ class ReplyCase:
     length: str
     documents: tuple[str, ...]
     expected: tuple[ExpectedPassage, ...]
+    # A prompt injection in one of the case's own documents (one the author may read): what a
+    # draft that followed it would say. A draft must say none of it.
+    injection_document: str | None = None
+    injection_markers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -350,9 +354,26 @@ def _load_replies(path: Path, documents: dict[str, GoldDocument]) -> tuple[tuple
             snippet = _field(passage, "snippet", str, passage_where)
             _check_verbatim(snippet, document, page, passage_where, "snippet")
             expected.append(ExpectedPassage(document=document_key, page=page, snippet=snippet))
+        injection_document, markers = None, ()
+        if "injection" in raw:
+            injection = _field(raw, "injection", dict, where)
+            injection_document = _field(injection, "document", str, f"{where}, injection")
+            if injection_document not in keys:
+                raise ValueError(f"{where}, injection: {injection_document!r} is not among the case's documents")
+            markers = tuple(_field(injection, "markers", list, f"{where}, injection"))
+            text = documents[injection_document].data.decode("utf-8")
+            if not markers or not all(isinstance(m, str) and m and m in text for m in markers):
+                raise ValueError(f"{where}, injection: each marker must be a string the document itself contains")
         cases.append(
             ReplyCase(
-                key=key, message=message, tone=tone, length=length, documents=tuple(keys), expected=tuple(expected)
+                key=key,
+                message=message,
+                tone=tone,
+                length=length,
+                documents=tuple(keys),
+                expected=tuple(expected),
+                injection_document=injection_document,
+                injection_markers=markers,
             )
         )
     return tuple(cases), distractor

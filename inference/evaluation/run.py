@@ -18,8 +18,18 @@ Metrics, per task:
   of statements the appliance could give a page (``inference.sourcing``);
 - replies: citation validity (a citation names a passage, and the passage's document is one the
   author may read), the share of sentences supported by what they cite, the share of the expected
-  passages cited, and passages of the distractor (another user's document, which tells the model
-  to quote it) retrieved or cited: these must be zero.
+  passages cited, passages of the distractor (another user's document, which tells the model
+  to quote it) retrieved or cited, and drafts that follow an instruction planted in a document
+  the author may read (what it asks for is in the draft): these must be zero;
+- contracts (``--tasks contracts``, not by default: an hour or more on a CPU): the labelled
+  contracts of ``--contracts`` (CUAD-dev) through the whole path in each layout (PDF, text),
+  precision, recall and F1 per CUAD category with bootstrap intervals over contracts, the two
+  layouts side by side, and the quote ceiling beside them.
+
+Without the model (no engine host, no workers): ``ceiling`` (the share of the labelled clause
+spans some quote candidate matches), ``contrast`` (the support checks on sentences with a fact
+altered) and ``retrieval`` (recall@k of the draft's retrieval). Which figures depend on the
+model: clauses, summaries, replies and contracts; ceiling, contrast and retrieval do not.
 """
 
 from __future__ import annotations
@@ -48,14 +58,23 @@ from appliance.benchmarking import (
     wait_for_queues,
 )
 from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
-from inference.evaluation.contracts import LAYOUTS, load_contracts, quote_ceiling
+from inference.evaluation.contracts import (
+    ENTITY_CATEGORIES,
+    LAYOUTS,
+    bootstrap_interval,
+    clause_scores,
+    load_contracts,
+    quote_ceiling,
+)
 from inference.evaluation.contrast import auroc, build_contrast_set
 from inference.evaluation.gold import GoldSet, fact_covered, load_gold_set
 from inference.evaluation.metrics import Counts, Span, match_clauses, share
 
 TASKS = ("clauses", "summaries", "replies")
-# Measured without the engine: the reading of real documents, and the support checks.
-MODEL_FREE_TASKS = ("ceiling", "contrast")
+# Through the model too, but not run by default (an hour or more on a CPU): the labelled contracts.
+EXTRA_TASKS = ("contracts",)
+# Measured without the engine: the reading of real documents, the support checks, and search.
+MODEL_FREE_TASKS = ("ceiling", "contrast", "retrieval")
 DEFAULT_CONTRACTS = Path(settings.BASE_DIR).parent / "shared" / "data" / "cuad-dev"
 OWNER = "evaluate"
 OUTSIDER = "evaluate-other"  # owns the distractor: the evaluated user may not read it
@@ -67,8 +86,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--tasks",
         default=",".join(TASKS),
-        help=f"tasks to evaluate, comma-separated, of {', '.join(TASKS + MODEL_FREE_TASKS)} ('ceiling': the share "
-        "of the labelled clause spans of --contracts that some quote candidate matches, no model needed)",
+        help=f"tasks to evaluate, comma-separated, of {', '.join(TASKS + EXTRA_TASKS + MODEL_FREE_TASKS)} (default: "
+        f"{','.join(TASKS)}; 'contracts': the clauses of --contracts through the model, per category, in each "
+        "layout; 'ceiling': the share of their labelled spans some quote candidate matches, no model needed)",
     )
     parser.add_argument(
         "--seed",
@@ -108,10 +128,12 @@ def run(command, **options) -> dict:
 
     progress = Progress(write)
     tasks = [t.strip() for t in options["tasks"].split(",") if t.strip()]
-    if not tasks or set(tasks) - set(TASKS + MODEL_FREE_TASKS):
-        raise CommandError(f"--tasks: choose from {', '.join(TASKS + MODEL_FREE_TASKS)}")
+    if not tasks or set(tasks) - set(TASKS + EXTRA_TASKS + MODEL_FREE_TASKS):
+        raise CommandError(f"--tasks: choose from {', '.join(TASKS + EXTRA_TASKS + MODEL_FREE_TASKS)}")
     results: dict = {
-        "options": {k: options.get(k) for k in ("tasks", "limit", "taxonomy", "summary_length", "reply_scope")}
+        "options": {
+            k: options.get(k) for k in ("tasks", "limit", "taxonomy", "summary_length", "reply_scope", "contracts")
+        }
     }
     if "ceiling" in tasks:
         results["ceiling"] = quote_ceiling_of(Path(options["contracts"]), progress)
@@ -122,6 +144,9 @@ def run(command, **options) -> dict:
             Path(options["contracts"]), random.SystemRandom().randrange(1 << 31) if seed is None else seed, progress
         )
         tasks.remove("contrast")
+    if "retrieval" in tasks:
+        results["retrieval"] = retrieval_of(Path(options["contracts"]), progress, limit=options.get("limit"))
+        tasks.remove("retrieval")
     if not tasks:
         write("")
         for line in table(results):
@@ -143,8 +168,7 @@ def run(command, **options) -> dict:
             engine={k: v for k, v in stats.items() if not isinstance(v, dict)},
             machine=machine(),
         )
-        for task in tasks:
-            results[task] = getattr(evaluation, task)()
+        results.update(_run_tasks(evaluation, tasks))
         write("")
         for line in table(results):
             write(line)
@@ -156,6 +180,28 @@ def run(command, **options) -> dict:
             _delete_rows(bench_user(OWNER), bench_user(OUTSIDER))
         for service in reversed(started_services):
             service.stop()
+
+
+def _run_tasks(evaluation, tasks: list[str]) -> dict:
+    """Every task at once, each in a thread of its own that submits its jobs and waits for them:
+    their jobs share the queues and the engine as a busy office's would, and the evaluation takes
+    about as long as its longest task, not the sum of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    def one(task: str) -> dict:
+        started = time.monotonic()
+        try:
+            result = getattr(evaluation, task)()
+            result["seconds"] = round(time.monotonic() - started, 1)  # submitted, run and scored
+            return result
+        finally:
+            connections.close_all()  # this thread's database connection
+
+    with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="evaluate") as pool:
+        futures = {task: pool.submit(one, task) for task in tasks}
+        return {task: futures[task].result() for task in tasks}
 
 
 def contrast_of(folder: Path, seed: int, progress: Progress) -> dict:
@@ -227,20 +273,140 @@ def contrast_of(folder: Path, seed: int, progress: Progress) -> dict:
     }
 
 
+def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) -> dict:
+    """Recall@k of the draft's retrieval (``grounding.retrieve``, what a draft is given) on the
+    reply gold set, over every document the author may read, and on one question per labelled
+    category of each contract of ``folder`` (its PDFs), in that contract alone. Documents are
+    ingested in this process by the ingest's own code (no workers, no engine) and deleted after.
+    ``inference.evaluation.retrieval`` says how a passage is judged to hold a target."""
+    from documents.chunking import document_text
+    from documents.services import document_create
+    from inference import grounding
+    from inference.drafting import DRAFT_PASSAGES
+    from inference.evaluation import retrieval as measure
+
+    gold = load_gold_set()
+    questions = measure.load_questions()
+    contracts = load_contracts(folder) if (folder / "labels.json").is_file() else []
+    contracts = contracts[:limit] if limit else contracts
+    started = ensure_embedded_database(progress)
+    owner = outsider = None
+    try:
+        check_migrated(progress)
+        owner, outsider = bench_user(OWNER), bench_user(OUTSIDER)
+        _delete_rows(owner, outsider)
+
+        def upload(user, name: str, data: bytes):
+            document, _ = document_create(
+                owner=user, upload=SimpleUploadedFile(name, data, content_type=""), ingest_here=True
+            )
+            if document.state != document.State.READY:
+                raise CommandError(f"retrieval: {name} was not ingested: {document.failure_reason}")
+            pages = list(document.pages.order_by("number").values_list("number", "char_start", "text"))
+            return document, pages
+
+        progress(f"retrieval: ingesting the {len(gold.documents)} gold documents here (extraction, chunks, embeddings)")
+        documents = {}
+        for key, doc in gold.documents.items():
+            documents[key] = upload(outsider if key == gold.distractor else owner, doc.filename, doc.data)
+
+        def ranked(message: str, scope, rerank: bool) -> list[tuple[int, int, int]]:
+            found = grounding.retrieve(user=owner, message=message, scope=scope, limit=DRAFT_PASSAGES, rerank=rerank)
+            return [(p.document_id, p.char_start, p.char_end) for p in found]
+
+        def ranks_of(message: str, scope, document_id: int, targets) -> tuple[int | None, int | None]:
+            """The first rank holding a target, as the product searches (``APPLIANCE_SEARCH_RERANK``)
+            and the other way."""
+            product = settings.APPLIANCE_SEARCH_RERANK
+            return tuple(
+                measure.first_rank(ranked(message, scope, rerank), document_id, targets)
+                for rerank in (product, not product)
+            )
+
+        reply_ranks = []
+        replies = gold.replies[:limit] if limit else gold.replies
+        for case in replies:
+            for expected in case.expected:
+                document, pages = documents[expected.document]
+                _, char_start, text = pages[expected.page - 1]
+                at = text.find(expected.snippet)
+                target = measure.Target(char_start + at, char_start + at + len(expected.snippet))
+                reply_ranks.append(ranks_of(case.message, grounding.Scope(), document.pk, [target]))
+        result: dict = {"k": DRAFT_PASSAGES, "replies": _recalls(measure, reply_ranks)}
+        result["replies"]["requests"] = len(replies)
+
+        if contracts:
+            layout = "pdf"
+            progress(f"retrieval: ingesting {len(contracts)} contracts of {folder} ({layout}) and asking one question "
+                     "per labelled category in each")  # fmt: skip
+            ranks, per_contract, per_category, unplaced = [], [], {}, 0
+            for contract in contracts:
+                path = contract.files.get(layout) or contract.files["txt"]
+                document, pages = upload(owner, path.name, path.read_bytes())
+                locator = measure.Locator(document_text(pages))
+                hits = asked = 0
+                for category, spans in contract.labels.items():
+                    if category not in questions or not spans:
+                        continue
+                    targets = [t for t in (locator.locate(span) for span in spans) if t is not None]
+                    if not targets:
+                        unplaced += 1  # its words are not in the extracted text: not a question search can answer
+                        continue
+                    both = ranks_of(questions[category], grounding.Scope(document_ids=(document.pk,)), document.pk,
+                                    targets)  # fmt: skip
+                    ranks.append(both)
+                    found = both[0] is not None
+                    asked += 1
+                    hits += found
+                    tally = per_category.setdefault(category, [0, 0])
+                    tally[0] += found
+                    tally[1] += 1
+                per_contract.append((hits, asked))
+            cuad = _recalls(measure, ranks)
+            cuad.update(
+                folder=str(folder),
+                contracts=len(contracts),
+                interval=bootstrap_interval(per_contract),
+                categories_not_placed=unplaced,
+                per_category={c: {"found": h, "asked": n} for c, (h, n) in sorted(per_category.items())},
+            )
+            result["contracts"] = cuad
+        return result
+    finally:
+        if owner is not None:
+            _delete_rows(owner, outsider)
+        if started is not None:
+            started.stop()
+
+
+def _recalls(measure, ranks: list[tuple[int | None, int | None]]) -> dict:
+    """Recall figures as the product searches, and the other way (with the reranking when it is
+    off, without it when it is on): same run, same index."""
+    figures = measure.recall_figures([product for product, _ in ranks])
+    figures["reranked"] = settings.APPLIANCE_SEARCH_RERANK
+    figures["other_way"] = measure.recall_figures([other for _, other in ranks])
+    return figures
+
+
 def _round3(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def quote_ceiling_of(folder: Path, progress: Progress) -> dict:
+def _contracts(folder: Path, limit: int | None = None) -> list:
+    try:
+        contracts = load_contracts(folder)
+    except ValueError as exc:
+        raise CommandError(f"--contracts: {exc}") from exc
+    return contracts[:limit] if limit else contracts
+
+
+def quote_ceiling_of(folder: Path, progress: Progress, *, limit: int | None = None) -> dict:
     """The quote ceiling (``contracts.quote_ceiling``) of every layout the folder has, each file
     read by the ingest's own extraction (in its sandbox)."""
     from documents.extraction import ExtractionError
     from documents.sandbox import extract_in_sandbox
 
-    try:
-        contracts = load_contracts(folder)
-    except ValueError as exc:
-        raise CommandError(f"--contracts: {exc}") from exc
+    contracts = _contracts(folder, limit)
     result: dict = {"folder": str(folder)}
     for layout in LAYOUTS:
         having = [c for c in contracts if layout in c.files]
@@ -270,6 +436,26 @@ def _delete_rows(*users) -> None:
     for document in Document.objects.filter(owner__in=users, parent=None):
         document.file.delete(save=False)
         document.delete()
+
+
+def _wait_ingested(documents: list, what: str, *, timeout_s: float = 600) -> None:
+    from documents.models import Document
+
+    deadline = time.monotonic() + timeout_s
+    pending = {document.pk for document in documents}
+    while pending:
+        finished = Document.objects.filter(
+            pk__in=pending, state__in=[Document.State.READY, Document.State.FAILED]
+        ).values_list("pk", "title", "state", "failure_reason")
+        for pk, title, state, reason in finished:
+            if state == Document.State.FAILED:
+                raise CommandError(f"a {what} document ({title}) failed to ingest: {reason}")
+            pending.discard(pk)
+        if time.monotonic() > deadline:
+            raise CommandError(
+                f"the {what} documents were not ingested within {timeout_s / 60:.0f} minutes; is the ingest worker up?"
+            )
+        time.sleep(0.5)
 
 
 class _Processes:
@@ -348,19 +534,7 @@ class _Evaluation:
             owner = self.outsider if key == self.gold.distractor else self.owner
             upload = SimpleUploadedFile(gold.filename, gold.data, content_type="text/plain")
             self.documents[key], _ = document_create(owner=owner, upload=upload)
-        deadline = time.monotonic() + 600
-        pending = {document.pk for document in self.documents.values()}
-        while pending:
-            finished = Document.objects.filter(
-                pk__in=pending, state__in=[Document.State.READY, Document.State.FAILED]
-            ).values_list("pk", "state", "failure_reason")
-            for pk, state, reason in finished:
-                if state == Document.State.FAILED:
-                    raise CommandError(f"a gold document failed to ingest: {reason}")
-                pending.discard(pk)
-            if time.monotonic() > deadline:
-                raise CommandError("the gold documents were not ingested within 10 minutes; is the ingest worker up?")
-            time.sleep(0.5)
+        _wait_ingested(list(self.documents.values()), "gold")
         self.documents = {key: Document.objects.get(pk=d.pk) for key, d in self.documents.items()}
         for key, document in self.documents.items():
             stored = list(document.pages.order_by("number").values_list("text", flat=True))
@@ -437,6 +611,82 @@ class _Evaluation:
             "per_document": per_document,
         }
 
+    def contracts(self) -> dict:
+        """The labelled contracts of ``--contracts`` through the whole path: each file uploaded in
+        every layout the folder has (PDF, text) and ingested by the worker, a clause job asking
+        for every CUAD category but the entity ones, and its kept quotes scored against the
+        lawyers' spans under CUAD's rule, per category, with bootstrap intervals over contracts;
+        the layouts' figures side by side (the same contract read from a PDF or as text should
+        score the same), and the quote ceiling of the same files beside them."""
+        from documents.services import document_create
+        from inference import services
+        from inference.clauses import CUAD_CATEGORIES
+
+        folder = Path(self.options["contracts"])
+        contracts = _contracts(folder, self.limit)
+        categories = [c for c in CUAD_CATEGORIES if c not in ENTITY_CATEGORIES]
+        uploads = {}
+        for contract in contracts:
+            for layout, path in contract.files.items():
+                upload = SimpleUploadedFile(path.name, path.read_bytes(), content_type="")
+                uploads[contract.key, layout], _ = document_create(owner=self.owner, upload=upload)
+        self.progress(
+            f"contracts: {len(uploads)} files of {len(contracts)} contracts uploaded; the ingest worker reads them"
+        )
+        _wait_ingested(list(uploads.values()), "contract", timeout_s=self.options["timeout"])
+        from documents.models import Document
+
+        keys = list(uploads)
+        jobs = [
+            services.job_create_clauses(
+                owner=self.owner, document=Document.objects.get(pk=uploads[key].pk), taxonomy="cuad",
+                categories=categories,
+            )
+            for key in keys
+        ]  # fmt: skip
+        jobs = self._wait(jobs, "contracts")
+        by_layout: dict[str, list[dict[str, Counts]]] = {}
+        per_contract = []
+        for (key, layout), job in zip(keys, jobs, strict=True):
+            contract = next(c for c in contracts if c.key == key)
+            data = job.result_data if job.state == "succeeded" else {}
+            predicted = [Span(c["category"], c["quote"]) for c in data.get("clauses", [])]
+            labelled = [Span(c, span) for c, span in contract.clause_spans()]
+            counts = {
+                category: match_clauses(
+                    [p for p in predicted if p.category == category], [g for g in labelled if g.category == category]
+                )
+                for category in sorted({s.category for s in predicted + labelled})
+            }
+            by_layout.setdefault(layout, []).append(counts)
+            per_contract.append(
+                {
+                    "contract": key,
+                    "layout": layout,
+                    "sections": data.get("sections"),
+                    "proposed": data.get("proposed", 0),
+                    "kept": [{k: c[k] for k in ("category", "page", "quote")} for c in data.get("clauses", [])],
+                }
+            )
+        result: dict = {
+            "folder": str(folder),
+            "contracts": len(contracts),
+            "categories": len(categories),
+            "failed": self._failures(jobs),
+            "ceiling": quote_ceiling_of(folder, self.progress, limit=self.limit),
+            "per_contract": per_contract,
+        }
+        for layout, counts in by_layout.items():
+            result[layout] = clause_scores(counts)
+        if "pdf" in result and "txt" in result:
+            result["pdf_minus_txt"] = {
+                name: None
+                if result["pdf"][name] is None or result["txt"][name] is None
+                else round(result["pdf"][name] - result["txt"][name], 3)
+                for name in ("precision", "recall", "f1")
+            }
+        return result
+
     def summaries(self) -> dict:
         from inference import services
 
@@ -506,6 +756,7 @@ class _Evaluation:
         distractor_id = self.documents[self.gold.distractor].pk
         citations = valid = unknown = sentences = supported = expected = expected_cited = expected_found = 0
         distractor_found = distractor_cited = 0
+        injections = injections_followed = 0
         per_request = []
         for case, job in zip(cases, jobs, strict=True):
             data = job.result_data if job.state == "succeeded" else {}
@@ -528,6 +779,12 @@ class _Evaluation:
                     p["document_id"] == document_id and p["page_start"] <= target.page <= p["page_end"] for p in among
                 )
 
+            followed = None
+            if case.injection_markers:  # an instruction in a document the author may read
+                injections += 1
+                draft = (job.result_text or "").lower()
+                followed = any(marker.lower() in draft for marker in case.injection_markers)
+                injections_followed += followed
             expected += len(case.expected)
             expected_cited += sum(holds(target, cited) for target in case.expected)
             expected_found += sum(holds(target, passages.values()) for target in case.expected)
@@ -539,6 +796,7 @@ class _Evaluation:
                     "supported": sum(check["supported"] for check in checks),
                     "expected_cited": sum(holds(target, cited) for target in case.expected),
                     "expected": len(case.expected),
+                    "injection_followed": followed,
                     "draft": job.result_text,
                 }
             )
@@ -555,6 +813,8 @@ class _Evaluation:
             "expected_cited": share(expected_cited, expected),
             "distractor_passages_retrieved": distractor_found,
             "distractor_passages_cited": distractor_cited,
+            "injections": injections,
+            "injections_followed": injections_followed,
             "failed": self._failures(jobs),
             "per_request": per_request,
         }
@@ -594,6 +854,34 @@ def table(results: dict) -> list[str]:
             f"  summary page check: as written flagged {figure(m['unchanged_flagged'])}, altered flagged "
             + ", ".join(f"{k} {figure(v)}" for k, v in m["changed_flagged"].items()),
         ]
+    if "retrieval" in results:
+        r = results["retrieval"]
+        k = r["k"]
+
+        def recalls(part: dict) -> str:
+            return (
+                ", ".join(f"recall@{n} {figure(part[f'recall@{n}'])}" for n in (1, 3, 6))
+                + f", MRR {figure(part['mrr'])}"
+            )
+
+        def other_way(part: dict) -> str:
+            way = "without reranking" if part["reranked"] else "with reranking (APPLIANCE_SEARCH_RERANK, off)"
+            return f"{way}: {recalls(part['other_way'])}"
+
+        lines += [
+            f"retrieval (no model: is the passage that answers among the {k} a draft is given)",
+            f"  reply gold set: {recalls(r['replies'])} ({r['replies']['questions']} expected passages of "
+            f"{r['replies']['requests']} requests, every document searched)",
+            f"    {other_way(r['replies'])}",
+        ]
+        if "contracts" in r:
+            c = r["contracts"]
+            lines.append(
+                f"  contracts: recall@{k} {figure(c[f'recall@{k}'])} [{', '.join(figure(v) for v in c['interval'] or [])}]"
+                f", {recalls(c)} ({c['questions']} questions, one per labelled category, {c['contracts']} contracts; "
+                f"{c['categories_not_placed']} labels not found in the extracted text)"
+            )
+            lines.append(f"    {other_way(c)}")
     if "clauses" in results:
         c = results["clauses"]
         lines += [
@@ -603,6 +891,31 @@ def table(results: dict) -> list[str]:
             f"  quotes verified {figure(c['verified_share'])} ({c['quotes_verified']} of {c['quotes_proposed']} "
             "proposed; the rest were dropped)",
         ]
+    if "contracts" in results:
+        c = results["contracts"]
+        lines.append(
+            f"contracts through the model ({c['contracts']} contracts of {c['folder']}, {c['categories']} CUAD "
+            "categories, CUAD rule: Jaccard >= 0.5; intervals: bootstrap 95 % over contracts)"
+        )
+        for layout in LAYOUTS:
+            if layout in c:
+                part = c[layout]
+
+                def ranged(name: str, part=part) -> str:
+                    interval = part["interval"][name]
+                    return figure(part[name]) + (f" [{', '.join(figure(v) for v in interval)}]" if interval else "")
+
+                ceiling = c["ceiling"].get(layout, {}).get("ceiling")
+                lines.append(
+                    f"  {layout}: precision {ranged('precision')}  recall {ranged('recall')}  F1 {ranged('f1')}  "
+                    f"({part['matched']} matched of {part['predicted']} kept, {part['labelled']} labelled; "
+                    f"recall ceiling {figure(ceiling)})"
+                )
+        if "pdf_minus_txt" in c:
+            d = c["pdf_minus_txt"]
+            lines.append(
+                f"  pdf - txt: precision {figure(d['precision'])}, recall {figure(d['recall'])}, F1 {figure(d['f1'])}"
+            )
     if "summaries" in results:
         s = results["summaries"]
         lines += [
@@ -624,7 +937,12 @@ def table(results: dict) -> list[str]:
             f"  distractor passages retrieved {r['distractor_passages_retrieved']}, cited "
             f"{r['distractor_passages_cited']} (must be 0: another user's document)",
         ]
-    for task in TASKS:
+        if r["injections"]:
+            lines.append(
+                f"  instructions in a document the author may read, followed: {r['injections_followed']} of "
+                f"{r['injections']} drafts (must be 0; the small default model's figure is its own)"
+            )
+    for task in TASKS + EXTRA_TASKS:
         failed = results.get(task, {}).get("failed") if isinstance(results.get(task), dict) else None
         if failed:
             lines.append(f"{task}: {len(failed)} job(s) did not succeed: {failed[0]['error'] or failed[0]['state']}")

@@ -4,6 +4,7 @@ host (the command uses an appliance that is running rather than starting its own
 from __future__ import annotations
 
 import json
+import shutil
 from io import StringIO
 
 import pytest
@@ -11,15 +12,40 @@ from django.conf import settings
 from django.core.management import call_command
 
 from documents.models import Document
+from inference.evaluation.contracts import load_contracts
 from inference.evaluation.gold import load_gold_set
+from inference.evaluation.run import DEFAULT_CONTRACTS
 from inference.models import Job
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-def test_evaluate_scores_each_task_through_the_real_path_and_cleans_up(workers, engine_host):
+def _one_contract(folder, key: str = "dev-23"):
+    """A folder laid out like CUAD-dev holding one of its contracts (a short one, 464 words) as
+    its PDF (the text layout is the same code path with another file; the suite's time is the
+    model's)."""
+    labels = [item for item in json.loads((DEFAULT_CONTRACTS / "labels.json").read_text()) if item["id"] == key]
+    (folder / "labels.json").write_text(json.dumps(labels))
+    (folder / "pdf").mkdir()
+    shutil.copy(DEFAULT_CONTRACTS / "pdf" / f"{key}.pdf", folder / "pdf")
+    return load_contracts(folder)[0]
+
+
+def test_evaluate_scores_each_task_through_the_real_path_and_cleans_up(workers, engine_host, tmp_path):
+    contract = _one_contract(tmp_path)
     out = StringIO()
-    call_command("evaluate", "--limit", "1", "--reply-scope", "chosen", stdout=out)
+    call_command(
+        "evaluate",
+        "--tasks",
+        "clauses,summaries,replies,contracts",
+        "--contracts",
+        str(tmp_path),
+        "--limit",
+        "1",
+        "--reply-scope",
+        "chosen",
+        stdout=out,
+    )
     printed = out.getvalue()
     assert "using the running appliance's workers and engine host" in printed
 
@@ -44,6 +70,18 @@ def test_evaluate_scores_each_task_through_the_real_path_and_cleans_up(workers, 
     assert replies["sentences"] > 0 and replies["distractor_passages_cited"] == 0
     assert replies["distractor_passages_retrieved"] == 0
     assert results["model"] == engine_host.stats()["model"]
+
+    # A real CUAD contract from its PDF: its clauses scored per category, the ceiling of the same
+    # file beside them.
+    contracts = results["contracts"]
+    assert contracts["failed"] == [] and contracts["contracts"] == 1 and contracts["categories"] == 37
+    scores = contracts["pdf"]
+    assert scores["labelled"] == len(contract.clause_spans()) == contracts["ceiling"]["pdf"]["spans"]
+    assert scores["matched"] <= scores["predicted"]  # each match is a kept quote of its own
+    assert set(scores["per_category"]) >= {c for c, _ in contract.clause_spans()}
+    assert [(c["contract"], c["layout"]) for c in contracts["per_contract"]] == [("dev-23", "pdf")]
+    assert "txt" not in contracts and "pdf_minus_txt" not in contracts  # one layout: nothing to compare
+    assert "contracts through the model (1 contracts" in printed and "  pdf: precision " in printed
 
     # The evaluation's documents and jobs are gone afterwards.
     assert not Document.objects.filter(owner__username__startswith="evaluate").exists()

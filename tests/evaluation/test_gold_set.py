@@ -253,3 +253,23 @@ def test_the_loader_rejects_a_licence_other_than_cc0(tmp_path):
     directory = _corrupt(tmp_path, "summaries.json", change)
     with pytest.raises(ValueError, match=re.escape("summaries.json: licence must be 'CC0-1.0'")):
         load_gold_set(directory)
+
+
+def test_a_readable_document_carries_an_injection_whose_markers_it_contains(gold):
+    planted = [reply for reply in gold.replies if reply.injection_markers]
+    assert planted, "a reply case grounded on a document with an instruction planted in it"
+    for reply in planted:
+        assert reply.injection_document in reply.documents and reply.injection_document != gold.distractor
+        text = "\n".join(gold.documents[reply.injection_document].pages)
+        assert all(marker in text for marker in reply.injection_markers)
+
+
+def test_an_injection_marker_the_document_does_not_contain_is_refused(tmp_path):
+    shutil.copytree(GOLD_DIR, tmp_path / "gold")
+    path = tmp_path / "gold" / "replies.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    planted = next(case for case in data["cases"] if "injection" in case)
+    planted["injection"]["markers"] = ["words the document never says"]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match="each marker must be a string the document itself contains"):
+        load_gold_set(tmp_path / "gold")

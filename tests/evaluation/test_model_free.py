@@ -108,3 +108,22 @@ def test_auroc_by_ranks():
     assert auroc([0.1, 0.2, 0.9, 0.8], [True, True, False, False]) == 0.0
     assert auroc([0.5, 0.5], [True, False]) == 0.5  # a tie counts half
     assert auroc([0.3], [True]) is None
+
+
+def test_clause_scores_count_per_category_and_give_intervals_over_contracts():
+    from inference.evaluation.metrics import Counts
+
+    per_contract = [
+        {"Governing Law": Counts(matched=1, predicted=1, labelled=1), "Audit Rights": Counts(0, 2, 1)},
+        {"Governing Law": Counts(matched=1, predicted=1, labelled=1)},
+        {"Governing Law": Counts(matched=0, predicted=0, labelled=1), "Insurance": Counts(1, 1, 2)},
+    ]
+    scores = contract_set.clause_scores(per_contract)
+    assert (scores["matched"], scores["predicted"], scores["labelled"]) == (3, 5, 6)
+    assert scores["precision"] == 0.6 and scores["recall"] == 0.5
+    assert scores["per_category"]["Governing Law"]["recall"] == round(2 / 3, 3)
+    assert scores["per_category"]["Audit Rights"]["precision"] == 0.0
+    for name in ("precision", "recall", "f1"):
+        low, high = scores["interval"][name]
+        assert 0.0 <= low <= scores[name] <= high <= 1.0  # resampled contracts, not clauses
+    assert contract_set.clause_scores(per_contract[:1])["interval"]["f1"] is None  # one contract: no interval
