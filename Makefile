@@ -43,9 +43,10 @@ model: install
 run: install
 	$(PY) manage.py serve
 
+# --durations: CI's log names the slowest tests, which is where its half hour goes.
 test: install
 	$(PY) manage.py prepare_model
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 test-unit: install
 	$(PY) -m pytest -m "not integration"
