@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -72,7 +73,7 @@ from inference.evaluation.metrics import Counts, Span, match_clauses, share
 
 TASKS = ("clauses", "summaries", "replies")
 # Through the model too, but not run by default (an hour or more on a CPU): the labelled contracts.
-EXTRA_TASKS = ("contracts",)
+EXTRA_TASKS = ("contracts", "long")
 # Measured without the engine: the reading of real documents, the support checks, and search.
 MODEL_FREE_TASKS = ("ceiling", "contrast", "retrieval")
 DEFAULT_CONTRACTS = Path(settings.BASE_DIR).parent / "shared" / "data" / "cuad-dev"
@@ -88,13 +89,15 @@ def add_arguments(parser) -> None:
         default=",".join(TASKS),
         help=f"tasks to evaluate, comma-separated, of {', '.join(TASKS + EXTRA_TASKS + MODEL_FREE_TASKS)} (default: "
         f"{','.join(TASKS)}; 'contracts': the clauses of --contracts through the model, per category, in each "
-        "layout; 'ceiling': the share of their labelled spans some quote candidate matches, no model needed)",
+        "layout; 'long': a generated 150-page document's summary, key facts covered in each third; 'ceiling': "
+        "the share of the labelled spans some quote candidate matches, no model needed)",
     )
     parser.add_argument(
         "--seed",
         type=int,
         default=None,
-        help="the contrast set's random seed (default: a new one each run, printed with the figures)",
+        help="the random seed of the contrast set and of the long document (default: a new one each run, printed "
+        "with the figures)",
     )
     parser.add_argument(
         "--contracts",
@@ -103,6 +106,9 @@ def add_arguments(parser) -> None:
         help="a folder of labelled contracts laid out like ../shared/data/cuad-dev (labels.json, pdf/, txt/)",
     )
     parser.add_argument("--limit", type=int, default=None, help="at most this many cases per task")
+    parser.add_argument(
+        "--long-pages", type=int, default=None, help="pages of the 'long' task's generated document (default 150)"
+    )
     parser.add_argument(
         "--taxonomy",
         default=DEFAULT_TAXONOMY,
@@ -186,7 +192,7 @@ def _run_tasks(evaluation, tasks: list[str]) -> dict:
     """Every task at once, each in a thread of its own that submits its jobs and waits for them:
     their jobs share the queues and the engine as a busy office's would, and the evaluation takes
     about as long as its longest task, not the sum of them."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     from django.db import connections
 
@@ -199,9 +205,19 @@ def _run_tasks(evaluation, tasks: list[str]) -> dict:
         finally:
             connections.close_all()  # this thread's database connection
 
-    with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="evaluate") as pool:
+    pool = ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="evaluate")
+    try:
         futures = {task: pool.submit(one, task) for task in tasks}
+        done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
+        for future in done:
+            if future.exception() is not None:
+                raise future.exception()  # the first failure: the others stop waiting (below)
         return {task: futures[task].result() for task in tasks}
+    except BaseException:  # a task failed, or the command was stopped (Ctrl-C, SIGTERM): the others end
+        evaluation.stopping.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def contrast_of(folder: Path, seed: int, progress: Progress) -> dict:
@@ -438,7 +454,7 @@ def _delete_rows(*users) -> None:
         document.delete()
 
 
-def _wait_ingested(documents: list, what: str, *, timeout_s: float = 600) -> None:
+def _wait_ingested(documents: list, what: str, *, timeout_s: float = 600, stopping=None) -> None:
     from documents.models import Document
 
     deadline = time.monotonic() + timeout_s
@@ -455,7 +471,10 @@ def _wait_ingested(documents: list, what: str, *, timeout_s: float = 600) -> Non
             raise CommandError(
                 f"the {what} documents were not ingested within {timeout_s / 60:.0f} minutes; is the ingest worker up?"
             )
-        time.sleep(0.5)
+        if stopping is not None and stopping.wait(0.5):
+            raise CommandError(f"stopped while the {what} documents were ingested")
+        if stopping is None:
+            time.sleep(0.5)
 
 
 class _Processes:
@@ -504,6 +523,7 @@ class _Evaluation:
         self.options = options
         self.limit = options.get("limit")
         self.documents: dict = {}  # gold key -> Document
+        self.stopping = threading.Event()  # set when the command is stopped: every task's waiting ends
 
     def _cases(self, cases):
         return cases[: self.limit] if self.limit else cases
@@ -561,7 +581,8 @@ class _Evaluation:
                 break
             if time.monotonic() > deadline:
                 raise CommandError(f"{label}: the jobs did not finish within {self.options['timeout']:.0f} s")
-            time.sleep(1)
+            if self.stopping.wait(1):
+                raise CommandError(f"{label}: stopped")
         by_id = Job.objects.select_related("metrics").in_bulk(ids)
         return [by_id[pk] for pk in ids]
 
@@ -633,7 +654,7 @@ class _Evaluation:
         self.progress(
             f"contracts: {len(uploads)} files of {len(contracts)} contracts uploaded; the ingest worker reads them"
         )
-        _wait_ingested(list(uploads.values()), "contract", timeout_s=self.options["timeout"])
+        _wait_ingested(list(uploads.values()), "contract", timeout_s=self.options["timeout"], stopping=self.stopping)
         from documents.models import Document
 
         keys = list(uploads)
@@ -686,6 +707,46 @@ class _Evaluation:
                 for name in ("precision", "recall", "f1")
             }
         return result
+
+    def long(self) -> dict:
+        """A generated document of ``longdoc.PAGES`` pages, far past the model's context, with
+        facts planted at random pages in each third (``--seed``): its summary through the whole
+        path (sections several at a time, combined), and the share of the facts it keeps in
+        each third. The model's absolute coverage is its own; the gap between thirds is what
+        the sectioning and combining decide."""
+        from documents.models import Document
+        from documents.services import document_create
+        from inference import services
+        from inference.evaluation.longdoc import PAGES, build_long_document, coverage_by_third
+
+        seed = self.options.get("seed")
+        seed = random.SystemRandom().randrange(1 << 31) if seed is None else seed
+        title, pages, planted = build_long_document(seed=seed, pages=self.options.get("long_pages") or PAGES)
+        data = "\n\f\n".join(pages).encode("utf-8")
+        document, _ = document_create(
+            owner=self.owner, upload=SimpleUploadedFile("long-document.txt", data, content_type="text/plain")
+        )
+        self.progress(f"long: a {len(pages)}-page document with {len(planted)} planted facts (seed {seed}) uploaded")
+        _wait_ingested([document], "generated", timeout_s=self.options["timeout"], stopping=self.stopping)
+        job = services.job_create_summary(
+            owner=self.owner, document=Document.objects.get(pk=document.pk), length=self.options["summary_length"]
+        )
+        (job,) = self._wait([job], "long")
+        text = job.result_text if job.state == "succeeded" else ""
+        covered = [fact_covered(p.fact, text) for p in planted]
+        return {
+            "seed": seed,
+            "pages": len(pages),
+            "sections": len((job.result_data or {}).get("sections", [])) if job.state == "succeeded" else None,
+            **coverage_by_third(planted, covered),
+            "missed": [
+                {"page": p.fact.page, "third": p.third, "fact": p.fact.fact}
+                for p, c in zip(planted, covered, strict=True)
+                if not c
+            ],
+            "failed": self._failures([job]),
+            "summary": text,
+        }
 
     def summaries(self) -> dict:
         from inference import services
@@ -916,6 +977,15 @@ def table(results: dict) -> list[str]:
             lines.append(
                 f"  pdf - txt: precision {figure(d['precision'])}, recall {figure(d['recall'])}, F1 {figure(d['f1'])}"
             )
+    if "long" in results:
+        g = results["long"]
+        thirds = ", ".join(f"{figure(v)}" for v in g["by_third"].values())
+        lines += [
+            f"long document ({g['pages']} generated pages, {g['sections']} sections, {g['facts']} planted facts, seed "
+            f"{g['seed']})",
+            f"  key facts covered {figure(g['coverage'])}; by third {thirds}; largest gap {figure(g['largest_gap'])} "
+            "(the gap is the sectioning's; the absolute figure is the model's)",
+        ]
     if "summaries" in results:
         s = results["summaries"]
         lines += [

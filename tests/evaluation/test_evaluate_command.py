@@ -37,9 +37,13 @@ def test_evaluate_scores_each_task_through_the_real_path_and_cleans_up(workers, 
     call_command(
         "evaluate",
         "--tasks",
-        "clauses,summaries,replies,contracts",
+        "clauses,summaries,replies,contracts,long",
         "--contracts",
         str(tmp_path),
+        "--long-pages",
+        "3",
+        "--seed",
+        "5",
         "--limit",
         "1",
         "--reply-scope",
@@ -82,6 +86,14 @@ def test_evaluate_scores_each_task_through_the_real_path_and_cleans_up(workers, 
     assert [(c["contract"], c["layout"]) for c in contracts["per_contract"]] == [("dev-23", "pdf")]
     assert "txt" not in contracts and "pdf_minus_txt" not in contracts  # one layout: nothing to compare
     assert "contracts through the model (1 contracts" in printed and "  pdf: precision " in printed
+
+    # The generated long document (3 pages here, 150 by default): one fact planted in each third,
+    # the summary's coverage scored per third.
+    long = results["long"]
+    assert long["failed"] == [] and long["seed"] == 5 and long["pages"] == 3 and long["facts"] == 3
+    assert set(long["by_third"]) == {"1", "2", "3"} and long["summary"]
+    assert long["covered"] == 3 - len(long["missed"])
+    assert "long document (3 generated pages" in printed
 
     # The evaluation's documents and jobs are gone afterwards.
     assert not Document.objects.filter(owner__username__startswith="evaluate").exists()

@@ -127,3 +127,51 @@ def test_clause_scores_count_per_category_and_give_intervals_over_contracts():
         low, high = scores["interval"][name]
         assert 0.0 <= low <= scores[name] <= high <= 1.0  # resampled contracts, not clauses
     assert contract_set.clause_scores(per_contract[:1])["interval"]["f1"] is None  # one contract: no interval
+
+
+def test_the_long_document_plants_each_fact_once_in_its_third_and_the_seed_decides():
+    from inference.evaluation.gold import fact_covered
+    from inference.evaluation.longdoc import build_long_document, coverage_by_third
+
+    title, pages, planted = build_long_document(seed=11)
+    assert len(pages) == 150 and pages[0].startswith(title)
+    assert build_long_document(seed=11) == (title, pages, planted) and build_long_document(seed=12)[1] != pages
+    assert [p.third for p in planted] == [1] * 4 + [2] * 4 + [3] * 4
+    whole = "\n".join(pages)
+    for fact in planted:
+        assert fact.fact.fact in pages[fact.fact.page - 1]
+        assert (fact.third - 1) * 50 < fact.fact.page <= fact.third * 50
+        for (term,) in fact.fact.terms:  # distinctive: nowhere else in the document
+            assert whole.count(term) == 1, term
+        assert fact_covered(fact.fact, f"The summary says: {fact.fact.fact}")
+    assert all(250 <= len(page.split()) <= 450 for page in pages)
+
+    scores = coverage_by_third(planted, [True] * 4 + [True, True, False, False] + [False] * 4)
+    assert scores["by_third"] == {1: 1.0, 2: 0.5, 3: 0.0} and scores["largest_gap"] == 1.0
+    assert scores["coverage"] == 0.5
+
+
+def test_when_one_evaluation_task_fails_the_others_stop_waiting_for_their_jobs():
+    import threading
+    import time
+
+    from inference.evaluation.run import _run_tasks
+
+    class FakeEvaluation:  # a fake: one task fails at once, the other waits for jobs that never finish
+        def __init__(self) -> None:
+            self.stopping = threading.Event()
+
+        def broken(self) -> dict:
+            raise CommandError("the engine host is not answering")
+
+        def waits(self) -> dict:
+            if self.stopping.wait(60):
+                raise CommandError("stopped")
+            return {"waited": "to the end"}
+
+    started = time.monotonic()
+    with pytest.raises(CommandError, match="not answering"):
+        _run_tasks(FakeEvaluation(), ["waits", "broken"])
+    assert time.monotonic() - started < 10  # not the 60 s the other task would have waited
+    fine = type("FakeFine", (), {"stopping": threading.Event(), "a": lambda self: {}})()
+    assert set(_run_tasks(fine, ["a"])["a"]) == {"seconds"}  # a task that finishes says how long it took
