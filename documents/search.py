@@ -13,8 +13,9 @@ Two arms, fused with reciprocal-rank fusion (Cormack et al., 2009):
   ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
   finds them in a long message too, whose words all together no passage has.
 
-The fused candidates are then reranked (``documents.rerank``): by the titles of the clauses
-they are in and by how many of the question's terms they hold.
+With ``APPLIANCE_SEARCH_RERANK`` (off by default: measured, it helps contracts and hurts
+letters) the fused candidates are then reranked (``documents.rerank``): by the titles of the
+clauses they are in and by how many of the question's terms they hold.
 
 The documents the user may read (``readable_documents``, the rule of ``selectors``) are looked
 up first, and their ids are a condition of every chunk query, never a filter applied afterwards

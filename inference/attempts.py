@@ -45,20 +45,47 @@ def time_limit_reason(limit_s: int) -> str:
     )
 
 
+class OpenRequests:
+    """Engine requests open at the same time, each with the function that closes it from any
+    thread. Once ``close_all`` has run, a request opened later is closed at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._aborts: list[Callable[[], None]] = []
+        self.closing = False
+
+    def opened(self, abort: Callable[[], None]) -> None:
+        with self._lock:
+            self._aborts.append(abort)
+            closing = self.closing
+        if closing:
+            abort()
+
+    def closed(self, abort: Callable[[], None]) -> None:
+        with self._lock:
+            if abort in self._aborts:
+                self._aborts.remove(abort)
+
+    def close_all(self) -> None:
+        with self._lock:
+            self.closing = True
+            aborts = list(self._aborts)
+        for abort in aborts:
+            abort()
+
+
 class Attempt:
     """The running attempt ``number`` at job ``job_id``, which must end by ``deadline`` (on the
     ``clock``'s scale, ``time.monotonic`` by default)."""
 
-    def __init__(
-        self, job_id, number: int, *, deadline: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, job_id, number: int, *, deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.job_id = job_id
         self.number = number
         self.deadline = deadline
         self.clock = clock
         self._lock = threading.Lock()
         self._reason: StopReason | None = None
-        self._aborts: list[Callable[[], None]] = []
+        self._open = OpenRequests()
 
     @classmethod
     def starting_now(cls, job_id, number: int, *, limit_s: float, clock: Callable[[], float] = time.monotonic):
@@ -70,7 +97,10 @@ class Attempt:
         with self._lock:
             if self._reason is None and self.clock() >= self.deadline:
                 self._reason = StopReason.DEADLINE
-            return self._reason
+            reason = self._reason
+        if reason is not None:
+            self._open.closing = True  # a request opened from now on is closed at once
+        return reason
 
     def remaining_s(self) -> float:
         return max(0.0, self.deadline - self.clock())
@@ -80,9 +110,7 @@ class Attempt:
         with self._lock:
             if self._reason is None:
                 self._reason = reason
-            aborts = list(self._aborts)
-        for abort in aborts:
-            abort()
+        self._open.close_all()
 
     def check(self) -> None:
         """Raise ``AttemptStopped`` if the attempt must stop; called between every step."""
@@ -94,13 +122,7 @@ class Attempt:
     def opened(self, abort: Callable[[], None]) -> None:
         """An engine request is open; ``abort`` closes it from any thread. If the attempt has
         already been told to stop, it is closed at once."""
-        with self._lock:
-            self._aborts.append(abort)
-            stopped = self._reason is not None
-        if stopped:
-            abort()
+        self._open.opened(abort)
 
     def closed(self, abort: Callable[[], None]) -> None:
-        with self._lock:
-            if abort in self._aborts:
-                self._aborts.remove(abort)
+        self._open.closed(abort)

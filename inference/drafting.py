@@ -158,9 +158,7 @@ def retrieval_queries(message: str) -> list[str]:
         return []
     queries = [text[:QUERY_MAX_CHARS]]
     wanted = [s for s in split_sentences(text) if s.endswith("?") and len(s) > 12]
-    wanted += [
-        " ".join(p.split()) for p in re.split(r"\n\s*\n", message) if len(p.split()) >= PARAGRAPH_QUERY_MIN_WORDS
-    ]
+    wanted += [" ".join(b.split()) for b in _blocks(message) if len(b.split()) >= PARAGRAPH_QUERY_MIN_WORDS]
     for query in wanted:
         query = query[:QUERY_MAX_CHARS]
         if query not in queries:

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import connections
 
 from inference import fencing, grounding, streaming
-from inference.attempts import Attempt, StopReason
+from inference.attempts import Attempt, OpenRequests, StopReason
 from inference.clauses import clause_schema, parse_answer, quote_choices, verify_clauses
 from inference.drafting import DRAFT_MAX_TOKENS, check_support, support_summary
 from inference.engine.client import EngineClient
@@ -108,37 +108,15 @@ class SectionAbandoned(Exception):
     """A section's request was closed because another section of the same job failed."""
 
 
-class SectionGroup:
+class SectionGroup(OpenRequests):
     """The engine requests of one job's sections running at once: when one fails, the others
-    are closed, and those not started yet do not start."""
+    are closed (``abandon``), and those not started yet do not start (``check``)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._aborts: list = []
-        self.abandoned = False
-
-    def opened(self, abort) -> None:
-        with self._lock:
-            self._aborts.append(abort)
-            abandoned = self.abandoned
-        if abandoned:
-            abort()
-
-    def closed(self, abort) -> None:
-        with self._lock:
-            if abort in self._aborts:
-                self._aborts.remove(abort)
+    abandon = OpenRequests.close_all
 
     def check(self) -> None:
-        if self.abandoned:
+        if self.closing:
             raise SectionAbandoned()
-
-    def abandon(self) -> None:
-        with self._lock:
-            self.abandoned = True
-            aborts = list(self._aborts)
-        for abort in aborts:
-            abort()
 
 
 def map_sections(
@@ -157,6 +135,9 @@ def map_sections(
     finishes (``run_hidden``). Progress says how many parts are done and, from the rate of those
     read here, about how long the rest will take. If one fails, the others are closed, those
     not started do not start, and its error goes on."""
+    if len(requests) == 1:  # one part: nothing to run beside it
+        _progress(attempt, doing)
+        return [result.run_hidden(job, client, attempt, requests[0])]
     at_once = max(1, min(int(settings.APPLIANCE_PREFILL_CONCURRENCY), len(requests)))
     sizes = [sum(len(m["content"]) for m in request.messages) for request in requests]
     answers: list[str | None] = [None] * len(requests)
@@ -510,11 +491,7 @@ def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
                 json_schema=clause_schema(categories, numbers, list(dict.fromkeys(c.text for c in choices))),
             )
         )
-    if len(requests) == 1:
-        _progress(attempt, "Looking for clauses")
-        answers = [result.run_hidden(job, client, attempt, requests[0])]
-    else:
-        answers = map_sections(job, client, attempt, result, requests, doing="Looking for clauses")
+    answers = map_sections(job, client, attempt, result, requests, doing="Looking for clauses")
     for section, answer in zip(sections, answers, strict=True):
         found, complete = parse_answer(answer)
         if not complete:

@@ -454,8 +454,12 @@ def _delete_rows(*users) -> None:
         document.delete()
 
 
-def _wait_ingested(documents: list, what: str, *, timeout_s: float = 600, stopping=None) -> None:
+def _wait_ingested(
+    documents: list, what: str, *, timeout_s: float = 600, stopping: threading.Event | None = None
+) -> None:
     from documents.models import Document
+
+    stopping = stopping or threading.Event()
 
     deadline = time.monotonic() + timeout_s
     pending = {document.pk for document in documents}
@@ -471,10 +475,8 @@ def _wait_ingested(documents: list, what: str, *, timeout_s: float = 600, stoppi
             raise CommandError(
                 f"the {what} documents were not ingested within {timeout_s / 60:.0f} minutes; is the ingest worker up?"
             )
-        if stopping is not None and stopping.wait(0.5):
+        if stopping.wait(0.5):
             raise CommandError(f"stopped while the {what} documents were ingested")
-        if stopping is None:
-            time.sleep(0.5)
 
 
 class _Processes:
@@ -554,7 +556,7 @@ class _Evaluation:
             owner = self.outsider if key == self.gold.distractor else self.owner
             upload = SimpleUploadedFile(gold.filename, gold.data, content_type="text/plain")
             self.documents[key], _ = document_create(owner=owner, upload=upload)
-        _wait_ingested(list(self.documents.values()), "gold")
+        _wait_ingested(list(self.documents.values()), "gold", stopping=self.stopping)
         self.documents = {key: Document.objects.get(pk=d.pk) for key, d in self.documents.items()}
         for key, document in self.documents.items():
             stored = list(document.pages.order_by("number").values_list("text", flat=True))
