@@ -231,6 +231,13 @@ APPLIANCE_IDLE_THROUGHPUT_LOSS = env_float("APPLIANCE_IDLE_THROUGHPUT_LOSS", 0.0
 # alone is no longer than a drafter's first step, so that one arriving in a gap between drafters
 # waits little (0: off; then only APPLIANCE_IDLE_THROUGHPUT_LOSS bounds such a step).
 APPLIANCE_DRAFTING_RECENT_S = env_float("APPLIANCE_DRAFTING_RECENT_S", 30.0, minimum=0.0)
+# A backlog that arrives at an empty engine starts with steps as short as a drafter's first one,
+# each documents-only step then this many times the one before, up to the size above (a slow
+# start: a drafter arriving t seconds after the engine got busy waits for a step of about t at
+# most). 0: off.
+APPLIANCE_IDLE_RAMP_FACTOR = env_float("APPLIANCE_IDLE_RAMP_FACTOR", 2.0, minimum=0.0, maximum=64.0)
+if 0.0 < APPLIANCE_IDLE_RAMP_FACTOR <= 1.0:
+    raise EnvError(f"APPLIANCE_IDLE_RAMP_FACTOR={APPLIANCE_IDLE_RAMP_FACTOR} must be 0 (off) or above 1")
 # Past this many waiting jobs in a queue, new jobs are refused with 429 and Retry-After.
 APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 1000, minimum=1)
 # Past this many waiting jobs of one person in a queue, that person's new jobs are refused with

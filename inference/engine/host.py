@@ -76,6 +76,7 @@ class EngineConfig:
     itl_target_ms: float = 0.0
     idle_throughput_loss: float = 0.02
     drafting_recent_s: float = 30.0
+    idle_ramp_factor: float = 2.0
     enforce_eager: bool = False
 
     @classmethod
@@ -104,6 +105,7 @@ class EngineConfig:
             itl_target_ms=settings.APPLIANCE_DRAFTING_ITL_TARGET_MS,
             idle_throughput_loss=settings.APPLIANCE_IDLE_THROUGHPUT_LOSS,
             drafting_recent_s=settings.APPLIANCE_DRAFTING_RECENT_S,
+            idle_ramp_factor=settings.APPLIANCE_IDLE_RAMP_FACTOR,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
         )
 
@@ -115,6 +117,7 @@ class EngineConfig:
             itl_target_ms=self.itl_target_ms,
             idle_throughput_loss=self.idle_throughput_loss,
             drafting_recent_s=self.drafting_recent_s,
+            idle_ramp_factor=self.idle_ramp_factor,
             kv_safety_factor=self.kv_safety_factor,
             kv_decode_reserve_fraction=self.kv_decode_reserve_fraction,
             drafting_priority=Priority.DECODE,

@@ -23,6 +23,10 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   is also no longer than a drafter's own first step (its prompt, as recent drafters' were): one
   who arrives in the gap waits at most about that long more, which keeps drafting TTFT within
   twice its time alone; documents lose more speed in those gaps, and none once drafting stops.
+  A backlog that arrives at an empty engine starts with such a short step too, and each
+  documents-only step after it may be ``idle_ramp_factor`` (2) times the one before, up to the
+  2 % rule's size: a drafter who arrives t seconds after the engine got busy waits for a step no
+  longer than about t (a slow start), and the backlog loses a few steps' fixed cost.
 - **Fair between users.** Document chunks go to users in turn (the user served longest ago
   first), and to the document with the least prefill left within a user.
 - **KV admission by blocks** (``admit``): a waiting request enters the engine only while its
@@ -78,6 +82,9 @@ class PolicyConfig:
     # For this long after a drafter was last in the engine, a step with nobody drafting is no
     # longer than a drafter's first step (0: only ``idle_throughput_loss`` bounds it).
     drafting_recent_s: float = 30.0
+    # A backlog arriving at an empty engine starts with a drafter's first step of documents, and
+    # each documents-only step after it may be this many times the one before (0: no slow start).
+    idle_ramp_factor: float = 2.0
     long_prefill_token_threshold: int = 0  # ENGINE mode: vLLM's own per-request chunk cap
     drafting_priority: int = 0  # requests at or below this priority are drafting
 
@@ -98,6 +105,8 @@ class PolicyConfig:
             raise ValueError("idle_throughput_loss must be in [0, 0.5)")
         if self.drafting_recent_s < 0:
             raise ValueError("drafting_recent_s must not be negative")
+        if self.idle_ramp_factor != 0 and self.idle_ramp_factor <= 1.0:
+            raise ValueError("idle_ramp_factor must be 0 (off) or above 1")
 
     def to_dict(self) -> dict:
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), StrEnum) else v) for f in fields(self)}
@@ -396,6 +405,7 @@ class Planner:
     _draft_prompts: deque = field(default_factory=lambda: deque(maxlen=64))
     _draft_prompt_seen: dict[str, None] = field(default_factory=dict)
     _held_for: dict[str, int] = field(default_factory=dict)
+    _ramp_tokens: int | None = None  # the next documents-only step's cap while starting up
     _step: int = 0
 
     def target_step_s(self, base: StepShape) -> float | None:
@@ -470,6 +480,21 @@ class Planner:
         recent = self.config.drafting_recent_s
         return self._drafting_seen_at is not None and recent > 0 and now - self._drafting_seen_at <= recent
 
+    def _slow_start(self, idle: int, base: StepShape, position: int, *, empty: bool) -> tuple[int, str]:
+        """A documents-only step while the engine starts up from empty: the first as long as a
+        drafter's first step, each next one ``idle_ramp_factor`` times the one before, until the
+        2 % rule's ``idle`` is reached. Returns the step's document tokens and the plan's reason."""
+        factor = self.config.idle_ramp_factor
+        if empty:
+            first = self.gap_budget(base, position) if factor else None
+            self._ramp_tokens = None if first is None else max(self.min_chunk_tokens, first)
+        if self._ramp_tokens is None or self._ramp_tokens >= idle:
+            self._ramp_tokens = None
+            return idle, "no_drafting"
+        tokens = self._ramp_tokens
+        self._ramp_tokens = math.ceil(tokens * factor)
+        return tokens, "slow_start"
+
     def fair_order(self, documents: Sequence[RunningRequest]) -> list[RunningRequest]:
         """Documents in mid-prefill: users in turn (served longest ago first), within a user the
         document with the least prefill left first."""
@@ -499,6 +524,8 @@ class Planner:
         drafting_waiting = any(n <= self.max_hold_steps for n in self._held_for.values())
         if doc_prefills:
             self._served_at[doc_prefills[0].user] = self._step
+        if drafting_waiting or drafting:
+            self._ramp_tokens = None  # drafting sizes the steps now; a slow start is for an empty engine
         if drafting_waiting:
             # A drafter can start: documents hold their prefill for this step, and no document
             # starts in it, so the drafter's prompt gets the step.
@@ -532,6 +559,8 @@ class Planner:
             gap = self.gap_budget(base, position)
             if gap is not None and (idle is None or gap < idle):
                 idle, reason = max(self.min_chunk_tokens, min(self.max_budget_tokens, gap)), "drafting_gap"
+        elif prefilling and idle is not None:
+            idle, reason = self._slow_start(idle, base, position, empty=not running)
         budget = None if idle is None else min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + idle)
         return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=idle,
                         reason=reason)  # fmt: skip

@@ -272,6 +272,7 @@ class ApplianceScheduling:
                 "document_budget_tokens": plan.document_budget_tokens,
             },
             "target_step_ms": round(target * 1000, 3) if target else None,
+            "draft_prompt_tokens": planner.draft_prompt_tokens(),  # a drafter's first step, as the plan assumes
             "cost_model": planner.cost.snapshot(),
             "counters": dict(self._counters),
             "kv": {

@@ -66,6 +66,8 @@ def test_config_round_trips_and_refuses_nonsense():
         PolicyConfig.from_dict({"slices": 3})
     with pytest.raises(ValueError):
         PolicyConfig(itl_slowdown=0.5)
+    with pytest.raises(ValueError):
+        PolicyConfig(idle_ramp_factor=0.5)  # a slow start that would shrink its steps
 
 
 # --- KV admission ----------------------------------------------------------------------------
@@ -237,19 +239,43 @@ def cpu_like_model() -> StepCostModel:
     return cpu
 
 
-def test_documents_arriving_at_an_idle_engine_start_with_a_short_step_not_the_whole_budget():
-    # A backlog submitted at once: nothing runs yet, the documents wait to start. Their first
-    # step is bounded like any other documents' step, so a drafter a moment later waits for it.
+def test_documents_arriving_at_an_idle_engine_start_slowly_then_reach_the_2_percent_step():
+    # A backlog submitted at once: nothing runs yet, the documents wait to start. The first step
+    # is as short as a drafter's own first step, each next one twice the one before, until the
+    # 2 % rule's step: a drafter who arrives a moment later waits for a short step, not a long one.
     p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu_like_model())
+    steady = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu_like_model())
+    full = steady.plan([document("doc0", left=8000)], [], [], set(), now=0.0).token_budget  # the 2 % rule
+    assert full is not None and 200 < full < 600  # not 2048 tokens: a 13 s step on this machine
     backlog = [WaitingRequest(f"doc{i}", drafting=False, user="u1") for i in range(3)]
     first = p.plan([], backlog, [w.request_id for w in backlog], set(), now=0.0)
-    mid = p.plan([document("doc0", left=1400)], backlog[1:], [], set(), now=1.0)
-    assert first.reason == "no_drafting" and first.token_budget is not None
-    assert first.token_budget == mid.token_budget < 600  # not 2048 tokens: a 13 s step on this machine
+    assert first.reason == "slow_start"
+    assert 0.040 + 0.0065 * first.token_budget <= (0.040 + 0.0065 * p.draft_prompt_tokens()) * 1.02
+    budgets = [first.token_budget]
+    for step in range(1, 8):
+        plan = p.plan([document("doc0", left=8000, done=sum(budgets))], backlog[1:], [], set(), now=float(step))
+        budgets.append(plan.token_budget)
+    assert budgets[1] == 2 * budgets[0] and budgets[2] == 2 * budgets[1]
+    assert budgets[-1] == full and max(budgets) == full  # it reaches the 2 % rule's step, never more
+    # A drafter arriving while the engine starts up waits for the step in progress: never
+    # longer than the time since the backlog arrived (plus the first, drafter-sized step).
+    clock, starts = 0.0, []
+    for tokens in budgets:
+        starts.append((clock, 0.040 + 0.0065 * tokens))
+        clock += starts[-1][1]
+    first_step_s = starts[0][1]
+    for arrival in (0.1, 0.5, 1.0, 2.0):
+        start, length = next((t, d) for t, d in starts if t <= arrival < t + d)
+        assert start + length - arrival <= arrival + first_step_s
+    # The slow start costs the backlog only a few steps' fixed cost.
+    assert budgets.index(full) <= 4
+    # Off: the first step is the 2 % rule's.
+    off = Planner(config=PolicyConfig(idle_ramp_factor=0), max_budget_tokens=2048, cost=cpu_like_model())
+    assert off.plan([], backlog, [w.request_id for w in backlog], set(), now=0.0).token_budget == full
     # Drafters seen lately: the first step is as short as the gap rule makes any other.
-    p.plan([draft("d")], [], [], set(), now=2.0)
-    gap = p.plan([], backlog, [], set(), now=3.0)
-    assert gap.reason == "drafting_gap" and gap.token_budget < first.token_budget
+    p.plan([draft("d")], [], [], set(), now=20.0)
+    gap = p.plan([], backlog, [], set(), now=21.0)
+    assert gap.reason == "drafting_gap" and gap.token_budget <= budgets[0]
     # Nothing to prefill (only decodes, or documents deferred): vLLM's own budget.
     assert p.plan([], backlog, [], {w.request_id for w in backlog}, now=100.0).token_budget is None
 
