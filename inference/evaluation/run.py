@@ -116,6 +116,12 @@ def add_arguments(parser) -> None:
         help="clause categories asked for (default: office, whose labels are complete; with cuad, only a sample "
         "of each contract's CUAD clauses is labelled, so precision is a lower bound)",
     )
+    parser.add_argument(
+        "--categories",
+        default=None,
+        help="the 'contracts' task: CUAD categories to ask for, comma-separated (default: every one but the entity "
+        "ones); labels of other categories are then not scored",
+    )
     parser.add_argument("--summary-length", default="standard", choices=("short", "standard", "detailed"))
     parser.add_argument(
         "--reply-scope",
@@ -136,9 +142,11 @@ def run(command, **options) -> dict:
     tasks = [t.strip() for t in options["tasks"].split(",") if t.strip()]
     if not tasks or set(tasks) - set(TASKS + EXTRA_TASKS + MODEL_FREE_TASKS):
         raise CommandError(f"--tasks: choose from {', '.join(TASKS + EXTRA_TASKS + MODEL_FREE_TASKS)}")
+    options["categories"] = contract_categories(options.get("categories"))
     results: dict = {
         "options": {
-            k: options.get(k) for k in ("tasks", "limit", "taxonomy", "summary_length", "reply_scope", "contracts")
+            k: options.get(k)
+            for k in ("tasks", "limit", "taxonomy", "categories", "summary_length", "reply_scope", "contracts")
         }
     }
     if "ceiling" in tasks:
@@ -186,6 +194,21 @@ def run(command, **options) -> dict:
             _delete_rows(bench_user(OWNER), bench_user(OUTSIDER))
         for service in reversed(started_services):
             service.stop()
+
+
+def contract_categories(value: str | list[str] | None) -> list[str]:
+    """The CUAD categories the 'contracts' task asks for: those named (comma-separated), or every
+    one but the entity ones (a name, the parties, dates: not clauses)."""
+    from inference.clauses import CUAD_CATEGORIES
+
+    clauses = [c for c in CUAD_CATEGORIES if c not in ENTITY_CATEGORIES]
+    if not value:
+        return clauses
+    named = [c.strip() for c in value.split(",") if c.strip()] if isinstance(value, str) else list(value)
+    unknown = [c for c in named if c not in clauses]
+    if unknown:
+        raise CommandError(f"--categories: not CUAD clause categories: {', '.join(unknown)}")
+    return [c for c in clauses if c in named]
 
 
 def _run_tasks(evaluation, tasks: list[str]) -> dict:
@@ -638,16 +661,16 @@ class _Evaluation:
         """The labelled contracts of ``--contracts`` through the whole path: each file uploaded in
         every layout the folder has (PDF, text) and ingested by the worker, a clause job asking
         for every CUAD category but the entity ones, and its kept quotes scored against the
-        lawyers' spans under CUAD's rule, per category, with bootstrap intervals over contracts;
+        lawyers' spans under CUAD's rule, per category (``--categories``: only those asked for),
+        with bootstrap intervals over contracts;
         the layouts' figures side by side (the same contract read from a PDF or as text should
         score the same), and the quote ceiling of the same files beside them."""
         from documents.services import document_create
         from inference import services
-        from inference.clauses import CUAD_CATEGORIES
 
         folder = Path(self.options["contracts"])
         contracts = _contracts(folder, self.limit)
-        categories = [c for c in CUAD_CATEGORIES if c not in ENTITY_CATEGORIES]
+        categories = contract_categories(self.options["categories"])
         uploads = {}
         for contract in contracts:
             for layout, path in contract.files.items():
@@ -674,7 +697,7 @@ class _Evaluation:
             contract = next(c for c in contracts if c.key == key)
             data = job.result_data if job.state == "succeeded" else {}
             predicted = [Span(c["category"], c["quote"]) for c in data.get("clauses", [])]
-            labelled = [Span(c, span) for c, span in contract.clause_spans()]
+            labelled = [Span(c, span) for c, span in contract.clause_spans() if c in categories]
             counts = {
                 category: match_clauses(
                     [p for p in predicted if p.category == category], [g for g in labelled if g.category == category]

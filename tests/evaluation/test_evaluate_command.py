@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from documents.models import Document
+from inference.clauses import CUAD_CATEGORIES
 from inference.evaluation.contracts import load_contracts
 from inference.evaluation.gold import load_gold_set
 from inference.evaluation.run import DEFAULT_CONTRACTS
@@ -31,6 +32,9 @@ def _one_contract(folder, key: str = "dev-23"):
     return load_contracts(folder)[0]
 
 
+ASKED = ("Expiration Date", "Renewal Term", "Price Restrictions", "Governing Law", "Cap On Liability")
+
+
 def test_evaluate_scores_each_task_through_the_real_path_and_cleans_up(workers, engine_host, tmp_path):
     contract = _one_contract(tmp_path)
     out = StringIO()
@@ -48,6 +52,10 @@ def test_evaluate_scores_each_task_through_the_real_path_and_cleans_up(workers, 
         "1",
         "--reply-scope",
         "chosen",
+        # The contract's three labelled categories and two it has no label for (all 37 are the
+        # same path with a longer answer; the suite's time is the model's).
+        "--categories",
+        ",".join(ASKED),
         stdout=out,
     )
     printed = out.getvalue()
@@ -78,11 +86,15 @@ def test_evaluate_scores_each_task_through_the_real_path_and_cleans_up(workers, 
     # A real CUAD contract from its PDF: its clauses scored per category, the ceiling of the same
     # file beside them.
     contracts = results["contracts"]
-    assert contracts["failed"] == [] and contracts["contracts"] == 1 and contracts["categories"] == 37
+    assert contracts["failed"] == [] and contracts["contracts"] == 1 and contracts["categories"] == len(ASKED)
+    assert results["options"]["categories"] == sorted(ASKED, key=CUAD_CATEGORIES.index)
     scores = contracts["pdf"]
+    assert {c for c, _ in contract.clause_spans()} <= set(ASKED)
     assert scores["labelled"] == len(contract.clause_spans()) == contracts["ceiling"]["pdf"]["spans"]
     assert scores["matched"] <= scores["predicted"]  # each match is a kept quote of its own
     assert set(scores["per_category"]) >= {c for c, _ in contract.clause_spans()}
+    kept = {c["category"] for entry in contracts["per_contract"] for c in entry["kept"]}
+    assert kept <= set(ASKED)  # no other category was asked for
     assert [(c["contract"], c["layout"]) for c in contracts["per_contract"]] == [("dev-23", "pdf")]
     assert "txt" not in contracts and "pdf_minus_txt" not in contracts  # one layout: nothing to compare
     assert "contracts through the model (1 contracts" in printed and "  pdf: precision " in printed

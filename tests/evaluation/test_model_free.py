@@ -175,3 +175,18 @@ def test_when_one_evaluation_task_fails_the_others_stop_waiting_for_their_jobs()
     assert time.monotonic() - started < 10  # not the 60 s the other task would have waited
     fine = type("FakeFine", (), {"stopping": threading.Event(), "a": lambda self: {}})()
     assert set(_run_tasks(fine, ["a"])["a"]) == {"seconds"}  # a task that finishes says how long it took
+
+
+def test_the_contracts_task_asks_the_categories_named_and_refuses_names_cuad_does_not_have():
+    from inference.clauses import CUAD_CATEGORIES
+    from inference.evaluation.contracts import ENTITY_CATEGORIES
+    from inference.evaluation.run import contract_categories
+
+    every = contract_categories(None)
+    assert len(every) == 37 and not set(every) & ENTITY_CATEGORIES
+    assert contract_categories("Governing Law, Renewal Term") == ["Renewal Term", "Governing Law"]  # CUAD's order
+    assert contract_categories(["Audit Rights"]) == ["Audit Rights"]
+    for wrong in ("Parties", "Renewal term", "Confidentiality"):  # an entity, a misspelling, not CUAD's
+        with pytest.raises(CommandError, match=wrong):
+            contract_categories(f"Governing Law,{wrong}")
+    assert set(every) < set(CUAD_CATEGORIES)
