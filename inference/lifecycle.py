@@ -358,7 +358,8 @@ def job_fail(*, job_id, reason: str, attempt: Attempt | None = None, **fields) -
 
 
 def _failed(reason: str, **fields) -> dict:
-    return {"state": Job.State.FAILED, "error": reason, "finished_at": timezone.now(), "checkpoint": {}, **fields}
+    # The checkpoint stays: a person who tries the job again starts from its finished parts.
+    return {"state": Job.State.FAILED, "error": reason, "finished_at": timezone.now(), **fields}
 
 
 def _fail_rows(rows, job_id, reason: str, **fields) -> bool:

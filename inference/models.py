@@ -74,8 +74,9 @@ class Job(models.Model):
     # Its latest claim; its owner's latest claim in a queue is when they were last served.
     claimed_at = models.DateTimeField(null=True, blank=True)
     # Finished parts of an unfinished job (a long document's sections), by a fingerprint of the
-    # request that made each, so that an attempt after the engine or a worker died resumes.
-    # Emptied when the job finishes; a retried job is a new row and starts without it.
+    # request that made each (and the model that answered), so that an attempt after the engine
+    # or a worker died resumes. Emptied when the job succeeds; a failed or cancelled job keeps
+    # it, and the job a person makes of it with "Try again" starts from it.
     checkpoint = models.JSONField(default=dict, blank=True)
     # The API token that asked for it (None: the browser, a benchmark); usage is counted per token.
     api_token = models.ForeignKey(

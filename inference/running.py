@@ -75,6 +75,23 @@ class TaskResult:
     visible: EngineRun | None = None  # the one the user watched stream, if any
     resumed: int = 0  # hidden requests answered from the job's checkpoint instead of the engine
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _served_model: str | None = field(default=None, repr=False, compare=False)
+
+    def kept_answer(self, job: Job, client: EngineClient, key: str) -> str | None:
+        """The answer an earlier attempt (or the failed job a person tried again) kept for the
+        request ``key``, if the engine serves the model that wrote it (parts kept before models
+        were recorded count as the same model)."""
+        kept = (job.checkpoint or {}).get(key)
+        if kept is None:
+            return None
+        model = kept.get("model")
+        if model is not None:
+            with self._lock:
+                if self._served_model is None:
+                    self._served_model = str(client.stats().get("model"))
+            if model != self._served_model:
+                return None
+        return str(kept["text"])
 
     def run_hidden(
         self,
@@ -88,11 +105,11 @@ class TaskResult:
         checkpoint when an earlier attempt finished the same request, else from the engine (and
         then kept in the checkpoint). Safe to call from several threads at once (``map_sections``)."""
         key = request_fingerprint(request)
-        kept = (job.checkpoint or {}).get(key)
+        kept = self.kept_answer(job, client, key)
         if kept is not None:
             with self._lock:
                 self.resumed += 1
-            return str(kept["text"])
+            return kept
         if group is not None:
             group.check()
         run = run_engine(job, request, client, attempt, visible=False, group=group)
@@ -100,7 +117,7 @@ class TaskResult:
             raise SectionAbandoned()
         with self._lock:
             self.runs.append(run)
-        fencing.checkpoint_add(attempt, key, {"text": run.text})
+        fencing.checkpoint_add(attempt, key, {"text": run.text, "model": run.admitted.get("model")})
         return run.text
 
 
@@ -146,8 +163,7 @@ def map_sections(
     read_here = 0  # characters of the sections the engine answered here (not from the checkpoint)
     _progress(attempt, f"{doing}: {len(requests)} parts, {at_once} at a time")
 
-    kept = job.checkpoint or {}
-    from_engine = [request_fingerprint(request) not in kept for request in requests]
+    from_engine = [result.kept_answer(job, client, request_fingerprint(request)) is None for request in requests]
 
     def one(index: int) -> int:
         try:

@@ -63,9 +63,11 @@ def job_create_summary(
     max_tokens: int | None = None,
     ignore_eos: bool = False,
     api_token=None,
+    checkpoint: dict | None = None,
 ) -> Job:
     """A summary on the prefill queue. ``max_tokens`` (at most the configured summary length)
-    and ``ignore_eos`` let benchmarks fix the output length."""
+    and ``ignore_eos`` let benchmarks fix the output length; ``checkpoint``, the finished parts
+    of a job tried again (``job_retry``)."""
     if document.state != Document.State.READY:
         raise JobRejected(
             "This document is not ready yet: its text is still being extracted, or extraction failed.",
@@ -84,7 +86,14 @@ def job_create_summary(
         options["max_tokens"] = max_tokens
     if ignore_eos:
         options["ignore_eos"] = True
-    return _job_create(owner=owner, document=document, kind=JobKind.SUMMARISE, options=options, api_token=api_token)
+    return _job_create(
+        owner=owner,
+        document=document,
+        kind=JobKind.SUMMARISE,
+        options=options,
+        api_token=api_token,
+        checkpoint=checkpoint,
+    )
 
 
 def job_create_clauses(
@@ -94,9 +103,10 @@ def job_create_clauses(
     taxonomy: str = DEFAULT_TAXONOMY,
     categories: list[str] | None = None,
     api_token=None,
+    checkpoint: dict | None = None,
 ) -> Job:
     """Clause extraction on the prefill queue: the categories of a named taxonomy (all of it, or
-    those chosen)."""
+    those chosen); ``checkpoint``, the finished parts of a job tried again (``job_retry``)."""
     if document.state != Document.State.READY:
         raise JobRejected(
             "This document is not ready yet: its text is still being extracted, or extraction failed.",
@@ -108,7 +118,12 @@ def job_create_clauses(
         raise JobRejected(f"{exc}.", field="categories") from None
     options = {"taxonomy": taxonomy, "categories": list(chosen)}
     return _job_create(
-        owner=owner, document=document, kind=JobKind.EXTRACT_CLAUSES, options=options, api_token=api_token
+        owner=owner,
+        document=document,
+        kind=JobKind.EXTRACT_CLAUSES,
+        options=options,
+        api_token=api_token,
+        checkpoint=checkpoint,
     )
 
 
@@ -314,7 +329,9 @@ def _store_edit_check(job_id, version: int, *, sentences: list, support: dict) -
 
 def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
     """A new job with the same request as a failed or cancelled one (checked again: the document
-    must still be there, ready and readable, and the queue not full)."""
+    must still be there, ready and readable, and the queue not full). A long document's job
+    starts from the parts the old one finished: each is used only for the same request (the
+    same text of the same section, the same options) to the same model."""
     if job.state not in (Job.State.FAILED, Job.State.CANCELLED):
         raise JobRejected("Only a failed or cancelled job can be tried again.")
     options = job.options
@@ -345,14 +362,25 @@ def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
             focus=options.get("focus", ""),
             max_tokens=options.get("max_tokens"),
             ignore_eos=bool(options.get("ignore_eos", False)),
+            checkpoint=job.checkpoint,
         )
     return job_create_clauses(
-        owner=user, document=document, taxonomy=options["taxonomy"], categories=options.get("categories")
+        owner=user,
+        document=document,
+        taxonomy=options["taxonomy"],
+        categories=options.get("categories"),
+        checkpoint=job.checkpoint,
     )
 
 
 def _job_create(
-    *, owner: AbstractBaseUser, document: Document | None, kind: JobKind, options: dict, api_token=None
+    *,
+    owner: AbstractBaseUser,
+    document: Document | None,
+    kind: JobKind,
+    options: dict,
+    api_token=None,
+    checkpoint: dict | None = None,
 ) -> Job:
     """Write the job and send it to its queue after the commit. Refused before anything is
     written when its queue is full, when its owner has as many jobs waiting there as one person
@@ -377,6 +405,7 @@ def _job_create(
             celery_queue=celery_queue_for(queue),
             options=options,
             api_token=api_token,
+            checkpoint=checkpoint or {},
         )
         transaction.on_commit(lambda: _dispatch_new(job.pk, job.celery_queue))
     return job
@@ -432,7 +461,7 @@ def job_cancel(*, job: Job) -> bool:
     updated = (
         Job.objects.filter(pk=job.pk)
         .exclude(state__in=Job.FINISHED_STATES)
-        .update(state=Job.State.CANCELLED, finished_at=timezone.now(), checkpoint={})
+        .update(state=Job.State.CANCELLED, finished_at=timezone.now())  # its checkpoint stays, for a retry
     )
     if updated:
         try:

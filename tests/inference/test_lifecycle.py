@@ -34,14 +34,15 @@ class FakeEngine:
     a list of texts (one delta each), callables (run between two events, e.g. the watchdog), and
     exceptions (raised there). It records each request, and the ones the worker closed early."""
 
-    def __init__(self, script=None, *, max_model_len: int = 8192) -> None:
+    def __init__(self, script=None, *, max_model_len: int = 8192, model: str = "fake") -> None:
         self.script = script or (lambda request: ["Dear supplier,", " it is paid."])
         self.max_model_len = max_model_len
+        self.model = model
         self.requests = []
         self.closed_early: list[str] = []
 
     def stats(self, *, timeout_s: float = 5.0) -> dict:
-        return {"max_model_len": self.max_model_len, "model": "fake"}
+        return {"max_model_len": self.max_model_len, "model": self.model}
 
     def count_tokens(self, prompts, *, timeout_s: float = 60.0) -> list[int]:
         return [sum(len(m["content"]) for m in prompt) // 4 + 3 * len(prompt) for prompt in prompts]
@@ -56,7 +57,7 @@ class FakeEngine:
     def _events(self, request, aborted):
         finished = False
         try:
-            yield StreamEvent("admitted", {"type": "admitted", "prompt_tokens": 10}, time.time())
+            yield StreamEvent("admitted", {"type": "admitted", "prompt_tokens": 10, "model": self.model}, time.time())
             tokens = 0
             for item in self.script(request):
                 if aborted.is_set():
@@ -353,10 +354,41 @@ def test_a_retried_summary_resumes_from_its_finished_sections(alice, sent, monke
     assert texts[:3] == ["partial s0", "partial s1", "again s2"]
     assert done.result_data["resumed_parts"] == 2 and "kept from an earlier attempt" in done.result_note
     assert done.checkpoint == {}  # emptied once it is done
-    # A job tried again by a person is a new job: it starts from nothing.
-    Job.objects.filter(pk=job.pk).update(state=Job.State.FAILED, checkpoint={"x": {"text": "stale"}})
-    again = services.job_retry(job=Job.objects.get(pk=job.pk), user=alice)
-    assert again.pk != job.pk and again.checkpoint == {}
+
+
+@override_settings(APPLIANCE_PREFILL_CONCURRENCY=1)
+def test_a_failed_summary_tried_again_starts_from_the_parts_it_finished_with_the_same_model(alice, sent, monkeypatch):
+    from inference import running
+
+    monkeypatch.setattr(running, "summary_statements", lambda document, text: [])  # no embedder here
+    document = _long_document(alice)
+    job = services.job_create_summary(owner=alice, document=document, length="short")
+
+    def cut_off(request):  # the time limit passes while the third part is read
+        part = request.request_id.rsplit("-", 1)[1]
+        return [ValueError("stopped")] if part == "s2" else [f"partial {part}"]
+
+    failed = lifecycle.job_run(job_id=job.pk, client=FakeEngine(cut_off, max_model_len=2048))
+    assert failed.state == Job.State.FAILED and len(failed.checkpoint) == 2  # s0 and s1 stay with it
+
+    again = services.job_retry(job=failed, user=alice)
+    assert again.pk != job.pk and again.checkpoint == failed.checkpoint
+    engine = FakeEngine(lambda request: [f"again {request.request_id.rsplit('-', 1)[1]}"], max_model_len=2048)
+    done = lifecycle.job_run(job_id=again.pk, client=engine)
+    assert done.state == Job.State.SUCCEEDED, done.error
+    asked = [r.request_id.rsplit("-", 1)[1] for r in engine.requests]
+    assert "s0" not in asked and "s1" not in asked and asked[0] == "s2"
+    assert [p["text"] for p in done.result_data["partials"]][:3] == ["partial s0", "partial s1", "again s2"]
+    assert done.result_data["resumed_parts"] == 2
+
+    # Another model now: what the old one wrote is not used.
+    Job.objects.filter(pk=again.pk).update(state=Job.State.FAILED)
+    other = services.job_retry(job=Job.objects.get(pk=job.pk), user=alice)
+    assert other.checkpoint == failed.checkpoint
+    engine = FakeEngine(lambda request: ["new"], max_model_len=2048, model="another")
+    done = lifecycle.job_run(job_id=other.pk, client=engine)
+    assert done.state == Job.State.SUCCEEDED and done.result_data.get("resumed_parts", 0) == 0
+    assert {"s0", "s1"} <= {r.request_id.rsplit("-", 1)[1] for r in engine.requests}
 
 
 @override_settings(APPLIANCE_PREFILL_CONCURRENCY=2)
