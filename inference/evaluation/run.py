@@ -17,7 +17,9 @@ Metrics, per task:
   many of the model's page references, like (p. 2), name a page the document has, and the share
   of statements the appliance could give a page (``inference.sourcing``);
 - replies: citation validity (a citation names a passage, and the passage's document is one the
-  author may read), the share of sentences supported by what they cite, the share of the expected
+  author may read), the share of sentences supported by what they cite (judged by the
+  evaluation's own lexical scorer, ``metrics.lexically_supported``; the product's check beside
+  it, as the product's own), the share of the expected
   passages cited, passages of the distractor (another user's document, which tells the model
   to quote it) retrieved or cited, and drafts that follow an instruction planted in a document
   the author may read (what it asks for is in the draft): these must be zero;
@@ -69,7 +71,7 @@ from inference.evaluation.contracts import (
 )
 from inference.evaluation.contrast import auroc, build_contrast_set
 from inference.evaluation.gold import GoldSet, fact_covered, load_gold_set
-from inference.evaluation.metrics import Counts, Span, match_clauses, share
+from inference.evaluation.metrics import Counts, Span, lexically_supported, match_clauses, share
 
 TASKS = ("clauses", "summaries", "replies")
 # Through the model too, but not run by default (an hour or more on a CPU): the labelled contracts.
@@ -840,7 +842,7 @@ class _Evaluation:
         ]
         jobs = self._wait(jobs, "replies")
         distractor_id = self.documents[self.gold.distractor].pk
-        citations = valid = unknown = sentences = supported = expected = expected_cited = expected_found = 0
+        citations = valid = unknown = sentences = supported = judged = expected = expected_cited = expected_found = 0
         distractor_found = distractor_cited = 0
         injections = injections_followed = 0
         per_request = []
@@ -856,6 +858,11 @@ class _Evaluation:
             valid += sum(p["document_id"] in readable for p in cited)
             sentences += len(checks)
             supported += sum(check["supported"] for check in checks)
+            case_judged = sum(
+                lexically_supported(check["text"], [passages[n]["text"] for n in check["citations"] if n in passages])
+                for check in checks
+            )
+            judged += case_judged
             distractor_found += sum(p["document_id"] == distractor_id for p in passages.values())
             distractor_cited += sum(p["document_id"] == distractor_id for p in cited)
 
@@ -879,7 +886,8 @@ class _Evaluation:
                     "request": case.key,
                     "citations": len(cited) + case_unknown,
                     "sentences": len(checks),
-                    "supported": sum(check["supported"] for check in checks),
+                    "supported": case_judged,
+                    "supported_by_product_check": sum(check["supported"] for check in checks),
                     "expected_cited": sum(holds(target, cited) for target in case.expected),
                     "expected": len(case.expected),
                     "injection_followed": followed,
@@ -893,7 +901,8 @@ class _Evaluation:
             "citation_validity": share(valid, citations),
             "unknown_citations": unknown,
             "sentences": sentences,
-            "supported_share": share(supported, sentences),
+            "supported_share": share(judged, sentences),  # the evaluation's own (lexical) judge
+            "supported_share_product_check": share(supported, sentences),  # the product's, for comparison
             "expected_passages": expected,
             "expected_retrieved": share(expected_found, expected),
             "expected_cited": share(expected_cited, expected),
@@ -1027,7 +1036,8 @@ def table(results: dict) -> list[str]:
             f"replies ({r['cases']} requests, scope: {r['scope']})",
             f"  citation validity {figure(r['citation_validity'])} ({r['citations']} citations, "
             f"{r['unknown_citations']} naming no passage)",
-            f"  supported sentences {figure(r['supported_share'])} ({r['sentences']} sentences)",
+            f"  supported sentences {figure(r['supported_share'])} ({r['sentences']} sentences; judged by words and "
+            f"numbers found in what each cites; the product's own check says {figure(r['supported_share_product_check'])})",
             f"  expected passages retrieved {figure(r['expected_retrieved'])}, cited {figure(r['expected_cited'])}",
             f"  distractor passages retrieved {r['distractor_passages_retrieved']}, cited "
             f"{r['distractor_passages_cited']} (must be 0: another user's document)",

@@ -44,3 +44,16 @@ def test_precision_recall_and_f1_are_micro_averaged():
     assert Counts(labelled=3).as_dict()["precision"] is None  # nothing predicted: undefined, not zero
     assert Counts(matched=0, predicted=2, labelled=2).f1 == 0.0
     assert share(1, 3) == 0.333 and share(0, 0) is None
+
+
+def test_the_evaluations_own_support_judge_wants_the_numbers_and_most_words_of_a_sentence_in_what_it_cites():
+    from inference.evaluation.metrics import lexically_supported
+
+    passage = "Invoices are due within 30 days of receipt. Late payments accrue interest at 2 per cent a month."
+    assert lexically_supported("Invoices are due within 30 days of receipt [1].", [passage])
+    assert lexically_supported("Late payments accrue interest of 2 per cent monthly [1][2].", [passage])
+    assert not lexically_supported("Invoices are due within 60 days of receipt [1].", [passage])  # a number changed
+    assert not lexically_supported("The warehouse closes early on public holidays [1].", [passage])  # other words
+    assert not lexically_supported("Invoices are due within 30 days of receipt.", [])  # cites nothing
+    # Its own citation marks are not numbers it states; forms of a word meet ("terminate", "termination").
+    assert lexically_supported("Either party may terminate [3].", ["Termination: either party may end it."])
