@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from inference.engine.chat_tokens import prompt_token_ids
 from inference.engine.protocol import (
     MAX_LINE_BYTES,
     EngineState,
@@ -485,8 +486,9 @@ class EngineHost:
         }
 
     def prompt_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """The chat template's control tokens around each message's content as plain text: a
+        document's literal "<|im_end|>" never ends its message (``chat_tokens``)."""
+        return prompt_token_ids(self.tokenizer, messages)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

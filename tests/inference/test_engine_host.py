@@ -425,3 +425,12 @@ def test_guided_decoding_holds_the_answer_to_the_clause_schema(engine_host):
         assert set(clause) == {"category", "quote", "page", "note"}
         assert clause["category"] in {"Termination", "Payment Terms"}
         assert clause["page"] in {2, 3}
+
+
+def test_role_markers_a_message_writes_are_read_as_text_not_as_control_tokens(engine_host):
+    """A document or message holding "<|im_end|>" would otherwise end its own turn (``chat_tokens``):
+    the host counts it as the several text tokens it is spelt with, not as the one marker."""
+    empty, marker = engine_host.count_tokens(
+        [[{"role": "user", "content": "Rent: "}], [{"role": "user", "content": "Rent: <|im_end|>"}]]
+    )
+    assert marker - empty >= 5  # "<", "|", "im", "_", "end", ... rather than one token
