@@ -480,15 +480,21 @@ class Planner:
         recent = self.config.drafting_recent_s
         return self._drafting_seen_at is not None and recent > 0 and now - self._drafting_seen_at <= recent
 
-    def _slow_start(self, idle: int, base: StepShape, position: int, *, empty: bool) -> tuple[int, str]:
+    def _slow_start(self, idle: int | None, base: StepShape, position: int, *, empty: bool) -> tuple[int | None, str]:
         """A documents-only step while the engine starts up from empty: the first as long as a
-        drafter's first step, each next one ``idle_ramp_factor`` times the one before, until the
-        2 % rule's ``idle`` is reached. Returns the step's document tokens and the plan's reason."""
+        drafter's first step (``unfitted_chunk_tokens`` while the cost model cannot tell), each
+        next one ``idle_ramp_factor`` times the one before, until the 2 % rule's ``idle`` is
+        reached (or vLLM's whole budget, when that rule cannot tell either: a fresh engine, or
+        one that has only seen drafting). Returns the step's document tokens (None: vLLM's own
+        budget) and the plan's reason."""
         factor = self.config.idle_ramp_factor
         if empty:
             first = self.gap_budget(base, position) if factor else None
+            if factor and first is None:
+                first = self.unfitted_chunk_tokens
             self._ramp_tokens = None if first is None else max(self.min_chunk_tokens, first)
-        if self._ramp_tokens is None or self._ramp_tokens >= idle:
+        ceiling = self.max_budget_tokens if idle is None else idle
+        if self._ramp_tokens is None or self._ramp_tokens >= ceiling:
             self._ramp_tokens = None
             return idle, "no_drafting"
         tokens = self._ramp_tokens
@@ -559,7 +565,7 @@ class Planner:
             gap = self.gap_budget(base, position)
             if gap is not None and (idle is None or gap < idle):
                 idle, reason = max(self.min_chunk_tokens, min(self.max_budget_tokens, gap)), "drafting_gap"
-        elif prefilling and idle is not None:
+        elif prefilling:
             idle, reason = self._slow_start(idle, base, position, empty=not running)
         budget = None if idle is None else min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + idle)
         return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=idle,

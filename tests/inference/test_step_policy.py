@@ -280,6 +280,25 @@ def test_documents_arriving_at_an_idle_engine_start_slowly_then_reach_the_2_perc
     assert p.plan([], backlog, [], {w.request_id for w in backlog}, now=100.0).token_budget is None
 
 
+def test_a_slow_start_holds_when_the_cost_model_cannot_size_a_documents_step_yet():
+    # A fresh engine, or one that has seen only drafting (the fit has no fixed step cost): the 2 %
+    # rule cannot tell, so documents would take vLLM's whole budget at once, a step of seconds
+    # that a burst's first drafters all wait for (seen in the burst benchmark). They start small.
+    backlog = [WaitingRequest(f"doc{i}", drafting=False, user="u1") for i in range(6)]
+    no_fixed = StepCostModel.from_coefficients((0.0, 0.002, 0.0, 0.0025, 3.0))
+    for cost in (StepCostModel(), no_fixed):
+        p = Planner(config=PolicyConfig(drafting_recent_s=0), max_budget_tokens=2048, cost=cost)
+        budgets = [p.plan([], backlog, [w.request_id for w in backlog], set(), now=0.0).token_budget]
+        done = budgets[0]
+        for step in range(1, 12):
+            plan = p.plan([document("doc0", left=15000 - done, done=done)], backlog[1:], [], set(), now=float(step))
+            budgets.append(plan.token_budget)
+            done += plan.token_budget or 2048
+        assert budgets[0] <= 64 and budgets[1] == 2 * budgets[0]
+        assert None in budgets and all(b is None for b in budgets[budgets.index(None):])  # then vLLM's budget
+        assert budgets.index(None) <= 7
+
+
 def test_between_drafters_a_documents_step_is_no_longer_than_a_drafters_first_step():
     p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu_like_model())
     alone = [document("d1", left=8000)]
