@@ -274,6 +274,11 @@ APPLIANCE_EXTRACTION_MEMORY_MB = env_int("APPLIANCE_EXTRACTION_MEMORY_MB", 2048,
 APPLIANCE_OCR = env_bool("APPLIANCE_OCR", True)
 # Embeddings: a sentence-transformers model directory; default all-MiniLM-L6-v2 from its wheel.
 APPLIANCE_EMBEDDING_MODEL = env_str("APPLIANCE_EMBEDDING_MODEL")
+# Threads the embedding model may use in each process that embeds (the ingest worker, a summary's
+# and a draft's checks, search). 0: one where the engine runs on this machine's CPU (vLLM binds its
+# model to the other cores and leaves one for everything else: a second thread would take a core
+# from the engine's steps), the torch default where it has a GPU.
+APPLIANCE_EMBEDDING_THREADS = env_int("APPLIANCE_EMBEDDING_THREADS", 0, minimum=0, maximum=256)
 APPLIANCE_EMBEDDING_BATCH = env_int("APPLIANCE_EMBEDDING_BATCH", 64, minimum=1)
 # all-MiniLM-L6-v2 reads 254 tokens of text; the overlap costs its share of embedding time again.
 APPLIANCE_CHUNK_TOKENS = env_int("APPLIANCE_CHUNK_TOKENS", 224, minimum=16, maximum=510)

