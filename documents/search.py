@@ -9,8 +9,8 @@ Two arms, fused with reciprocal-rank fusion (Cormack et al., 2009):
   an index walk would have to pass over most of everyone else's chunks to find theirs;
 - words: the query's significant terms (``significant_terms``: codes, numbers, words that are
   not function words), each as ``plainto_tsquery('english', term)``, OR-ed, against
-  ``Chunk.search_vector`` (GIN), ranked by how many of the terms a chunk holds, then by
-  ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
+  ``Chunk.search_vector`` (GIN), ranked by the terms a chunk holds, each weighed by its rarity
+  among the passages searched (BM25's inverse document frequency), then by ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
   finds them in a long message too, whose words all together no passage has.
 
 With ``APPLIANCE_SEARCH_RERANK`` (off by default: measured, it helps contracts and hurts
@@ -25,6 +25,7 @@ rather than a subquery, let Postgres estimate how many chunks match and plan acc
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -35,7 +36,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import connection, transaction
-from django.db.models import Case, F, IntegerField, Q, QuerySet, Value, When
+from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
 from pgvector.django import CosineDistance
 
 from documents.models import Chunk, Document
@@ -204,8 +205,8 @@ def vector_search(
 def text_search(
     query: str, *, limit: int, user: AbstractBaseUser | None, document_ids: Sequence[int] | None = None
 ) -> list[tuple[int, float]]:
-    """(chunk id, terms matched + ts_rank_cd) of the chunks the user may read that match any
-    significant term of ``query``, best first: the words arm on its own."""
+    """(chunk id, weighed terms matched + ts_rank_cd) of the chunks the user may read that match
+    any significant term of ``query``, best first: the words arm on its own."""
     readable = searchable_document_ids(user, document_ids)
     if not readable:
         return []
@@ -300,26 +301,46 @@ def significant_terms(query: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
 
 def _text_arm(document_ids: Sequence[int], query: str, limit: int) -> list[tuple[int, float]]:
     """Chunks that match *any* significant term of the query (a message's words all together
-    almost never meet in one passage), ranked by how many of the terms they hold, then by
-    ``ts_rank_cd`` over them."""
+    almost never meet in one passage), ranked by the terms they hold, each weighed by how rare
+    it is among the passages searched (``term_weights``: "assign" and "consent" say more about
+    a passage of a contract than "party" and "agreement", which nearly every passage has), then
+    by ``ts_rank_cd`` over them."""
     terms = significant_terms(query)
     if not terms:
         return []
+    ids = list(document_ids)
     queries = [SearchQuery(term, search_type="plain", config="english") for term in terms]
-    anything = queries[0]
-    for q in queries[1:]:
+    weights = term_weights(ids, queries)
+    kept = [(q, w) for q, w in zip(queries, weights, strict=True) if w > 0]
+    if not kept:
+        return []
+    anything = kept[0][0]
+    for q, _ in kept[1:]:
         anything = anything | q
     coverage = sum(
-        (Case(When(search_vector=q, then=Value(1)), default=Value(0), output_field=IntegerField()) for q in queries),
-        start=Value(0, output_field=IntegerField()),
+        (Case(When(search_vector=q, then=Value(w)), default=Value(0.0), output_field=FloatField()) for q, w in kept),
+        start=Value(0.0, output_field=FloatField()),
     )
     rows = (
-        Chunk.objects.filter(document_id__in=list(document_ids), search_vector=anything)
+        Chunk.objects.filter(document_id__in=ids, search_vector=anything)
         .annotate(coverage=coverage, rank=SearchRank(F("search_vector"), anything, cover_density=True))
         .order_by("-coverage", "-rank", "pk")
         .values_list("pk", "coverage", "rank")[:limit]
     )
-    return [(chunk_id, covered + float(rank)) for chunk_id, covered, rank in rows]
+    return [(chunk_id, float(covered) + float(rank)) for chunk_id, covered, rank in rows]
+
+
+def term_weights(document_ids: Sequence[int], queries: Sequence[SearchQuery]) -> list[float]:
+    """Each term's inverse document frequency among the passages of these documents, as BM25
+    weighs it: ``log(1 + (N - n + 0.5) / (n + 0.5))`` for a term in ``n`` of ``N`` passages; 0
+    for a term no passage has. One count per term, each answered by the full-text index."""
+    chunks = Chunk.objects.filter(document_id__in=list(document_ids))
+    total = chunks.count()
+    weights = []
+    for q in queries:
+        n = chunks.filter(search_vector=q).count()
+        weights.append(math.log(1.0 + (total - n + 0.5) / (n + 0.5)) if n else 0.0)
+    return weights
 
 
 def _nearest_queryset(chunks: QuerySet[Chunk], query_vector, limit: int, *, tie_break: bool = True) -> QuerySet[Chunk]:
