@@ -4,8 +4,9 @@ A model writes what its prompt leads it to, and a prompt holds documents anyone 
 written, so its output is as untrusted as an upload. Markdown is rendered with raw HTML off
 (``<script>`` stays text) and markdown-it's link check (no ``javascript:`` or ``data:`` links),
 then the HTML is cleaned again by an allowlist (nh3, the Rust ammonia sanitiser): only these
-tags and attributes, links only to http, https and mailto, and every link opened without the
-page's referrer or any hold on this window.
+tags and attributes, links only to http, https and mailto (no relative link: a scheme-relative
+``//evil.example`` would otherwise pass as one, and nothing a model writes needs a link into the
+appliance), and every link opened without the page's referrer or any hold on this window.
 """
 
 from __future__ import annotations
@@ -36,5 +37,6 @@ def render_markdown(text: str) -> str:
         attributes=ATTRIBUTES,
         url_schemes=URL_SCHEMES,
         link_rel="noopener noreferrer nofollow",
+        url_relative="deny",
         strip_comments=True,
     )
