@@ -15,6 +15,7 @@ When ``APPLIANCE_METRICS_TOKEN`` is set, scrapes must send it as a bearer token.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -209,11 +210,21 @@ def _engine_metrics():
 
 
 def _authorised(request) -> bool:
+    """With ``APPLIANCE_METRICS_TOKEN`` set, a scraper must bring it; without, only a scraper on
+    this machine is answered (queue depths, users' job counts and the engine's state are not for
+    anyone on the network)."""
     token = settings.APPLIANCE_METRICS_TOKEN
     if not token:
-        return True
+        return _from_loopback(request)
     header = request.headers.get("Authorization", "")
     return header.startswith("Bearer ") and hmac.compare_digest(header.removeprefix("Bearer ").encode(), token.encode())
+
+
+def _from_loopback(request) -> bool:
+    try:
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+    except ValueError:
+        return False  # a Unix socket or nothing: not known to be this machine
 
 
 @never_cache
@@ -221,7 +232,10 @@ def _authorised(request) -> bool:
 def metrics(request):
     if not _authorised(request):
         response = HttpResponse(
-            "A bearer token is required (APPLIANCE_METRICS_TOKEN).\n", status=401, content_type="text/plain"
+            "A bearer token is required (APPLIANCE_METRICS_TOKEN); without one set, /metrics answers only "
+            "on this machine.\n",
+            status=401,
+            content_type="text/plain",
         )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response

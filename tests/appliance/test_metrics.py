@@ -121,3 +121,11 @@ def test_a_configured_token_is_required():
         assert client.get("/metrics").status_code == 401
         assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
         _scrape(client, Authorization="Bearer s3cret-scrape-token")
+
+
+def test_without_a_token_only_a_scraper_on_this_machine_is_answered():
+    with override_settings(APPLIANCE_METRICS_TOKEN=None):
+        assert Client(REMOTE_ADDR="127.0.0.1").get("/metrics").status_code == 200
+        assert Client(REMOTE_ADDR="::1").get("/metrics").status_code == 200
+        refused = Client(REMOTE_ADDR="192.0.2.10").get("/metrics")
+        assert refused.status_code == 401 and "only on this machine" in refused.content.decode()
