@@ -306,6 +306,14 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "login"
+# Every password set here (the admin's forms, APPLIANCE_ADMIN_PASSWORD) is checked: at least 12
+# characters, not a common one, not all digits, not close to the user's name or e-mail.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 LOGIN_REDIRECT_URL = "documents:library"
 LOGOUT_REDIRECT_URL = "login"
 

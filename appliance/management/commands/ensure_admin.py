@@ -1,7 +1,9 @@
 import secrets
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
 
 from appliance.env import env_str
 
@@ -24,6 +26,11 @@ class Command(BaseCommand):
         generated = password is None
         if generated:
             password = secrets.token_urlsafe(12)
+        else:
+            try:
+                validate_password(password, User(username=username))
+            except ValidationError as exc:
+                raise CommandError(f"APPLIANCE_ADMIN_PASSWORD is refused: {' '.join(exc.messages)}") from None
         User.objects.create_superuser(username=username, email="", password=password)
         if generated:
             self.stdout.write(
