@@ -306,6 +306,11 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = True
 
 LOGIN_URL = "login"
+# Sign-in is refused for APPLIANCE_LOGIN_LOCKOUT_S after this many failures for one user name, or
+# from one client address, within that time (429 with Retry-After; counted in the broker).
+APPLIANCE_LOGIN_FAILURES_PER_USER = env_int("APPLIANCE_LOGIN_FAILURES_PER_USER", 5, minimum=1)
+APPLIANCE_LOGIN_FAILURES_PER_ADDRESS = env_int("APPLIANCE_LOGIN_FAILURES_PER_ADDRESS", 20, minimum=1)
+APPLIANCE_LOGIN_LOCKOUT_S = env_int("APPLIANCE_LOGIN_LOCKOUT_S", 900, minimum=1)
 # Every password set here (the admin's forms, APPLIANCE_ADMIN_PASSWORD) is checked: at least 12
 # characters, not a common one, not all digits, not close to the user's name or e-mail.
 AUTH_PASSWORD_VALIDATORS = [

@@ -7,12 +7,13 @@ from api.site import api
 from api.views import api_not_found, openapi_schema, problem_type
 from appliance.health import healthz
 from appliance.metrics import metrics
+from appliance.signin import SignInView
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="documents:library", permanent=False)),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", SignInView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("console/", include("console.urls")),
