@@ -3,6 +3,11 @@
 200 when all are up, 503 when any is down, with a line per part saying what is wrong. The engine
 is up only while its host answers with ``state: "ready"``: while the host starts its engine core
 again it still answers, with ``restarting``, and the check is red at once rather than timing out.
+
+The parts (the model, KV use, error texts) are for operators: staff signed in, or whoever
+``/metrics`` answers (its bearer token, or this machine when no token is set). Anyone else is
+told only ``{"status": "ok"}`` or ``{"status": "degraded"}``, with the same status code, which
+is all a load balancer needs.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from appliance.operators import may_see_operations
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
 from inference.engine.protocol import EngineState
 
@@ -109,4 +115,7 @@ def healthz(request):
         "engine": check_engine(),
     }
     ok = all(part["ok"] for part in parts.values())
-    return JsonResponse({"status": "ok" if ok else "degraded", **parts}, status=200 if ok else 503)
+    body = {"status": "ok" if ok else "degraded"}
+    if may_see_operations(request):
+        body.update(parts)
+    return JsonResponse(body, status=200 if ok else 503)

@@ -14,10 +14,6 @@ When ``APPLIANCE_METRICS_TOKEN`` is set, scrapes must send it as a bearer token.
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
-
-from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpResponse
 from django.views.decorators.cache import never_cache
@@ -26,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from appliance.health import REQUIRED_QUEUES, check_broker
+from appliance.operators import scraper_authorised
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
 from inference.engine.protocol import EngineState
 from inference.models import Job, Queue
@@ -45,8 +42,14 @@ ENGINE_GAUGES = {
     "kv_reserved_tokens": ("appliance_engine_kv_reserved_tokens", "KV tokens reserved by requests in the engine"),
     "waiting_for_admission": ("appliance_engine_admission_waiting_requests", "Requests waiting for KV blocks"),
     "drafting_requests": ("appliance_engine_drafting_requests", "Drafting requests in the engine"),
-    "documents_held": ("appliance_engine_documents_held_requests", "Document prefills held back this step for drafting"),
-    "document_budget_tokens": ("appliance_engine_document_budget_tokens", "Document prefill tokens a step may hold beside drafting"),
+    "documents_held": (
+        "appliance_engine_documents_held_requests",
+        "Document prefills held back this step for drafting",
+    ),
+    "document_budget_tokens": (
+        "appliance_engine_document_budget_tokens",
+        "Document prefill tokens a step may hold beside drafting",
+    ),
     "target_step_ms": ("appliance_engine_target_step_milliseconds", "Step duration the drafting ITL target allows"),
     "max_model_len": ("appliance_engine_max_model_len_tokens", "Context length configured"),
 }
@@ -209,28 +212,10 @@ def _engine_metrics():
     )
 
 
-def _authorised(request) -> bool:
-    """With ``APPLIANCE_METRICS_TOKEN`` set, a scraper must bring it; without, only a scraper on
-    this machine is answered (queue depths, users' job counts and the engine's state are not for
-    anyone on the network)."""
-    token = settings.APPLIANCE_METRICS_TOKEN
-    if not token:
-        return _from_loopback(request)
-    header = request.headers.get("Authorization", "")
-    return header.startswith("Bearer ") and hmac.compare_digest(header.removeprefix("Bearer ").encode(), token.encode())
-
-
-def _from_loopback(request) -> bool:
-    try:
-        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
-    except ValueError:
-        return False  # a Unix socket or nothing: not known to be this machine
-
-
 @never_cache
 @require_GET
 def metrics(request):
-    if not _authorised(request):
+    if not scraper_authorised(request):
         response = HttpResponse(
             "A bearer token is required (APPLIANCE_METRICS_TOKEN); without one set, /metrics answers only "
             "on this machine.\n",

@@ -122,3 +122,23 @@ def test_an_engine_restarting_error_to_stats_is_red_and_says_restarting(fake_eng
     engine = response.json()["engine"]
     assert engine["ok"] is False and engine["state"] == "restarting"
     assert "the engine core is starting" in engine["detail"]
+
+
+def test_callers_from_the_network_are_told_only_up_or_down(fake_engine, workers_up, settings, django_user_model):
+    fake_engine.stats.update(state="ready", restarts=0)
+    remote = Client(REMOTE_ADDR="192.0.2.1")
+    response = remote.get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}  # no model, no KV use
+    fake_engine.stats.update(state="restarting", restarts=1)
+    response = remote.get("/healthz")
+    assert response.status_code == 503 and response.json() == {"status": "degraded"}  # no error texts
+
+    staff = django_user_model.objects.create_user("operator", password="a long password indeed", is_staff=True)
+    remote.force_login(staff)
+    assert remote.get("/healthz").json()["engine"]["state"] == "restarting"  # staff see the parts
+
+    settings.APPLIANCE_METRICS_TOKEN = "s3cret-scrape-token"
+    on_the_box = Client()  # loopback, but a token is set: it must be brought
+    assert on_the_box.get("/healthz").json() == {"status": "degraded"}
+    scraper = on_the_box.get("/healthz", headers={"Authorization": "Bearer s3cret-scrape-token"}).json()
+    assert scraper["engine"]["model"] == "fake-model"
