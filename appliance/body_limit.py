@@ -5,8 +5,11 @@ view runs, and before anyone is authenticated: a Django-level check would come a
 had filled. This wrapper answers 413 from the ``Content-Length`` header, and cuts off a body
 without one (chunked) as soon as it passes the limit.
 
-Limits: an API request carries one file (``APPLIANCE_MAX_UPLOAD_MB`` plus room for the form);
-the library's upload form may carry several, up to ``BROWSER_UPLOAD_FILES`` of them.
+Limits, by path: the API's upload carries one file (``APPLIANCE_MAX_UPLOAD_MB`` plus room for the
+form); the library's upload form may carry several, up to ``BROWSER_UPLOAD_FILES`` of them; the
+draft form one letter file. Every other request (sign-in, JSON, forms) is held to Django's own
+``DATA_UPLOAD_MAX_MEMORY_SIZE``: the sign-in page accepting a gigabyte before anyone is signed
+in would let anyone fill the disk.
 """
 
 from __future__ import annotations
@@ -18,12 +21,17 @@ FORM_OVERHEAD_BYTES = 64 * 1024
 BROWSER_UPLOAD_FILES = 10
 
 
+# Paths that take files, without their trailing slash, and how many files each may carry.
+UPLOAD_PATHS = {"/api/v1/documents": 1, "/documents": BROWSER_UPLOAD_FILES, "/draft": 1}
+
+
 def limit_bytes(path: str) -> int:
     from django.conf import settings
 
-    one_file = settings.APPLIANCE_MAX_UPLOAD_MB * 1024 * 1024
-    files = 1 if path.startswith(API_PREFIXES) else BROWSER_UPLOAD_FILES
-    return files * one_file + FORM_OVERHEAD_BYTES
+    files = UPLOAD_PATHS.get(path.rstrip("/"))
+    if files is None:
+        return settings.DATA_UPLOAD_MAX_MEMORY_SIZE + FORM_OVERHEAD_BYTES
+    return files * settings.APPLIANCE_MAX_UPLOAD_MB * 1024 * 1024 + FORM_OVERHEAD_BYTES
 
 
 def _declared_length(scope) -> int | None:
@@ -40,7 +48,12 @@ async def _refuse(scope, send, limit: int) -> None:
     from django.conf import settings
 
     path = scope.get("path", "")
-    detail = f"The request body is over the limit of {limit // (1024 * 1024)} MB (uploads: {settings.APPLIANCE_MAX_UPLOAD_MB} MB a file)."
+    detail = f"The request body is over the limit of {limit // (1024 * 1024)} MB here"
+    detail += (
+        f" (uploads: {settings.APPLIANCE_MAX_UPLOAD_MB} MB a file)."
+        if path.rstrip("/") in UPLOAD_PATHS
+        else "; files are uploaded to the library or POST /api/v1/documents."
+    )
     if path.startswith(API_PREFIXES):
         from api.problems import CONTENT_TYPE, problem_body
 

@@ -80,6 +80,23 @@ def test_the_web_server_refuses_an_oversized_body_before_reading_it(live_applian
     chunks = (b"%x\r\n%s\r\n" % (len(megabyte), megabyte) for _ in range(400))
     assert " 413 " in _raw_post(live_appliance, head + "Transfer-Encoding: chunked\r\n\r\n", chunks)
     assert not Document.objects.exists()
+    # Before anyone signs in, the sign-in page takes a form, not a gigabyte: declared or chunked,
+    # a body past Django's own form limit (5 MB) is refused at once.
+    login = "POST /accounts/login/ HTTP/1.1\r\nHost: appliance\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+    assert " 413 " in _raw_post(live_appliance, login + "Content-Length: 50000000\r\n\r\n", [])
+    chunks = (b"%x\r\n%s\r\n" % (len(megabyte), megabyte) for _ in range(40))
+    assert " 413 " in _raw_post(live_appliance, login + "Transfer-Encoding: chunked\r\n\r\n", chunks)
+
+
+def test_only_the_upload_paths_take_files_sized_bodies(settings):
+    from appliance.body_limit import limit_bytes
+
+    settings.APPLIANCE_MAX_UPLOAD_MB = 100
+    file_mb = 100 * 1024 * 1024
+    assert file_mb < limit_bytes("/api/v1/documents") < 2 * file_mb
+    assert limit_bytes("/documents/") > 9 * file_mb  # the library's form: several files
+    for path in ("/accounts/login/", "/v1/chat/completions", "/api/v1/jobs/summary", "/console/", "/admin/login/"):
+        assert limit_bytes(path) < 6 * 1024 * 1024, path
 
 
 def test_the_readme_curl_example_uploads_summarises_and_streams(live_appliance, workers, engine_host, alice, tmp_path):
