@@ -69,14 +69,18 @@ class SummaryIn(Schema):
 class ClausesIn(Schema):
     document_id: int
     taxonomy: Taxonomy = Field(DEFAULT_TAXONOMY, description="office (5 categories) or cuad (46)")
-    categories: list[str] | None = Field(None, description="Only these categories of the taxonomy.")
+    categories: list[str] | None = Field(
+        None, max_length=max(len(t) for t in TAXONOMIES.values()), description="Only these categories of the taxonomy."
+    )
 
 
 class DraftIn(Schema):
     message: str = Field(
         ..., min_length=1, max_length=MESSAGE_MAX_CHARS, description="The incoming message to reply to."
     )
-    document_ids: list[int] = Field(default_factory=list, description="Ground on these documents...")
+    document_ids: list[int] = Field(
+        default_factory=list, max_length=services.DRAFT_MAX_DOCUMENTS, description="Ground on these documents..."
+    )
     group_id: int | None = Field(None, description="...or on the documents shared with this group of yours.")
     tone: Tone = Field(DEFAULT_DRAFT_TONE)
     length: DraftLength = Field(DEFAULT_DRAFT_LENGTH)

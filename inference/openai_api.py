@@ -134,7 +134,7 @@ class ChatCompletionRequest(Schema):
     """OpenAI's chat completion request. Unknown fields are ignored."""
 
     model: str = Field(..., description="The id of a model from GET /v1/models.")
-    messages: list[ChatMessageIn] = Field(..., min_length=1)
+    messages: list[ChatMessageIn] = Field(..., min_length=1, max_length=services.CHAT_MAX_MESSAGES)
     max_completion_tokens: int | None = Field(
         None, ge=1, le=services.CHAT_MAX_TOKENS_LIMIT, description="Takes precedence over max_tokens."
     )

@@ -34,6 +34,8 @@ from inference.prompts import (
 logger = logging.getLogger(__name__)
 
 CHAT_MAX_TOKENS_LIMIT = 4096
+CHAT_MAX_MESSAGES = 256  # a conversation's turns; its words are bounded by the request body's limit
+DRAFT_MAX_DOCUMENTS = 200  # documents one draft may be grounded on by name (or choose a group, or all)
 REGENERATE_TEMPERATURE = 0.7  # a regenerated draft samples, so that it can differ from the first
 DRAFT_EDIT_MAX_CHARS = 20_000
 
@@ -145,6 +147,8 @@ def job_create_chat(
     them (``running.engine_request``)."""
     if not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
         raise JobRejected("messages must be a non-empty list of {role, content} objects.", field="messages")
+    if len(messages) > CHAT_MAX_MESSAGES:
+        raise JobRejected(f"at most {CHAT_MAX_MESSAGES} messages are accepted in one request.", field="messages")
     if any(m["role"] not in {"system", "user", "assistant"} for m in messages):
         raise JobRejected("a message's role must be system, user or assistant.", field="messages")
     if not 1 <= max_tokens <= CHAT_MAX_TOKENS_LIMIT:
@@ -210,6 +214,12 @@ def job_create_draft(
         raise JobRejected(f"Unknown length {length!r}; choose one of {', '.join(DRAFT_LENGTHS)}.", field="length")
     if not 0.0 <= temperature <= 2.0:
         raise JobRejected("temperature must be between 0 and 2.", field="temperature")
+    if len(document_ids) > DRAFT_MAX_DOCUMENTS:
+        raise JobRejected(
+            f"{len(document_ids):,} documents were chosen; at most {DRAFT_MAX_DOCUMENTS} can be named. Choose a "
+            "group instead, or none to search every document you may read.",
+            field="document_ids",
+        )
     try:
         scope = draft_scope(user=owner, document_ids=document_ids, group_id=group_id)
     except ScopeRejected as exc:

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from api.services import token_create, token_revoke
 from documents.models import Document
+from inference import services
 from inference.models import Job, JobKind, Queue, RequestMetrics
 from tests.factories import ready_document
 
@@ -198,6 +199,19 @@ def test_bad_input_is_400_naming_the_field(alice):
         400,
     )
     assert body["errors"][0]["field"] == "group_id"
+    too_many = list(range(1, services.DRAFT_MAX_DOCUMENTS + 2))  # a list no one can mean, bounded before use
+    body = problem(
+        client.post(
+            "/api/v1/jobs/draft",
+            {"message": "Hello?", "document_ids": too_many},
+            content_type="application/json",
+            **auth,
+        ),
+        400,
+    )
+    assert body["errors"][0]["field"] == "document_ids"
+    with pytest.raises(services.JobRejected, match=f"at most {services.DRAFT_MAX_DOCUMENTS}"):
+        services.job_create_draft(owner=alice, message="Hello?", document_ids=too_many)  # the browser's form too
     body = problem(
         client.get(
             f"/api/v1/jobs/{Job.objects.create(owner=alice, kind=JobKind.CHAT, queue=Queue.DECODE).pk}/stream",
@@ -263,8 +277,15 @@ def test_one_persons_queued_jobs_are_capped_with_429_naming_the_limit(alice, bob
     document = ready_document(alice, "lease", "The rent is 900 pounds a month.")
     client = Client()
     auth = bearer(alice)
-    assert client.post("/api/v1/jobs/summary", {"document_id": document.pk}, content_type="application/json", **auth).status_code == 201
-    response = client.post("/api/v1/jobs/clauses", {"document_id": document.pk}, content_type="application/json", **auth)
+    assert (
+        client.post(
+            "/api/v1/jobs/summary", {"document_id": document.pk}, content_type="application/json", **auth
+        ).status_code
+        == 201
+    )
+    response = client.post(
+        "/api/v1/jobs/clauses", {"document_id": document.pk}, content_type="application/json", **auth
+    )
     body = problem(response, 429)
     assert body["type"] == "/api/problems/queue-full" and int(response["Retry-After"]) >= 5
     assert "the most one person may have waiting at once (1)" in body["detail"]

@@ -406,6 +406,7 @@ def test_an_unknown_model_is_404_naming_it(api_client):
         ({"temperature": 2.5}, "temperature"),
         ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages.0.content.0.type"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ({"messages": [{"role": "user", "content": "Hi"}] * (services.CHAT_MAX_MESSAGES + 1)}, "messages"),
     ],
 )
 def test_a_bad_request_is_400_naming_the_field_for_openai_clients(api_client, body, field):
