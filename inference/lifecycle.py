@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from appliance.broker import PUBLISH_ERRORS
 from appliance.rendering import render_markdown
+from documents.selectors import documents_readable_by
 from inference import fencing, running, streaming
 from inference.attempts import Attempt, AttemptStopped, StopReason, time_limit_reason
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
@@ -156,9 +157,7 @@ def fair_share_candidates(*, celery_queue: str):
     """The queued jobs of a Celery queue that may start now, in fair-share order
     (``inference.fairshare`` states the rule; ``selectors.queue_positions`` plays it forward)."""
     same_owner = Job.objects.filter(owner=OuterRef("owner"), celery_queue=celery_queue).order_by()
-    running_jobs = (
-        same_owner.filter(state=Job.State.RUNNING).values("owner").annotate(n=Count("pk")).values("n")[:1]
-    )
+    running_jobs = same_owner.filter(state=Job.State.RUNNING).values("owner").annotate(n=Count("pk")).values("n")[:1]
     last_served = same_owner.filter(claimed_at__isnull=False).order_by("-claimed_at").values("claimed_at")[:1]
     return (
         Job.objects.filter(celery_queue=celery_queue, state=Job.State.QUEUED)
@@ -238,6 +237,8 @@ def _run(job: Job, client: EngineClient | None) -> Job:
             runner = running.RUNNERS.get(JobKind(job.kind))
             if runner is None:
                 raise ValueError(f"{job.get_kind_display()} is not available yet.")
+            if job.document_id is not None and not documents_readable_by(job.owner).filter(pk=job.document_id).exists():
+                raise ValueError("Its document is no longer shared with you, so this job was not run.")
             result = runner(job, client, attempt)
             attempt.check()
             return _store_result(job, attempt, result)
@@ -389,7 +390,9 @@ def jobs_recover_stale() -> tuple[int, int]:
         Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at=None, started_at__lt=cutoff)
     )
     for job in stale.only("pk", "queue", "celery_queue", "attempts", "heartbeat_at"):
-        seen = Job.objects.filter(pk=job.pk, state=Job.State.RUNNING, attempts=job.attempts, heartbeat_at=job.heartbeat_at)
+        seen = Job.objects.filter(
+            pk=job.pk, state=Job.State.RUNNING, attempts=job.attempts, heartbeat_at=job.heartbeat_at
+        )
         if job.attempts >= MAX_ATTEMPTS:
             reason = (
                 f"The worker running this job stopped {job.attempts} times, so it was given up. "
@@ -442,7 +445,10 @@ def _metrics_fields(job: Job, result: running.TaskResult) -> dict:
         "output_tokens": sum(int(run.done.get("output_tokens", len(run.deltas))) for run in runs),
         "decode_tokens_per_s": timing.decode_tokens_per_s,
         "kv_reservation_tokens": max(
-            (int(run.done.get("kv_reservation_tokens") or run.admitted.get("kv_reservation_tokens", 0)) for run in runs),
+            (
+                int(run.done.get("kv_reservation_tokens") or run.admitted.get("kv_reservation_tokens", 0))
+                for run in runs
+            ),
             default=0,
         ),
         "preemptions": sum(int(run.done.get("preemptions", 0)) for run in runs),

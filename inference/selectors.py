@@ -1,4 +1,4 @@
-"""Reads for jobs, filtered by owner in the query itself."""
+"""Reads for jobs, filtered by owner (and by who may read their document) in the query itself."""
 
 from __future__ import annotations
 
@@ -7,32 +7,41 @@ from datetime import timedelta
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Q
 from django.utils import timezone
 
+from documents.selectors import readable_filter
 from inference.fairshare import Waiting, claim_order
 from inference.models import Job, Queue
 
 ETA_WINDOW = timedelta(hours=1)
 
 
+def _visible_jobs(user: AbstractBaseUser):
+    """The user's jobs whose document, if they have one, the user may still read: once a share is
+    withdrawn, a summary's text and a clause job's quotes are the document's words, and are
+    withheld with it (the job is kept, and shown again if the document is shared again)."""
+    readable = readable_filter(user, document_field="document_id", owner_field="document__owner")
+    return Job.objects.filter(owner=user).filter(Q(document__isnull=True) | readable)
+
+
 def job_for_user(*, user: AbstractBaseUser, job_id) -> Job | None:
     if not user.is_authenticated:
         return None
-    return Job.objects.select_related("document", "metrics").filter(owner=user, pk=job_id).first()
+    return _visible_jobs(user).select_related("document", "metrics").filter(pk=job_id).first()
 
 
 def jobs_of(*, user: AbstractBaseUser):
     """The user's jobs, newest first."""
     if not user.is_authenticated:
         return Job.objects.none()
-    return Job.objects.select_related("document", "metrics").filter(owner=user).order_by("-created_at")
+    return _visible_jobs(user).select_related("document", "metrics").order_by("-created_at")
 
 
 async def ajob_for_user(*, user: AbstractBaseUser, job_id) -> Job | None:
     if not user.is_authenticated:
         return None
-    return await Job.objects.select_related("document").filter(owner=user, pk=job_id).afirst()
+    return await _visible_jobs(user).select_related("document").filter(pk=job_id).afirst()
 
 
 def queue_concurrency(queue: Queue | str) -> int:

@@ -492,3 +492,36 @@ def test_no_two_schemas_share_a_name():
         if inspect.isclass(obj) and issubclass(obj, Schema) and obj.__module__ == module.__name__
     ]
     assert len(names) > 20 and sorted(names) == sorted(set(names))
+
+
+def test_a_withdrawn_share_withholds_the_results_made_from_the_document(alice, bob):
+    """A summary is the document's words: once the owner un-shares it, the reader's job, its
+    result and an Idempotency-Key replay of it are 404 (the job is kept, and back if re-shared)."""
+    legal = Group.objects.create(name="legal")
+    bob.groups.add(legal)
+    document = ready_document(alice, "lease", "The rent is 900 pounds a month.")
+    document.shared_with.add(legal)
+    client, auth = Client(), bearer(bob)
+    request = {"document_id": document.pk, "length": "short"}
+    created = client.post(
+        "/api/v1/jobs/summary", request, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k-9", **auth
+    )
+    assert created.status_code == 201
+    job_id = created.json()["id"]
+    Job.objects.filter(pk=job_id).update(state=Job.State.SUCCEEDED, result_text="The rent is 900 pounds a month.")
+    assert client.get(f"/api/v1/jobs/{job_id}", **auth).json()["result"]["text"].startswith("The rent")
+
+    document.shared_with.remove(legal)
+    problem(client.get(f"/api/v1/jobs/{job_id}", **auth), 404)
+    replay = client.post(
+        "/api/v1/jobs/summary", request, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k-9", **auth
+    )
+    problem(replay, 404)
+    assert job_id not in {j["id"] for j in client.get("/api/v1/jobs", **auth).json()["items"]}
+    browser = Client()
+    browser.force_login(bob)
+    assert browser.get(f"/jobs/{job_id}/").status_code == 404
+    assert Job.objects.filter(pk=job_id).exists()  # kept
+
+    document.shared_with.add(legal)
+    assert client.get(f"/api/v1/jobs/{job_id}", **auth).status_code == 200

@@ -503,3 +503,18 @@ def test_a_new_job_is_sent_to_its_queue_once_committed(alice, sent):
     assert sent == [(str(job.pk), job.celery_queue, None)]
     job.refresh_from_db()
     assert job.celery_queue == "decode" and job.dispatched_at is not None
+
+
+def test_a_job_queued_while_its_document_was_shared_is_not_run_after_the_share_is_withdrawn(alice, bob, sent):
+    from django.contrib.auth.models import Group
+
+    legal = Group.objects.create(name="legal")
+    bob.groups.add(legal)
+    document = _long_document(alice)
+    document.shared_with.add(legal)
+    job = services.job_create_summary(owner=bob, document=document, length="short")
+    document.shared_with.remove(legal)
+    engine = FakeEngine()
+    result = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert result.state == Job.State.FAILED and "no longer shared with you" in result.error
+    assert engine.requests == []  # nothing of the document reached the engine
