@@ -328,8 +328,21 @@ USE_I18N = True
 USE_TZ = True
 
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = env_bool("APPLIANCE_SECURE_COOKIES", False)
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# Served over HTTPS (a reverse proxy in front ending TLS, which sets X-Forwarded-Proto and drops
+# any a client sent): cookies only over TLS, plain HTTP redirected, and browsers told to use
+# HTTPS only (HSTS) for APPLIANCE_HSTS_SECONDS. Off on the embedded default (http on loopback).
+APPLIANCE_TLS = env_bool("APPLIANCE_TLS", env_bool("APPLIANCE_SECURE_COOKIES", False))
+SESSION_COOKIE_SECURE = APPLIANCE_TLS
+CSRF_COOKIE_SECURE = APPLIANCE_TLS
+if APPLIANCE_TLS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]  # probes and scrapers on the box itself
+    SECURE_HSTS_SECONDS = env_int("APPLIANCE_HSTS_SECONDS", 31_536_000, minimum=0)
+    # Subdomains of the appliance's own host name (not its organisation's domain) are HTTPS too.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("APPLIANCE_HSTS_INCLUDE_SUBDOMAINS", True)
+# The HSTS preload list is for public domains; an appliance's internal host name is not on it.
+SILENCED_SYSTEM_CHECKS = ["security.W021"]
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
