@@ -517,7 +517,7 @@ def test_a_withdrawn_share_withholds_the_results_made_from_the_document(alice, b
         "/api/v1/jobs/summary", request, content_type="application/json", HTTP_IDEMPOTENCY_KEY="k-9", **auth
     )
     problem(replay, 404)
-    assert job_id not in {j["id"] for j in client.get("/api/v1/jobs", **auth).json()["items"]}
+    assert job_id not in {j["id"] for j in client.get("/api/v1/jobs", **auth).json()["results"]}
     browser = Client()
     browser.force_login(bob)
     assert browser.get(f"/jobs/{job_id}/").status_code == 404
