@@ -21,15 +21,19 @@ from django.contrib.auth import views as auth_views
 logger = logging.getLogger(__name__)
 
 
-def _keys(username: str, address: str) -> tuple[str, str]:
-    return f"appliance:signin:user:{username.strip().lower()}", f"appliance:signin:address:{address}"
+def _user_key(username: str) -> str:
+    return f"appliance:signin:user:{username.strip().lower()}"
+
+
+def _address_key(address: str) -> str:
+    return f"appliance:signin:address:{address}"
 
 
 def wait_s(username: str, address: str) -> int | None:
     """Seconds until this name or address may try again, or None if it may now."""
     from inference.streaming import sync_client
 
-    user_key, address_key = _keys(username, address)
+    user_key, address_key = _user_key(username), _address_key(address)
     try:
         pipe = sync_client().pipeline()
         pipe.get(user_key)
@@ -54,7 +58,7 @@ def record_failure(username: str, address: str) -> None:
     window = settings.APPLIANCE_LOGIN_LOCKOUT_S
     try:
         pipe = sync_client().pipeline()
-        for key in _keys(username, address):
+        for key in (_user_key(username), _address_key(address)):
             pipe.incr(key)
             pipe.expire(key, window, nx=True)  # the window starts at the first failure
         pipe.execute()
@@ -66,7 +70,7 @@ def record_success(username: str) -> None:
     from inference.streaming import sync_client
 
     try:
-        sync_client().delete(_keys(username, "")[0])
+        sync_client().delete(_user_key(username))
     except redis.RedisError:
         pass
 

@@ -489,10 +489,10 @@ class Planner:
         budget) and the plan's reason."""
         factor = self.config.idle_ramp_factor
         if empty:
-            first = self.gap_budget(base, position) if factor else None
-            if factor and first is None:
-                first = self.unfitted_chunk_tokens
-            self._ramp_tokens = None if first is None else max(self.min_chunk_tokens, first)
+            self._ramp_tokens = None
+            if factor:
+                first = self.gap_budget(base, position)
+                self._ramp_tokens = max(self.min_chunk_tokens, self.unfitted_chunk_tokens if first is None else first)
         ceiling = self.max_budget_tokens if idle is None else idle
         if self._ramp_tokens is None or self._ramp_tokens >= ceiling:
             self._ramp_tokens = None
