@@ -76,7 +76,7 @@ class EngineConfig:
     itl_slowdown: float = 1.4
     itl_target_ms: float = 0.0
     idle_throughput_loss: float = 0.02
-    drafting_recent_s: float = 30.0
+    drafting_recent_s: float = 0.0
     idle_ramp_factor: float = 2.0
     enforce_eager: bool = False
 

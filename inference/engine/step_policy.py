@@ -19,14 +19,16 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
   that speed where it is small (a CPU), so that a drafter who arrives waits for a short step.
-  While drafting comes and goes (a drafter seen in the last ``drafting_recent_s``), such a step
-  is also no longer than a drafter's own first step (its prompt, as recent drafters' were): one
-  who arrives in the gap waits at most about that long more, which keeps drafting TTFT within
-  twice its time alone; documents lose more speed in those gaps, and none once drafting stops.
-  A backlog that arrives at an empty engine starts with such a short step too, and each
-  documents-only step after it may be ``idle_ramp_factor`` (2) times the one before, up to the
-  2 % rule's size: a drafter who arrives t seconds after the engine got busy waits for a step no
-  longer than about t (a slow start), and the backlog loses a few steps' fixed cost.
+  A backlog that arrives at an empty engine starts with a step no longer than a drafter's own
+  first step (its prompt, as recent drafters' were), and each documents-only step after it may
+  be ``idle_ramp_factor`` (2) times the one before, up to the 2 % rule's size: a drafter who
+  arrives t seconds after the engine got busy waits for a step no longer than about t (a slow
+  start), and the backlog loses a few steps' fixed cost. The same slow start follows the last
+  drafter out of the engine: one who arrives t seconds after the others left waits for about t
+  at most, and documents are back at full speed a second or two after drafting stops. (The
+  older rule, every documents-only step held to a drafter's first step for
+  ``drafting_recent_s`` after the last drafter, cost the burst benchmark's documents a third
+  of their speed; it stays as an option, off by default.)
 - **Fair between users.** Document chunks go to users in turn (the user served longest ago
   first), and to the document with the least prefill left within a user.
 - **KV admission by blocks** (``admit``): a waiting request enters the engine only while its
@@ -80,10 +82,11 @@ class PolicyConfig:
     # that a drafter who arrives waits less); 0: always vLLM's whole budget.
     idle_throughput_loss: float = 0.02
     # For this long after a drafter was last in the engine, a step with nobody drafting is no
-    # longer than a drafter's first step (0: only ``idle_throughput_loss`` bounds it).
-    drafting_recent_s: float = 30.0
-    # A backlog arriving at an empty engine starts with a drafter's first step of documents, and
-    # each documents-only step after it may be this many times the one before (0: no slow start).
+    # longer than a drafter's first step (0, the default: the slow start below bounds it).
+    drafting_recent_s: float = 0.0
+    # A backlog arriving at an empty engine, or left alone by the last drafter, starts with a
+    # drafter's first step of documents, and each documents-only step after it may be this many
+    # times the one before (0: no slow start).
     idle_ramp_factor: float = 2.0
     long_prefill_token_threshold: int = 0  # ENGINE mode: vLLM's own per-request chunk cap
     drafting_priority: int = 0  # requests at or below this priority are drafting
@@ -406,6 +409,7 @@ class Planner:
     _draft_prompt_seen: dict[str, None] = field(default_factory=dict)
     _held_for: dict[str, int] = field(default_factory=dict)
     _ramp_tokens: int | None = None  # the next documents-only step's cap while starting up
+    _after_drafting: bool = False  # drafting was in the engine since the last documents-only prefill step
     _step: int = 0
 
     def target_step_s(self, base: StepShape) -> float | None:
@@ -481,7 +485,8 @@ class Planner:
         return self._drafting_seen_at is not None and recent > 0 and now - self._drafting_seen_at <= recent
 
     def _slow_start(self, idle: int | None, base: StepShape, position: int, *, empty: bool) -> tuple[int | None, str]:
-        """A documents-only step while the engine starts up from empty: the first as long as a
+        """A documents-only step while the engine starts up from empty (``empty``: this is the
+        first such step, at an empty engine or just after the last drafter left): the first as long as a
         drafter's first step (``unfitted_chunk_tokens`` while the cost model cannot tell), each
         next one ``idle_ramp_factor`` times the one before, until the 2 % rule's ``idle`` is
         reached (or vLLM's whole budget, when that rule cannot tell either: a fresh engine, or
@@ -530,8 +535,11 @@ class Planner:
         drafting_waiting = any(n <= self.max_hold_steps for n in self._held_for.values())
         if doc_prefills:
             self._served_at[doc_prefills[0].user] = self._step
-        if drafting_waiting or drafting:
-            self._ramp_tokens = None  # drafting sizes the steps now; a slow start is for an empty engine
+        if drafting or any(w.drafting for w in waiting):
+            # Drafting sizes the steps now (or will, once a drafter that waits can start): a slow
+            # start follows it out.
+            self._ramp_tokens = None
+            self._after_drafting = True
         if drafting_waiting:
             # A drafter can start: documents hold their prefill for this step, and no document
             # starts in it, so the drafter's prompt gets the step.
@@ -566,7 +574,8 @@ class Planner:
             if gap is not None and (idle is None or gap < idle):
                 idle, reason = max(self.min_chunk_tokens, min(self.max_budget_tokens, gap)), "drafting_gap"
         elif prefilling:
-            idle, reason = self._slow_start(idle, base, position, empty=not running)
+            idle, reason = self._slow_start(idle, base, position, empty=not running or self._after_drafting)
+            self._after_drafting = False
         budget = None if idle is None else min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + idle)
         return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=idle,
                         reason=reason)  # fmt: skip

@@ -272,9 +272,11 @@ def test_documents_arriving_at_an_idle_engine_start_slowly_then_reach_the_2_perc
     # Off: the first step is the 2 % rule's.
     off = Planner(config=PolicyConfig(idle_ramp_factor=0), max_budget_tokens=2048, cost=cpu_like_model())
     assert off.plan([], backlog, [w.request_id for w in backlog], set(), now=0.0).token_budget == full
-    # Drafters seen lately: the first step is as short as the gap rule makes any other.
-    p.plan([draft("d")], [], [], set(), now=20.0)
-    gap = p.plan([], backlog, [], set(), now=21.0)
+    # Drafters seen lately (the older gap rule, an option): the first step is as short as that
+    # rule makes any other.
+    recent = Planner(config=PolicyConfig(drafting_recent_s=30), max_budget_tokens=2048, cost=cpu_like_model())
+    recent.plan([draft("d")], [], [], set(), now=20.0)
+    gap = recent.plan([], backlog, [], set(), now=21.0)
     assert gap.reason == "drafting_gap" and gap.token_budget <= budgets[0]
     # Nothing to prefill (only decodes, or documents deferred): vLLM's own budget.
     assert p.plan([], backlog, [], {w.request_id for w in backlog}, now=100.0).token_budget is None
@@ -299,8 +301,41 @@ def test_a_slow_start_holds_when_the_cost_model_cannot_size_a_documents_step_yet
         assert budgets.index(None) <= 7
 
 
-def test_between_drafters_a_documents_step_is_no_longer_than_a_drafters_first_step():
+def test_when_the_last_drafter_leaves_documents_start_slowly_again():
+    # Documents ran beside drafters in small chunks; the drafters finish. The next documents-only
+    # step is a drafter's first step, each next one twice the one before, up to the 2 % rule's:
+    # a drafter who arrives t seconds after the others left waits for a step of about t at most,
+    # and documents are back at full speed within a few steps (the older rule held every step
+    # that short for 30 s after the last drafter: a third of the documents' speed in bursts).
     p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu_like_model())
+    steady = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu_like_model())
+    full = steady.plan([document("doc0", left=8000)], [], [], set(), now=0.0).token_budget
+    for i in range(5):  # drafters of 40-token prompts come and go beside the document
+        drafter = RunningRequest(f"draft{i}", drafting=True, user="u2", arrival=float(i), need_tokens=40,
+                                 prefill_left=40, context_tokens=0)  # fmt: skip
+        beside = p.plan([drafter, document("doc0", left=8000)], [], [], set(), now=float(i))
+        assert beside.reason == "drafting_running"
+    budgets, reasons = [], []
+    for step in range(8):
+        plan = p.plan([document("doc0", left=8000, done=sum(budgets))], [], [], set(), now=5.0 + step)
+        budgets.append(plan.token_budget)
+        reasons.append(plan.reason)
+    assert reasons[0] == "slow_start"
+    assert 0.040 + 0.0065 * budgets[0] <= (0.040 + 0.0065 * 40) * 1.02  # a drafter's first step
+    assert budgets[1] == 2 * budgets[0] and budgets[2] == 2 * budgets[1]
+    assert budgets[-1] == full and max(budgets) == full and budgets.index(full) <= 5
+    assert reasons[-1] == "no_drafting"
+    # A drafter between: the ramp starts again from a drafter's first step when it leaves.
+    p.plan([draft("again"), document("doc0", left=4000)], [], [], set(), now=20.0)
+    assert p.plan([document("doc0", left=4000)], [], [], set(), now=21.0).token_budget == budgets[0]
+    # Off: straight back to the 2 % rule's step.
+    off = Planner(config=PolicyConfig(idle_ramp_factor=0), max_budget_tokens=2048, cost=cpu_like_model())
+    off.plan([draft("d"), document("doc0", left=8000)], [], [], set(), now=0.0)
+    assert off.plan([document("doc0", left=8000)], [], [], set(), now=1.0).token_budget == full
+
+
+def test_between_drafters_the_older_gap_rule_holds_steps_to_a_drafters_first_step():
+    p = Planner(config=PolicyConfig(drafting_recent_s=30), max_budget_tokens=2048, cost=cpu_like_model())
     alone = [document("d1", left=8000)]
     quiet = p.plan(alone, [], [], set(), now=0.0)  # no drafter seen yet: the 2 % rule
     assert quiet.reason == "no_drafting" and quiet.token_budget > 200  # ~270 tokens: a 1.8 s step
@@ -315,11 +350,13 @@ def test_between_drafters_a_documents_step_is_no_longer_than_a_drafters_first_st
     # ...so a step of documents alone takes no longer than a drafter's own first step would.
     assert 0.040 + 0.0065 * gap.token_budget <= (0.040 + 0.0065 * 40) * 1.02
     assert gap.token_budget >= 30  # and documents still progress in it
-    later = p.plan(alone, [], [], set(), now=104.0 + 31)  # drafting stopped half a minute ago
-    assert later.reason == "no_drafting" and later.token_budget == quiet.token_budget
+    # Drafting stopped half a minute ago: a slow start from there back to the 2 % rule's step.
+    later = [p.plan(alone, [], [], set(), now=104.0 + 31 + i) for i in range(8)]
+    assert later[0].reason == "slow_start" and later[-1].reason == "no_drafting"
+    assert later[-1].token_budget == quiet.token_budget
     off = Planner(config=PolicyConfig(drafting_recent_s=0), max_budget_tokens=2048, cost=cpu_like_model())
     off.plan([draft("d"), *alone], [], [], set(), now=0.0)
-    assert off.plan(alone, [], [], set(), now=1.0).reason == "no_drafting"
+    assert off.plan(alone, [], [], set(), now=1.0).reason == "slow_start"  # the default's rule instead
 
 
 def test_with_no_fixed_step_cost_in_the_model_documents_keep_vllms_whole_budget():
@@ -372,8 +409,9 @@ def test_before_the_cost_model_is_fitted_documents_take_small_chunks_beside_draf
     p = Planner(config=PolicyConfig(), max_budget_tokens=2048)
     plan = p.plan([draft("a"), document("d1", left=5000)], [], [], set())
     assert plan.document_budget_tokens == p.unfitted_chunk_tokens
-    alone = p.plan([document("d1", left=5000)], [], [], set())
-    assert alone.token_budget is None  # and vLLM's own budget with nobody drafting
+    alone = [p.plan([document("d1", left=5000)], [], [], set()) for _ in range(8)]
+    assert alone[0].reason == "slow_start" and alone[0].token_budget == p.unfitted_chunk_tokens
+    assert alone[-1].token_budget is None  # then vLLM's own budget with nobody drafting
 
 
 def test_document_chunks_go_to_users_in_turn_and_to_the_shortest_within_a_user():
@@ -396,7 +434,9 @@ def test_a_drafter_vllm_does_not_start_holds_documents_only_a_few_steps():
     waiting = [WaitingRequest("stuck-draft", drafting=True, user="u")]
     reasons = [p.plan(running, waiting, ["stuck-draft"], set()).reason for _ in range(p.max_hold_steps + 2)]
     assert reasons[: p.max_hold_steps] == ["drafting_waiting"] * p.max_hold_steps
-    assert reasons[-1] == "drafting_gap"  # documents go on, in steps as short as a drafter's first
+    # Documents go on, in steps as short as a drafter's first, while it waits.
+    assert reasons[-2:] == ["slow_start", "slow_start"]
+    assert len({plan.token_budget for plan in [p.plan(running, waiting, ["stuck-draft"], set()) for _ in range(3)]}) == 1
 
 
 def test_a_long_spell_of_drafting_alone_does_not_make_the_model_forget_what_prefill_costs():
