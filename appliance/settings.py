@@ -231,7 +231,8 @@ APPLIANCE_IDLE_THROUGHPUT_LOSS = env_float("APPLIANCE_IDLE_THROUGHPUT_LOSS", 0.0
 # For this many seconds after a drafting request was last in the engine, a step of documents
 # alone is no longer than a drafter's first step, so that one arriving in a gap between drafters
 # waits little (0: off; then only APPLIANCE_IDLE_THROUGHPUT_LOSS bounds such a step).
-APPLIANCE_DRAFTING_RECENT_S = env_float("APPLIANCE_DRAFTING_RECENT_S", 0.0, minimum=0.0)
+APPLIANCE_DRAFTING_RECENT_S = env_float("APPLIANCE_DRAFTING_RECENT_S", 30.0, minimum=0.0)
+APPLIANCE_DRAFTING_GAP_STEP_MS = env_float("APPLIANCE_DRAFTING_GAP_STEP_MS", 250.0, minimum=0.0)
 # A backlog that arrives at an empty engine starts with steps as short as a drafter's first one,
 # each documents-only step then this many times the one before, up to the size above (a slow
 # start: a drafter arriving t seconds after the engine got busy waits for a step of about t at

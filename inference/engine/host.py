@@ -76,7 +76,8 @@ class EngineConfig:
     itl_slowdown: float = 1.4
     itl_target_ms: float = 0.0
     idle_throughput_loss: float = 0.02
-    drafting_recent_s: float = 0.0
+    drafting_recent_s: float = 30.0
+    gap_step_ms: float = 250.0
     idle_ramp_factor: float = 2.0
     enforce_eager: bool = False
 
@@ -106,6 +107,7 @@ class EngineConfig:
             itl_target_ms=settings.APPLIANCE_DRAFTING_ITL_TARGET_MS,
             idle_throughput_loss=settings.APPLIANCE_IDLE_THROUGHPUT_LOSS,
             drafting_recent_s=settings.APPLIANCE_DRAFTING_RECENT_S,
+            gap_step_ms=settings.APPLIANCE_DRAFTING_GAP_STEP_MS,
             idle_ramp_factor=settings.APPLIANCE_IDLE_RAMP_FACTOR,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
         )
@@ -118,6 +120,7 @@ class EngineConfig:
             itl_target_ms=self.itl_target_ms,
             idle_throughput_loss=self.idle_throughput_loss,
             drafting_recent_s=self.drafting_recent_s,
+            gap_step_ms=self.gap_step_ms,
             idle_ramp_factor=self.idle_ramp_factor,
             kv_safety_factor=self.kv_safety_factor,
             kv_decode_reserve_fraction=self.kv_decode_reserve_fraction,

@@ -19,16 +19,19 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
   that speed where it is small (a CPU), so that a drafter who arrives waits for a short step.
-  A backlog that arrives at an empty engine starts with a step no longer than a drafter's own
-  first step (its prompt, as recent drafters' were), and each documents-only step after it may
-  be ``idle_ramp_factor`` (2) times the one before, up to the 2 % rule's size: a drafter who
-  arrives t seconds after the engine got busy waits for a step no longer than about t (a slow
-  start), and the backlog loses a few steps' fixed cost. The same slow start follows the last
-  drafter out of the engine: one who arrives t seconds after the others left waits for about t
-  at most, and documents are back at full speed a second or two after drafting stops. (The
-  older rule, every documents-only step held to a drafter's first step for
-  ``drafting_recent_s`` after the last drafter, cost the burst benchmark's documents a third
-  of their speed; it stays as an option, off by default.)
+  While drafting comes and goes (a drafter seen in the last ``drafting_recent_s``), such a step
+  is also no longer than ``gap_step_ms`` (250 ms), or a drafter's own first step (its prompt, as
+  recent drafters' were) when that is longer: one who arrives in the gap waits at most about
+  that long more, which keeps drafting TTFT within twice its time alone. (Held to a drafter's
+  first step alone, some 60 ms on this CPU, documents ran at half speed in those gaps: the burst
+  benchmark's documents lost a third of their speed to it. Without such a bound, documents
+  quickly ramping back to the 2 % rule's step, 0.7 s here, the first drafter of each burst
+  waited for it: TTFT p95 x3.4.)
+  A backlog that arrives at an empty engine, or that the last drafter leaves, starts with a step
+  no longer than a drafter's first step, and each documents-only step after it may be
+  ``idle_ramp_factor`` (2) times the one before, up to the step the rules above allow: a drafter
+  who arrives t seconds after the engine got busy waits for a step no longer than about t (a
+  slow start), and the backlog loses a few steps' fixed cost.
 - **Fair between users.** Document chunks go to users in turn (the user served longest ago
   first), and to the document with the least prefill left within a user.
 - **KV admission by blocks** (``admit``): a waiting request enters the engine only while its
@@ -82,8 +85,10 @@ class PolicyConfig:
     # that a drafter who arrives waits less); 0: always vLLM's whole budget.
     idle_throughput_loss: float = 0.02
     # For this long after a drafter was last in the engine, a step with nobody drafting is no
-    # longer than a drafter's first step (0, the default: the slow start below bounds it).
-    drafting_recent_s: float = 0.0
+    # longer than ``gap_step_ms`` or a drafter's first step, whichever is longer (0: only
+    # ``idle_throughput_loss`` bounds it).
+    drafting_recent_s: float = 30.0
+    gap_step_ms: float = 250.0
     # A backlog arriving at an empty engine, or left alone by the last drafter, starts with a
     # drafter's first step of documents, and each documents-only step after it may be this many
     # times the one before (0: no slow start).
@@ -108,6 +113,8 @@ class PolicyConfig:
             raise ValueError("idle_throughput_loss must be in [0, 0.5)")
         if self.drafting_recent_s < 0:
             raise ValueError("drafting_recent_s must not be negative")
+        if self.gap_step_ms < 0:
+            raise ValueError("gap_step_ms must not be negative")
         if self.idle_ramp_factor != 0 and self.idle_ramp_factor <= 1.0:
             raise ValueError("idle_ramp_factor must be 0 (off) or above 1")
 
@@ -456,10 +463,10 @@ class Planner:
         ordered = sorted(self._draft_prompts)
         return ordered[len(ordered) // 2]
 
-    def gap_budget(self, base: StepShape, position: int) -> int | None:
-        """Document prefill tokens for a step in a gap between drafters: what fits in the time a
-        drafter's first step would take (``base`` plus its prompt). None while the model cannot
-        tell."""
+    def first_step_budget(self, base: StepShape, position: int, *, at_least_s: float = 0.0) -> int | None:
+        """Document prefill tokens that fit in the time a drafter's first step would take
+        (``base`` plus its prompt), or in ``at_least_s`` if that is longer. None while the model
+        cannot tell."""
         prompt = self.draft_prompt_tokens()
         first_step = self.cost.predict(
             StepShape(base.decode_requests, base.decode_context_tokens, base.prefill_tokens + prompt,
@@ -467,7 +474,12 @@ class Planner:
         )  # fmt: skip
         if first_step is None:
             return None
-        return self.cost.prefill_budget(base, position=position, target_s=first_step)
+        return self.cost.prefill_budget(base, position=position, target_s=max(first_step, at_least_s))
+
+    def gap_budget(self, base: StepShape, position: int) -> int | None:
+        """Document prefill tokens for a step in a gap between drafters: what fits in
+        ``gap_step_ms`` or a drafter's first step, whichever is longer."""
+        return self.first_step_budget(base, position, at_least_s=self.config.gap_step_ms / 1000.0)
 
     def _note_drafting(self, running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], now: float) -> bool:
         """Remember when drafting was last seen and how long drafters' prompts are; True while
@@ -484,24 +496,25 @@ class Planner:
         recent = self.config.drafting_recent_s
         return self._drafting_seen_at is not None and recent > 0 and now - self._drafting_seen_at <= recent
 
-    def _slow_start(self, idle: int | None, base: StepShape, position: int, *, empty: bool) -> tuple[int | None, str]:
+    def _slow_start(self, idle: int | None, base: StepShape, position: int, *, empty: bool,
+                    reason: str = "no_drafting") -> tuple[int | None, str]:  # fmt: skip
         """A documents-only step while the engine starts up from empty (``empty``: this is the
         first such step, at an empty engine or just after the last drafter left): the first as long as a
         drafter's first step (``unfitted_chunk_tokens`` while the cost model cannot tell), each
         next one ``idle_ramp_factor`` times the one before, until the 2 % rule's ``idle`` is
         reached (or vLLM's whole budget, when that rule cannot tell either: a fresh engine, or
         one that has only seen drafting). Returns the step's document tokens (None: vLLM's own
-        budget) and the plan's reason."""
+        budget) and the plan's reason (``reason`` once the ramp is over)."""
         factor = self.config.idle_ramp_factor
         if empty:
             self._ramp_tokens = None
             if factor:
-                first = self.gap_budget(base, position)
+                first = self.first_step_budget(base, position)
                 self._ramp_tokens = max(self.min_chunk_tokens, self.unfitted_chunk_tokens if first is None else first)
         ceiling = self.max_budget_tokens if idle is None else idle
         if self._ramp_tokens is None or self._ramp_tokens >= ceiling:
             self._ramp_tokens = None
-            return idle, "no_drafting"
+            return idle, reason
         tokens = self._ramp_tokens
         self._ramp_tokens = math.ceil(tokens * factor)
         return tokens, "slow_start"
@@ -569,12 +582,13 @@ class Planner:
         prefilling = bool(doc_prefills) or any(not w.drafting for w in waiting if w.request_id not in deferred)
         idle = self.idle_budget(base, position) if prefilling else None
         reason = "no_drafting"
-        if prefilling and drafting_recent:
-            gap = self.gap_budget(base, position)
-            if gap is not None and (idle is None or gap < idle):
-                idle, reason = max(self.min_chunk_tokens, min(self.max_budget_tokens, gap)), "drafting_gap"
-        elif prefilling:
-            idle, reason = self._slow_start(idle, base, position, empty=not running or self._after_drafting)
+        if prefilling:
+            if drafting_recent:
+                gap = self.gap_budget(base, position)
+                if gap is not None and (idle is None or gap < idle):
+                    idle, reason = max(self.min_chunk_tokens, min(self.max_budget_tokens, gap)), "drafting_gap"
+            idle, reason = self._slow_start(idle, base, position, empty=not running or self._after_drafting,
+                                            reason=reason)  # fmt: skip
             self._after_drafting = False
         budget = None if idle is None else min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + idle)
         return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=idle,
