@@ -79,3 +79,19 @@ def test_the_ttft_tail_says_where_the_slowest_drafters_waited():
     assert tail["queue_wait_ms"] == 2900 and tail["admission_wait_ms"] == 100 and tail["prefill_ms"] == 300
     assert tail["other_ms"] == 100
     assert bench_scheduling.ttft_tail([]) == {"requests": 0}
+
+
+def test_drafting_is_counted_present_while_any_draft_lives_not_once_per_draft():
+    from datetime import UTC, datetime, timedelta
+
+    at = datetime(2026, 12, 2, tzinfo=UTC)
+
+    class Lived:  # a fake job: only when it was made and when it ended
+        def __init__(self, start_s: float, end_s: float) -> None:
+            self.created_at = at + timedelta(seconds=start_s)
+            self.finished_at = at + timedelta(seconds=end_s)
+
+    # Two overlapping bursts' drafts and one on its own: 0-5 s, 4-9 s (together 0-9), 20-22 s.
+    jobs = [Lived(0, 5), Lived(4, 9), Lived(1, 3), Lived(20, 22)]
+    assert bench_scheduling.busy_seconds(jobs) == 11.0
+    assert bench_scheduling.busy_seconds([]) == 0.0
