@@ -358,7 +358,8 @@ class _Bench:
             (self.log_dir / "engine.log").unlink(missing_ok=True)
             self.engine_process = start_logged(
                 [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "engine_host"],
-                env=self._env(APPLIANCE_KV_CAPACITY_TOKENS=str(capacity)),
+                # This host serves the benchmark's own operations (set_scheduling and the rest).
+                env=self._env(APPLIANCE_KV_CAPACITY_TOKENS=str(capacity), APPLIANCE_ENGINE_BENCHMARK_OPS="1"),
                 log_path=self.log_dir / "engine.log",
             )
         stats = wait_for_engine(self.socket, process=self.engine_process, log_path=self.log_dir / "engine.log")
