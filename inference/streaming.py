@@ -177,3 +177,86 @@ async def stream_exists(job_id: Any) -> bool:
         return bool(await client.exists(stream_key(job_id)))
     finally:
         await client.aclose()
+
+
+# --- streams open per user ---------------------------------------------------------------------
+#
+# Each open stream (a job's events, a streamed chat completion) holds a slot: a member of a sorted
+# set per user whose score is when its lease ends. A stream renews its lease as it goes and
+# gives the slot back when it ends; a web process that dies leaves slots that expire with their
+# lease. Counted in the broker, so every web process sees the same count.
+
+STREAM_LEASE_S = 60
+
+# KEYS: the user's set. ARGV: now, lease end, slot, limit. Returns 1 when the slot was taken.
+_TAKE_SLOT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], 2 * 60)
+return 1
+"""
+
+
+def streams_key(user_id: Any) -> str:
+    return f"appliance:streams:{user_id}"
+
+
+class TooManyStreams(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"You have {limit} streams open, as many as one person may (APPLIANCE_MAX_STREAMS_PER_USER); "
+            "close one (another tab, or a client still reading) and try again."
+        )
+        self.limit = limit
+
+
+async def take_stream_slot(user_id: Any) -> str | None:
+    """A slot for one more stream of ``user_id``; raises ``TooManyStreams`` at the limit. None
+    when no limit is set or the broker does not answer (the stream then fails on its own)."""
+    import time
+    import uuid
+
+    limit = settings.APPLIANCE_MAX_STREAMS_PER_USER
+    if not limit:
+        return None
+    slot = uuid.uuid4().hex
+    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        now = time.time()
+        taken = await client.eval(_TAKE_SLOT, 1, streams_key(user_id), now, now + STREAM_LEASE_S, slot, limit)
+    except aioredis.RedisError:
+        return None
+    finally:
+        await client.aclose()
+    if not taken:
+        raise TooManyStreams(limit)
+    return slot
+
+
+async def held_stream(user_id: Any, slot: str | None, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``events``, renewing the slot's lease as they go, and giving the slot back at the end."""
+    import time
+
+    if slot is None:
+        async for chunk in events:
+            yield chunk
+        return
+    key = streams_key(user_id)
+    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=5)
+    renewed = time.time()
+    try:
+        async for chunk in events:
+            if time.time() - renewed > STREAM_LEASE_S / 3:
+                renewed = time.time()
+                try:
+                    await client.zadd(key, {slot: renewed + STREAM_LEASE_S}, xx=True)
+                except aioredis.RedisError:
+                    pass
+            yield chunk
+    finally:
+        try:
+            await client.zrem(key, slot)
+        except aioredis.RedisError:
+            pass
+        await client.aclose()
