@@ -24,7 +24,7 @@ SECRETS_DIR = "secrets"
 def secrets_dir(var_dir: Path) -> Path:
     directory = Path(var_dir) / SECRETS_DIR
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if directory.stat().st_mode & 0o077:
+    if directory.stat().st_mode & 0o077 and directory.stat().st_uid == os.geteuid():
         directory.chmod(0o700)
     return directory
 
@@ -53,13 +53,23 @@ def generated_secret(var_dir: Path, name: str) -> str:
     return value
 
 
+class SecretUnreadable(RuntimeError):
+    pass
+
+
 def _read(path: Path) -> str:
     try:
-        if path.stat().st_mode & 0o077:
+        if path.stat().st_mode & 0o077 and path.stat().st_uid == os.geteuid():
             path.chmod(0o600)  # an older install's, or a copy made carelessly
         return path.read_text(encoding="ascii").strip()
     except FileNotFoundError:
         return ""
+    except PermissionError as exc:
+        raise SecretUnreadable(
+            f"{path} cannot be read by this user (uid {os.geteuid()}): it was made by another (was a manage.py "
+            f"command run as root?). Run the appliance's commands as its own user, or give it the file: "
+            f"chown -R <appliance user> {path.parent}"
+        ) from exc
 
 
 @dataclass(frozen=True)

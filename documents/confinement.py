@@ -51,6 +51,7 @@ _FS_WRITE_FILE = 1 << 1
 _FS_READ_FILE = 1 << 2
 _FS_READ_DIR = 1 << 3
 _FS_ABI1 = (1 << 13) - 1  # execute ... make_sym
+_FS_MAKE_SPECIAL = (1 << 6) | (1 << 9) | (1 << 10) | (1 << 11) | (1 << 12)  # char, sock, fifo, block, sym
 _FS_REFER = 1 << 13  # ABI 2
 _FS_TRUNCATE = 1 << 14  # ABI 3
 _FS_IOCTL_DEV = 1 << 15  # ABI 5
@@ -191,7 +192,10 @@ def _landlock(libc, result: Confinement, *, read_paths: list[str], write_paths: 
         return
     try:
         grants = [(p, _READ_ONLY_DIR) for p in read_paths]
-        grants += [(p, handled_fs & ~_FS_IOCTL_DEV) for p in write_paths]
+        # Files and directories may be made, written and removed there; nothing run from there,
+        # and no sockets, pipes, devices or links made.
+        writable = _FS_ABI1 & ~(_FS_EXECUTE | _FS_MAKE_SPECIAL)
+        grants += [(p, writable | (handled_fs & (_FS_REFER | _FS_TRUNCATE))) for p in write_paths]
         grants += [(p, _READ_ONLY_FILE | _FS_WRITE_FILE | (handled_fs & (_FS_TRUNCATE | _FS_IOCTL_DEV)))
                    for p in DEVICES_READ_WRITE]  # fmt: skip
         for path, access in grants:
@@ -236,9 +240,11 @@ def python_read_paths(import_root: str) -> list[str]:
     return sorted(allowed)
 
 
-def confine(*, import_root: str, temp_dir: str, extra_read_paths: tuple[str, ...] = ()) -> Confinement:
+def confine(*, import_root: str, temp_dir: str, extra_read_paths: tuple[str, ...] = (),
+            protected: tuple[str, ...] = ()) -> Confinement:  # fmt: skip
     """Confine this process (the child, before it reads any file). Never raises: a layer the
-    kernel refuses is left out and named in ``problems``."""
+    kernel refuses is left out and named in ``problems``. ``protected``: directories no grant
+    may cover (the appliance's ``var/``, wherever it is); a grant that would is left out."""
     result = Confinement()
     if not sys.platform.startswith("linux"):
         result.problems.append("not Linux: no confinement")
@@ -246,6 +252,13 @@ def confine(*, import_root: str, temp_dir: str, extra_read_paths: tuple[str, ...
     libc = _libc()
     _namespaces(libc, result)
     _limits(result)
-    read_paths = [*SYSTEM_READ_PATHS, *python_read_paths(import_root), *extra_read_paths]
+    read_paths = []
+    for path in [*SYSTEM_READ_PATHS, *python_read_paths(import_root), *extra_read_paths]:
+        resolved = Path(path).resolve()
+        covered = [p for p in protected if Path(p).resolve().is_relative_to(resolved)]
+        if covered:
+            result.problems.append(f"{path} is not readable: it holds {covered[0]}, which must stay out of reach")
+            continue
+        read_paths.append(path)
     _landlock(libc, result, read_paths=read_paths, write_paths=[temp_dir])
     return result

@@ -375,6 +375,7 @@ def _start_child(memory_bytes: int) -> _Child:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORT_ROOT, os.environ.get("PYTHONPATH")]))
     temp_dir = tempfile.mkdtemp(prefix="appliance-extraction-")
     env["TMPDIR"] = temp_dir
+    env[_PROTECTED_ENV] = os.pathsep.join(_protected_paths())
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "documents.sandbox", str(memory_bytes), str(os.getpid()), temp_dir],
@@ -555,6 +556,20 @@ def _preload() -> None:
 
 
 _CHILD_CONFINEMENT: dict = {}
+_PROTECTED_ENV = "APPLIANCE_SANDBOX_PROTECTED"
+
+
+def _protected_paths() -> list[str]:
+    """What no grant of the child may cover: the appliance's var/ (from the Django settings when
+    the caller has them) and the project directory itself."""
+    paths = [_IMPORT_ROOT]
+    try:
+        from django.conf import settings
+
+        paths.append(str(settings.VAR_DIR))
+    except Exception as exc:  # noqa: BLE001 - no Django settings here (a script): the project directory only
+        logger.debug("extraction sandbox: no settings to read var/ from (%s)", exc)
+    return paths
 
 
 def _child_main(argv: list[str]) -> int:
@@ -565,7 +580,12 @@ def _child_main(argv: list[str]) -> int:
     tempfile.tempdir = temp_dir
     tessdata = os.environ.get("TESSDATA_PREFIX")
     _CHILD_CONFINEMENT.update(
-        confine(import_root=_IMPORT_ROOT, temp_dir=temp_dir, extra_read_paths=(tessdata,) if tessdata else ()).to_dict()
+        confine(
+            import_root=_IMPORT_ROOT,
+            temp_dir=temp_dir,
+            extra_read_paths=(tessdata,) if tessdata else (),
+            protected=tuple(filter(None, os.environ.get(_PROTECTED_ENV, "").split(os.pathsep))),
+        ).to_dict()
     )
     # Requests come on a private copy of stdin and answers go on a private copy of stdout: what a
     # library prints goes to stderr, and the programs it starts read /dev/null, not our requests.

@@ -123,14 +123,14 @@ def document_create(
         )
     if not upload.size:
         raise UploadRejected(f"{upload.name} is empty.")
-    _check_owner_limits(owner, upload)
     if not ingest_here:
         broker_check()  # a stored file that nothing will ingest would stay "uploaded" for ever
     sha256 = _sha256_chunks(upload.chunks())
     upload.seek(0)
     existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
     if existing is not None:
-        return existing, False
+        return existing, False  # a file already kept costs nothing more: no limit refuses it
+    _check_owner_limits(owner, upload)
     fields = _new_document_fields(upload.name or "upload", upload.content_type or "", upload.size or 0, sha256)
     try:
         with transaction.atomic():

@@ -389,7 +389,8 @@ async def stream_job(request, job_id: UUID, last_event_id: str | None = Header(N
     job = await selectors.ajob_for_user(user=request.user, job_id=job_id)
     if job is None:
         raise not_found("job")
-    slot = await streaming.take_stream_slot(request.user.pk)  # 429 at the limit (api/site.py)
+    # 429 at the limit (api/site.py)
+    slot = await streaming.take_stream_slot(request.user.pk, api_token=getattr(request, "api_token", None))
     return events.sse_response(
         streaming.held_stream(request.user.pk, slot, events.job_events(job, after=last_event_id or "0"))
     )

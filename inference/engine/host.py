@@ -503,7 +503,9 @@ class EngineHost:
                 return
             message = decode(line)
             op = message.get("op")
-            if self.config.token and not hmac.compare_digest(str(message.get("auth", "")), self.config.token):
+            if self.config.token and not hmac.compare_digest(
+                str(message.get("auth", "")).encode(), self.config.token.encode()
+            ):
                 logger.warning("engine host: refused a request without its token (op %r)", op)
                 writer.write(encode({"type": "error", "code": ErrorCode.UNAUTHORIZED, "detail": "not authenticated"}))
             elif op in BENCHMARK_OPS and not self.config.benchmark_ops:

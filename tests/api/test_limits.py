@@ -21,6 +21,27 @@ from tests.pdfs import make_eml
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def fresh_counts():
+    """The broker outlives the test database, whose user ids start again each run: no count of
+    an earlier run (or test) may be taken for this one's."""
+    from django.conf import settings
+
+    from appliance.embedded import embedded_services
+
+    _, valkey = embedded_services(settings.VAR_DIR, settings.EMBEDDED_PG_PORT, settings.EMBEDDED_REDIS_PORT)
+    client = valkey.client(socket_timeout=10)
+
+    def clear():
+        for pattern in ("appliance:streams:*", "appliance:ratelimit:session:*"):
+            for key in client.scan_iter(pattern):
+                client.delete(key)
+
+    clear()
+    yield
+    clear()
+
+
 def _upload(client: Client, auth: dict, name: str, data: bytes):
     return client.post("/api/v1/documents", {"file": SimpleUploadedFile(name, data, content_type="text/plain")}, **auth)
 
@@ -60,7 +81,11 @@ def test_documents_waiting_to_be_read_are_capped_per_person_with_429(alice, sett
 
 
 def test_api_calls_a_session_signs_are_rate_limited_per_person(alice, settings):
+    import time
+
     settings.APPLIANCE_SESSION_API_RATE_LIMIT_PER_MINUTE = 3
+    if time.time() % 60 > 50:  # the count's window is a clock minute: start inside one
+        time.sleep(61 - time.time() % 60)
     browser = Client()
     browser.force_login(alice)
     statuses = [browser.get("/api/v1/documents").status_code for _ in range(4)]

@@ -39,6 +39,7 @@ def attempt(name, action):
         tried[name] = f"refused: {exc.strerror or exc}"
 
 attempt("read_secret_key", lambda: open(secret).read())
+attempt("read_var_dir", lambda: os.listdir(os.path.dirname(os.path.dirname(secret))))
 attempt("read_project_file", lambda: open(os.path.join(root, "README.md")).read())
 attempt("list_project_dir", lambda: os.listdir(root))
 attempt("read_etc_passwd", lambda: open("/etc/passwd").read())
@@ -75,8 +76,8 @@ def _landlock_abi() -> int:
 @pytest.fixture(scope="module")
 def probe():
     temp_dir = tempfile.mkdtemp(prefix="confinement-probe-")
-    secret = Path(settings.VAR_DIR) / "secret_key"
-    assert secret.exists()  # the suite's settings made it
+    secret = Path(settings.VAR_DIR) / "secrets" / "valkey"
+    assert secret.exists()  # the suite's embedded broker's password
     ports = {"valkey": settings.EMBEDDED_REDIS_PORT, "postgres": settings.EMBEDDED_PG_PORT}
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(BASE_DIR)}
     completed = subprocess.run(
@@ -98,6 +99,7 @@ def test_code_in_the_child_cannot_read_the_appliances_secrets_or_files(probe):
     assert _landlock_abi() >= 1, "this kernel has no Landlock: the file system layer cannot hold here"
     assert probe["confinement"]["landlock_abi"] >= 1
     assert tried["read_secret_key"].startswith("refused")
+    assert tried["read_var_dir"].startswith("refused")
     assert tried["read_project_file"].startswith("refused")
     assert tried["list_project_dir"].startswith("refused")
     assert tried["read_etc_passwd"].startswith("refused")
@@ -127,6 +129,28 @@ def test_code_in_the_child_is_held_to_file_and_descriptor_limits(probe):
         assert probe["confinement"]["processes_limited"]
     else:  # the kernel exempts root from the process limit; the child says so
         assert any("root" in problem for problem in probe["confinement"]["problems"])
+
+
+def test_a_grant_that_would_cover_a_protected_directory_is_left_out(tmp_path):
+    probe = (
+        "import json, sys; from documents.confinement import confine; "
+        "c = confine(import_root=sys.argv[1], temp_dir=sys.argv[2], extra_read_paths=(sys.argv[3],), "
+        "protected=(sys.argv[4],)); "
+        "import os\ntry:\n    open(sys.argv[5]).read(); seen = True\nexcept OSError:\n    seen = False\n"
+        "print(json.dumps({'problems': c.problems, 'seen': seen}))"
+    )
+    var = tmp_path / "opt" / "var"
+    var.mkdir(parents=True)
+    (var / "secret").write_text("s")
+    temp_dir = tempfile.mkdtemp(prefix="confinement-probe-")
+    completed = subprocess.run(
+        [sys.executable, "-c", probe, str(BASE_DIR), temp_dir, str(tmp_path / "opt"), str(var), str(var / "secret")],
+        capture_output=True, text=True, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(BASE_DIR)},
+        cwd=temp_dir, timeout=120, check=True,
+    )  # fmt: skip
+    out = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert out["seen"] is False  # /opt was asked for, but it holds var/: left out
+    assert any("must stay out of reach" in p for p in out["problems"])
 
 
 def test_the_real_sandbox_child_is_confined_and_says_so():
