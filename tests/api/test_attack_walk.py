@@ -28,6 +28,7 @@ from api.services import token_create
 from appliance.embedded import embedded_services
 from documents.sandbox import extract_in_sandbox, last_confinement
 from inference.models import Job, JobKind, Queue
+from tests.api.test_api_live import _raw_post
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -85,9 +86,9 @@ def test_the_attack_walk(live_appliance, engine_host, django_user_model, broker)
         assert confinement.get("network_namespace") or confinement.get("landlock_network"), confinement
 
     def body_before_authentication():
-        response = web.post("/accounts/login/", content=b"x" * (8 * 1024 * 1024),
-                            headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
-        assert response.status_code == 413, response.status_code
+        login = "POST /accounts/login/ HTTP/1.1\r\nHost: appliance\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        status = _raw_post(live_appliance, login + "Content-Length: 900000000\r\n\r\n", [])
+        assert " 413 " in status, status
 
     def guessing_a_password():
         name = f"target-{uuid.uuid4().hex[:8]}"
