@@ -75,6 +75,15 @@ class SessionScope(APIKeyCookie):
             return None
         if self.scope == Scope.ADMIN and not request.user.is_staff:
             raise _insufficient(self.scope, "your account")
+        retry_after_s = ratelimit.hit_session(request.user.pk)
+        if retry_after_s is not None:
+            raise ApiProblem(
+                429,
+                "rate-limited",
+                f"Your session may make {ratelimit.session_limit()} API requests a minute; "
+                f"try again in {retry_after_s} s.",
+                headers={"Retry-After": str(retry_after_s)},
+            )
         request.api_token = None
         return request.user
 

@@ -48,9 +48,30 @@ ENGINE_FIELDS = (
     "requests_served",
     "uptime_s",
     "scheduling",
-    "vllm_version",
-    "torch_version",
 )
+# Software versions tell an attacker which known flaws to try: staff only. The hardware (device,
+# memory) stays: it is one of the eight questions a buyer asks.
+ENGINE_STAFF_FIELDS = ("vllm_version", "torch_version")
+SPECSHEET_STAFF_FIELDS = {
+    "engine": ENGINE_STAFF_FIELDS,
+    "hardware": ("driver", "cuda", "vllm", "torch", "python", "platform"),
+}
+
+
+def _without_versions(sheet: dict) -> dict:
+    """The spec sheet as anyone with a read token sees it: no software versions."""
+    from inference.measure import specsheet
+
+    out = dict(sheet)
+    for section, names in SPECSHEET_STAFF_FIELDS.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k not in names}
+    if isinstance(out.get("answers"), list):
+        try:
+            out["answers"] = specsheet.answers(out)  # the hardware answer named the versions
+        except (KeyError, TypeError, ValueError):
+            out["answers"] = [a for a in out["answers"] if not (isinstance(a, dict) and a.get("key") == "hardware")]
+    return out
 
 
 class UsageRow(Schema):
@@ -103,8 +124,8 @@ class EngineOut(Schema):
     requests_served: int | None = None
     uptime_s: float | None = None
     scheduling: str | None = None
-    vllm_version: str | None = None
-    torch_version: str | None = None
+    vllm_version: str | None = Field(None, description="Staff only.")
+    torch_version: str | None = Field(None, description="Staff only.")
     specsheet: dict | None = Field(
         None, description="The latest spec sheet `manage.py specsheet` measured on this box, if any."
     )
@@ -178,10 +199,14 @@ def all_usage(request, days: int = Query(30, ge=1, le=366)):
 def engine(request):
     """The model, its licence, the precision of weights and KV cache, the context length, the KV
     capacity and its live use, and the latest spec sheet: what a buyer asks, from the box itself."""
+    staff = request.user.is_staff
     stats = console_selectors.engine()
-    out = {"up": stats is not None, "specsheet": console_selectors.latest_specsheet()}
+    sheet = console_selectors.latest_specsheet()
+    if sheet is not None and not staff:
+        sheet = _without_versions(sheet)
+    out = {"up": stats is not None, "specsheet": sheet}
     if stats:
-        out.update({name: stats.get(name) for name in ENGINE_FIELDS})
+        out.update({name: stats.get(name) for name in (*ENGINE_FIELDS, *(ENGINE_STAFF_FIELDS if staff else ()))})
     return out
 
 

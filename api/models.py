@@ -36,6 +36,12 @@ class ApiToken(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Requests per minute; empty: the appliance's default.",
     )
+    max_streams = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Streams its person may have open at once through it; empty: the appliance's default.",
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -46,7 +46,23 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     ),
     "rate-limited": (
         "Too many requests",
-        "The token's requests per minute are used up. Wait for `Retry-After` seconds.",
+        "The token's requests per minute (or, for calls a browser session signs, your session's) are used up. "
+        "Wait for `Retry-After` seconds.",
+    ),
+    "storage-quota": (
+        "Your storage is full",
+        "Your documents take as many bytes as one person may store (`APPLIANCE_MAX_STORAGE_MB_PER_USER`). "
+        "Delete documents you no longer need.",
+    ),
+    "ingest-queue-full": (
+        "Too many documents waiting",
+        "As many of your documents are waiting to be read as one person may have "
+        "(`APPLIANCE_MAX_INGESTING_PER_USER`). Try again after `Retry-After` seconds.",
+    ),
+    "too-many-streams": (
+        "Too many streams open",
+        "You have as many streams open as one person may (`APPLIANCE_MAX_STREAMS_PER_USER`). Close one and "
+        "try again after `Retry-After` seconds.",
     ),
     "queue-full": (
         "The appliance is busy",

@@ -1,5 +1,6 @@
-"""Per-token rate limit: a fixed one-minute window counted in the broker (Valkey/Redis), so every
-web process sees the same count."""
+"""Rate limits of the API: per token, and per user for calls a browser session signs (the page's
+own scripts, or anyone scripting with a session cookie). A fixed one-minute window counted in the
+broker (Valkey/Redis), so every web process sees the same count."""
 
 from __future__ import annotations
 
@@ -26,19 +27,32 @@ def hit(token: ApiToken, *, now: float | None = None) -> int | None:
     """Count one request of ``token``. Returns None when it is within the limit, or the seconds
     until the window ends when it is not. Lets the request through if the broker is unreachable
     (the job itself then fails to queue, with its own message)."""
+    return _count(f"appliance:ratelimit:{token.prefix}", limit_of(token), what=f"token {token.prefix}", now=now)
+
+
+def session_limit() -> int:
+    return settings.APPLIANCE_SESSION_API_RATE_LIMIT_PER_MINUTE
+
+
+def hit_session(user_id: int, *, now: float | None = None) -> int | None:
+    """Count one API request a session of user ``user_id`` signed; as ``hit``."""
+    return _count(f"appliance:ratelimit:session:{user_id}", session_limit(), what=f"user {user_id}", now=now)
+
+
+def _count(prefix: str, limit: int, *, what: str, now: float | None) -> int | None:
     from inference.streaming import sync_client
 
     now = time.time() if now is None else now
     window = int(now // WINDOW_S)
-    key = f"appliance:ratelimit:{token.prefix}:{window}"
+    key = f"{prefix}:{window}"
     try:
         pipe = sync_client().pipeline()
         pipe.incr(key)
         pipe.expire(key, WINDOW_S * 2)
         count, _ = pipe.execute()
     except redis.RedisError:
-        logger.warning("rate limit: the broker is unreachable; token %s not counted", token.prefix)
+        logger.warning("rate limit: the broker is unreachable; %s not counted", what)
         return None
-    if count <= limit_of(token):
+    if count <= limit:
         return None
     return max(1, math.ceil((window + 1) * WINDOW_S - now))

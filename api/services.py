@@ -37,6 +37,7 @@ def token_create(
     scopes: list[str],
     expires_at: datetime | None = None,
     rate_limit_per_minute: int | None = None,
+    max_streams: int | None = None,
 ) -> tuple[ApiToken, str]:
     """A new token for ``user``. Returns the row and the token itself, which is shown once."""
     name = (name or "").strip()
@@ -52,6 +53,8 @@ def token_create(
         raise TokenRejected("Only staff accounts can have a token with the admin scope.")
     if expires_at is not None and expires_at <= timezone.now():
         raise TokenRejected("The expiry date must be in the future.")
+    if max_streams is not None and max_streams < 1:
+        raise TokenRejected("The stream limit must be at least 1 (empty: the default).")
     if rate_limit_per_minute is not None and rate_limit_per_minute < 1:
         raise TokenRejected("The rate limit must be at least 1 request a minute (empty: the default).")
     for attempt in range(5):  # the 8-character prefix is unique: draw again in the rare clash
@@ -66,6 +69,7 @@ def token_create(
                     scopes=scopes,
                     expires_at=expires_at,
                     rate_limit_per_minute=rate_limit_per_minute,
+                    max_streams=max_streams,
                 )
         except IntegrityError:
             if attempt == 4:

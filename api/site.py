@@ -25,6 +25,7 @@ from console.views import staff_only
 from documents.services import NotAllowed, UploadRejected
 from inference.engine.client import EngineUnavailable
 from inference.services import JobRejected, QueueFull
+from inference.streaming import TooManyStreams
 
 logger = logging.getLogger(__name__)
 
@@ -161,8 +162,14 @@ def _job_rejected(request, exc: JobRejected):
 
 
 @api.exception_handler(UploadRejected)
-def _upload_rejected(request, exc):
-    return problem_response(request, status=400, code="bad-request", detail=str(exc))
+def _upload_rejected(request, exc: UploadRejected):
+    headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+    return problem_response(request, status=exc.status, code=exc.code, detail=str(exc), headers=headers)
+
+
+@api.exception_handler(TooManyStreams)
+def _too_many_streams(request, exc: TooManyStreams):
+    return problem_response(request, status=429, code="too-many-streams", detail=str(exc), headers={"Retry-After": "30"})
 
 
 @api.exception_handler(NotAllowed)

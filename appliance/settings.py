@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
+from appliance.credentials import EmbeddedCredentials, generated_secret
 from appliance.env import EnvError, env_bool, env_choice, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -88,7 +89,20 @@ TEMPLATES = [
 # --- Database -------------------------------------------------------------------------------
 
 EMBEDDED_PG_PORT = env_int("APPLIANCE_PG_PORT", 54329, minimum=1, maximum=65535)
-EMBEDDED_DATABASE_URL = f"postgresql://appliance@127.0.0.1:{EMBEDDED_PG_PORT}/appliance"
+EMBEDDED_REDIS_PORT = env_int("APPLIANCE_REDIS_PORT", 63799, minimum=1, maximum=65535)
+
+
+def _embedded_credentials():
+    """The embedded services' passwords (appliance/credentials.py), generated under var/secrets/
+    on first use; not made at all when both services are configured by URL."""
+    if env_str("DATABASE_URL") and env_str("REDIS_URL"):
+        return None
+    return EmbeddedCredentials.of(VAR_DIR)
+
+
+_EMBEDDED = _embedded_credentials()
+_PG_LOGIN = f"appliance:{quote(_EMBEDDED.postgres_appliance, safe='')}" if _EMBEDDED else "appliance"
+EMBEDDED_DATABASE_URL = f"postgresql://{_PG_LOGIN}@127.0.0.1:{EMBEDDED_PG_PORT}/appliance"
 
 
 def _database_from_url(url: str) -> dict:
@@ -119,8 +133,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Broker ---------------------------------------------------------------------------------
 
-EMBEDDED_REDIS_PORT = env_int("APPLIANCE_REDIS_PORT", 63799, minimum=1, maximum=65535)
-EMBEDDED_REDIS_URL = f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+_REDIS_LOGIN = f":{quote(_EMBEDDED.valkey, safe='')}@" if _EMBEDDED else ""
+EMBEDDED_REDIS_URL = f"redis://{_REDIS_LOGIN}127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
 REDIS_URL = env_str("REDIS_URL") or EMBEDDED_REDIS_URL
 
 # The longest job the appliance runs, in seconds: each attempt's deadline, enforced by the worker
@@ -196,6 +210,12 @@ APPLIANCE_CPU_KV_CACHE_GIB = env_int("APPLIANCE_CPU_KV_CACHE_GIB", 2, minimum=1)
 # The engine starts in well under a minute instead of about three on this CPU, and decodes about
 # 15 % slower; on a GPU, far slower. The test suite, which builds an engine five times, runs eager.
 APPLIANCE_ENFORCE_EAGER = env_bool("APPLIANCE_ENFORCE_EAGER", False)
+# Every request to the engine host carries this token (the socket is owner-only as well); in the
+# embedded default it is generated under var/secrets/. Benchmark operations (switching the
+# scheduling policy, emptying the prefix cache, running requests past admission) are served
+# only by a host started with APPLIANCE_ENGINE_BENCHMARK_OPS (the benchmarks start their own).
+APPLIANCE_ENGINE_TOKEN = env_str("APPLIANCE_ENGINE_TOKEN") or generated_secret(VAR_DIR, "engine_token")
+APPLIANCE_ENGINE_BENCHMARK_OPS = env_bool("APPLIANCE_ENGINE_BENCHMARK_OPS", False)
 APPLIANCE_ENGINE_CONNECT_TIMEOUT_S = env_float("APPLIANCE_ENGINE_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
 # KV cache block size in tokens; 0 keeps vLLM's default for the device (128 on a CPU, 16 on a GPU).
 APPLIANCE_KV_BLOCK_SIZE = env_int("APPLIANCE_KV_BLOCK_SIZE", 0, minimum=0) or None
@@ -264,9 +284,21 @@ APPLIANCE_FREQUENCY_PENALTY = env_float("APPLIANCE_FREQUENCY_PENALTY", 0.3, mini
 
 MEDIA_ROOT = VAR_DIR / "media"
 APPLIANCE_MAX_UPLOAD_MB = env_int("APPLIANCE_MAX_UPLOAD_MB", 100, minimum=1)
+# Limits per person, so that one person cannot fill the disk, the ingest queue or the web
+# server's connections for everyone (0: no limit): stored bytes (attachments included), documents
+# waiting to be read, and streams open at once (job pages, streamed chat completions).
+APPLIANCE_MAX_STORAGE_MB_PER_USER = env_int("APPLIANCE_MAX_STORAGE_MB_PER_USER", 20480, minimum=0)
+APPLIANCE_MAX_INGESTING_PER_USER = env_int("APPLIANCE_MAX_INGESTING_PER_USER", 500, minimum=0)
+APPLIANCE_MAX_STREAMS_PER_USER = env_int("APPLIANCE_MAX_STREAMS_PER_USER", 8, minimum=0)
+# E-mail attachments become documents: nested at most this deep (an e-mail's own are level 1),
+# and at most this many under one upload in all.
+APPLIANCE_MAX_ATTACHMENT_DEPTH = env_int("APPLIANCE_MAX_ATTACHMENT_DEPTH", 3, minimum=0)
+APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD = env_int("APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD", 200, minimum=0)
 # --- API ------------------------------------------------------------------------------------
 # Requests per minute for one API token unless the token sets its own limit.
 APPLIANCE_API_RATE_LIMIT_PER_MINUTE = env_int("APPLIANCE_API_RATE_LIMIT_PER_MINUTE", 300, minimum=1)
+# API calls a browser session signs, per user (the pages' own scripts make a few a minute).
+APPLIANCE_SESSION_API_RATE_LIMIT_PER_MINUTE = env_int("APPLIANCE_SESSION_API_RATE_LIMIT_PER_MINUTE", 300, minimum=1)
 
 APPLIANCE_MAX_PAGES = env_int("APPLIANCE_MAX_PAGES", 5000, minimum=1)
 # Each file is parsed in a child process with these limits, so a hostile file fails alone.
@@ -356,3 +388,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("APPLIANCE_LOG_LEVEL") or "INFO"},
 }
+
+# The embedded services' passwords are in the URLs above: not settings of their own, and hidden
+# (with every *_URL) on a debug page.
+del _EMBEDDED, _PG_LOGIN, _REDIS_LOGIN
+DEFAULT_EXCEPTION_REPORTER_FILTER = "appliance.reporting.SecretsHiddenFilter"

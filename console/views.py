@@ -74,6 +74,9 @@ def overview(request):
             "latency": selectors.latency(),
             "chart": selectors.chart(series),
             "failures": selectors.failures(),
+            # Who failed at what (document titles, user names) is for those who may read jobs in
+            # the admin; other staff see when, which kind and why.
+            "may_see_jobs": request.user.has_perm("inference.view_job"),
             "failure_reasons": selectors.failure_reasons(),
             "usage": selectors.usage_per_user(),
             "usage_per_token": selectors.usage_per_token(),

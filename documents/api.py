@@ -170,6 +170,8 @@ def upload_document(request, file: File[UploadedFile], groups: Form[list[int]] =
     try:
         document, created = services.document_create(owner=request.user, upload=file, groups=chosen)
     except services.UploadRejected as exc:
+        if exc.status != 400:
+            raise  # a limit (413, 429): api/site.py answers with its status and Retry-After
         raise bad_field("file", str(exc)) from None
     if created:
         audit(request, "upload", target=document.title, document=document, filename=document.filename, api=True)

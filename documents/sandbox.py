@@ -18,6 +18,12 @@ file's size) and the file's bytes to the child's stdin; the child answers with a
 length and one JSON object on its stdout. JSON, not pickle: the child parses hostile input, so the
 parent must not run code the child could choose. The child exits at end of file on its stdin.
 
+Before it reads a file the child confines itself (``documents/confinement.py``): no network (a
+network namespace of its own), limits on open files, file size, core dumps and processes, and
+Landlock: a read-only file system where Python and the OCR programs live, writes only in a
+temporary directory of its own, nothing of ``var/`` (secret key, credentials, database, uploads).
+Every answer carries what held (``confinement``); the parent logs what did not, once.
+
 The child sets RLIMIT_AS (memory) once, when it starts; programs it starts (pdftoppm, tesseract)
 inherit it. The time limit is a wall-clock limit per file, kept by the parent (no RLIMIT_CPU: that
 one adds up over every file the child serves). The child needs no Django settings
@@ -34,9 +40,11 @@ import json
 import logging
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -70,7 +78,17 @@ class SandboxLimits:
 DEFAULT_SANDBOX_LIMITS = SandboxLimits()
 
 
-_CHILD_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "HOME", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TESSDATA_PREFIX")
+_CHILD_ENV = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "HOME",
+    "TMPDIR",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "TESSDATA_PREFIX",
+)
 
 
 def extract_in_sandbox(
@@ -128,6 +146,8 @@ def extract_in_sandbox(
         except ValueError:
             report = None
         status = report.get("status") if isinstance(report, dict) else None
+        if isinstance(report, dict):
+            _note_confinement(report.get("confinement"))
         if child.files_served >= MAX_FILES_PER_CHILD:
             _retire(child)
         if status == "ok":
@@ -168,9 +188,10 @@ class _ChildGone(Exception):
 
 
 class _Child:
-    def __init__(self, process: subprocess.Popen, memory_bytes: int):
+    def __init__(self, process: subprocess.Popen, memory_bytes: int, temp_dir: str):
         self.process = process
         self.memory_bytes = memory_bytes
+        self.temp_dir = temp_dir  # the only place the child may write; removed with it
         self.executable = sys.executable
         self.owner_pid = os.getpid()
         self.files_served = 0
@@ -280,6 +301,7 @@ class _Child:
             except OSError:
                 pass
         process.wait()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def forget(self) -> None:
         """In a forked copy of the owner: close our copies of the pipes, leave the child alone."""
@@ -351,9 +373,12 @@ def _start_child(memory_bytes: int) -> _Child:
     # (DATABASE_URL, REDIS_URL, keys) beyond what Python and the OCR programs need.
     env = {name: os.environ[name] for name in _CHILD_ENV if name in os.environ}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORT_ROOT, os.environ.get("PYTHONPATH")]))
+    temp_dir = tempfile.mkdtemp(prefix="appliance-extraction-")
+    env["TMPDIR"] = temp_dir
+    env[_PROTECTED_ENV] = os.pathsep.join(_protected_paths())
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "documents.sandbox", str(memory_bytes), str(os.getpid())],
+            [sys.executable, "-m", "documents.sandbox", str(memory_bytes), str(os.getpid()), temp_dir],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -363,9 +388,10 @@ def _start_child(memory_bytes: int) -> _Child:
             start_new_session=True,  # its own process group, so that a kill stops OCR programs too
         )
     except OSError as exc:
+        shutil.rmtree(temp_dir, ignore_errors=True)
         logger.error("extraction sandbox could not start: %s", exc)
         raise ExtractionError("This file could not be read (the reader could not be started).") from exc
-    return _Child(process, memory_bytes)
+    return _Child(process, memory_bytes, temp_dir)
 
 
 def _retire(child: _Child) -> None:
@@ -374,6 +400,26 @@ def _retire(child: _Child) -> None:
     if _child is child:
         _child = None
     child.stop()
+
+
+_confinement: dict | None = None  # what the last child reported (for tests and diagnostics)
+_confinement_problems_logged: set[str] = set()
+
+
+def _note_confinement(value) -> None:
+    global _confinement
+    if not isinstance(value, dict):
+        return
+    _confinement = value
+    for problem in value.get("problems") or []:
+        if isinstance(problem, str) and problem not in _confinement_problems_logged:
+            _confinement_problems_logged.add(problem)
+            logger.warning("extraction sandbox: one layer of its confinement is missing here: %s", problem)
+
+
+def last_confinement() -> dict | None:
+    """What the last child said of its confinement (``documents.confinement.Confinement``)."""
+    return _confinement
 
 
 def _sandbox_pid() -> int | None:
@@ -509,9 +555,38 @@ def _preload() -> None:
         pass
 
 
+_CHILD_CONFINEMENT: dict = {}
+_PROTECTED_ENV = "APPLIANCE_SANDBOX_PROTECTED"
+
+
+def _protected_paths() -> list[str]:
+    """What no grant of the child may cover: the appliance's var/ (from the Django settings when
+    the caller has them) and the project directory itself."""
+    paths = [_IMPORT_ROOT]
+    try:
+        from django.conf import settings
+
+        paths.append(str(settings.VAR_DIR))
+    except Exception as exc:  # noqa: BLE001 - no Django settings here (a script): the project directory only
+        logger.debug("extraction sandbox: no settings to read var/ from (%s)", exc)
+    return paths
+
+
 def _child_main(argv: list[str]) -> int:
-    memory_bytes, parent_pid = int(argv[0]), int(argv[1])
+    memory_bytes, parent_pid, temp_dir = int(argv[0]), int(argv[1]), argv[2]
     _die_with_parent(parent_pid)
+    from documents.confinement import confine
+
+    tempfile.tempdir = temp_dir
+    tessdata = os.environ.get("TESSDATA_PREFIX")
+    _CHILD_CONFINEMENT.update(
+        confine(
+            import_root=_IMPORT_ROOT,
+            temp_dir=temp_dir,
+            extra_read_paths=(tessdata,) if tessdata else (),
+            protected=tuple(filter(None, os.environ.get(_PROTECTED_ENV, "").split(os.pathsep))),
+        ).to_dict()
+    )
     # Requests come on a private copy of stdin and answers go on a private copy of stdout: what a
     # library prints goes to stderr, and the programs it starts read /dev/null, not our requests.
     requests = os.fdopen(os.dup(0), "rb")
@@ -530,6 +605,7 @@ def _child_main(argv: list[str]) -> int:
             header = json.loads(_read_exactly(requests, int.from_bytes(prefix, "big")))
             data = _read_exactly(requests, int(header["size"]))
             report = _child_extract(header, data)
+            report["confinement"] = _CHILD_CONFINEMENT
             del data
             payload = json.dumps(report).encode()
             frame = len(payload).to_bytes(4, "big") + payload

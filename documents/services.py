@@ -19,7 +19,7 @@ from django.contrib.postgres.search import SearchVector
 from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Sum
 
 from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
 from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
@@ -42,7 +42,14 @@ MAX_INGEST_ATTEMPTS = 3
 
 
 class UploadRejected(ValueError):
-    """The upload is refused before anything is stored; the message is for the user."""
+    """The upload is refused before anything is stored; the message is for the user. ``status``:
+    400 (the file), 413 (a size or storage limit), 429 (too much in progress: try later)."""
+
+    def __init__(self, message: str, *, status: int = 400, code: str = "bad-request", retry_after_s: int = 0):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retry_after_s = retry_after_s
 
 
 class NotAllowed(PermissionError):
@@ -73,6 +80,35 @@ def max_upload_bytes() -> int:
     return settings.APPLIANCE_MAX_UPLOAD_MB * 1024 * 1024
 
 
+def _check_owner_limits(owner: AbstractBaseUser, upload: UploadedFile) -> None:
+    """One person's storage (``APPLIANCE_MAX_STORAGE_MB_PER_USER``, 413) and documents waiting
+    to be read (``APPLIANCE_MAX_INGESTING_PER_USER``, 429): one person cannot fill the disk or
+    the ingest queue for everyone."""
+    quota_mb = settings.APPLIANCE_MAX_STORAGE_MB_PER_USER
+    if quota_mb:
+        used = Document.objects.filter(owner=owner).aggregate(total=Sum("size_bytes"))["total"] or 0
+        if used + (upload.size or 0) > quota_mb * 1024 * 1024:
+            raise UploadRejected(
+                f"{upload.name} was not stored: your documents take {used / 1024 / 1024:.1f} MB and one person "
+                f"may store {quota_mb} MB (APPLIANCE_MAX_STORAGE_MB_PER_USER). Delete documents you no longer need.",
+                status=413,
+                code="storage-quota",
+            )
+    cap = settings.APPLIANCE_MAX_INGESTING_PER_USER
+    if cap:
+        waiting = Document.objects.filter(
+            owner=owner, state__in=[Document.State.UPLOADED, Document.State.EXTRACTING, Document.State.EMBEDDING]
+        ).count()
+        if waiting >= cap:
+            raise UploadRejected(
+                f"{upload.name} was not stored: {waiting} of your documents are still being read, as many as one "
+                f"person may have waiting (APPLIANCE_MAX_INGESTING_PER_USER). Try again when some are ready.",
+                status=429,
+                code="ingest-queue-full",
+                retry_after_s=60,
+            )
+
+
 def document_create(
     *, owner: AbstractBaseUser, upload: UploadedFile, groups: Iterable[Group] = (), ingest_here: bool = False
 ) -> tuple[Document, bool]:
@@ -93,7 +129,8 @@ def document_create(
     upload.seek(0)
     existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
     if existing is not None:
-        return existing, False
+        return existing, False  # a file already kept costs nothing more: no limit refuses it
+    _check_owner_limits(owner, upload)
     fields = _new_document_fields(upload.name or "upload", upload.content_type or "", upload.size or 0, sha256)
     try:
         with transaction.atomic():
@@ -265,9 +302,43 @@ def _store_pages(document: Document, extracted: ExtractedDocument) -> None:
         }
         if extracted.title:
             updates["title"] = extracted.title[:255]
+        kept, refused = _attachments_allowed(document, len(extracted.attachments))
+        if refused:
+            updates["failure_reason"] = refused
         Document.objects.filter(pk=document.pk).update(**updates)
-        for attachment in extracted.attachments:
+        for attachment in extracted.attachments[:kept]:
             _create_child(document, attachment)
+
+
+def _attachments_allowed(document: Document, found: int) -> tuple[int, str]:
+    """How many of the ``found`` attachments of ``document`` become documents, and why the rest
+    do not (""): attachments nested deeper than ``APPLIANCE_MAX_ATTACHMENT_DEPTH`` (an e-mail's
+    own are at depth 1), and more than ``APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD`` under one upload
+    in all, are not kept (a nested e-mail of 50 x 50 x 50 attachments would be 127,550
+    documents). Takes the upload's row lock, so that two of its e-mails read at once count
+    each other's (call inside a transaction)."""
+    if not found:
+        return 0, ""
+    depth, root = 1, document
+    while root.parent_id is not None:
+        root = Document.objects.select_for_update().get(pk=root.parent_id)
+        depth += 1
+    Document.objects.select_for_update().filter(pk=root.pk).first()
+    max_depth = settings.APPLIANCE_MAX_ATTACHMENT_DEPTH
+    if depth > max_depth:
+        return 0, (
+            f"Its {found} attachment(s) were not kept: they are nested {depth} levels deep, and attachments "
+            f"are kept to {max_depth} level(s) (APPLIANCE_MAX_ATTACHMENT_DEPTH)."
+        )
+    limit = settings.APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD
+    existing = len(_document_tree(root)) - 1
+    kept = max(0, min(found, limit - existing))
+    if kept == found:
+        return found, ""
+    return kept, (
+        f"{found - kept} of its {found} attachment(s) were not kept: one upload keeps at most {limit} attachments "
+        f"in all (APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD)."
+    )
 
 
 def _create_child(parent: Document, attachment) -> Document:

@@ -23,7 +23,7 @@ from api import auth
 from api.pagination import MAX_PAGE, Paginated, paginate
 from api.problems import ApiProblem, not_found, responses
 from documents.api import readable_document
-from inference import events, grounding, selectors, services
+from inference import events, grounding, selectors, services, streaming
 from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
 from inference.drafting import MESSAGE_MAX_CHARS
 from inference.models import IdempotencyKey, Job, JobKind, Queue
@@ -389,4 +389,8 @@ async def stream_job(request, job_id: UUID, last_event_id: str | None = Header(N
     job = await selectors.ajob_for_user(user=request.user, job_id=job_id)
     if job is None:
         raise not_found("job")
-    return events.sse_response(events.job_events(job, after=last_event_id or "0"))
+    # 429 at the limit (api/site.py)
+    slot = await streaming.take_stream_slot(request.user.pk, api_token=getattr(request, "api_token", None))
+    return events.sse_response(
+        streaming.held_stream(request.user.pk, slot, events.job_events(job, after=last_event_id or "0"))
+    )

@@ -509,7 +509,7 @@ async def _wait_for(job: Job) -> Job:
     return await _finished_job(job.pk)
 
 
-def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
+def _stream(job: Job, chat: ChatRequest, model: str, *, user_id: int, slot: str | None) -> StreamingHttpResponse:
     base = {"id": completion_id(job), "object": "chat.completion.chunk", "created": int(job.created_at.timestamp())}
     base["model"] = model
 
@@ -592,7 +592,7 @@ def _stream(job: Job, chat: ChatRequest, model: str) -> StreamingHttpResponse:
             if not finished:
                 await _cancel(job)
 
-    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    response = StreamingHttpResponse(streaming.held_stream(user_id, slot, events()), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     response[JOB_ID_HEADER] = str(job.pk)
@@ -636,11 +636,17 @@ async def chat_completions(request: HttpRequest, response: HttpResponse, payload
     stream is not reported by the web server before the stream ends)."""
     model = model_or_404(payload.model)["id"]
     chat = chat_request(payload)
-    job = await sync_to_async(services.job_create_chat)(
-        owner=request.user, api_token=request.api_token, **chat.job_options
-    )
+    # A stream's slot is taken before its job is queued: at the limit, nothing is queued.
+    slot = await streaming.take_stream_slot(request.user.pk, api_token=request.api_token) if chat.stream else None
+    try:
+        job = await sync_to_async(services.job_create_chat)(
+            owner=request.user, api_token=request.api_token, **chat.job_options
+        )
+    except BaseException:
+        await streaming.release_stream_slot(request.user.pk, slot)  # nothing will stream on it
+        raise
     if chat.stream:
-        return _stream(job, chat, model)
+        return _stream(job, chat, model, user_id=request.user.pk, slot=slot)
     job = await _wait_for(job)
     if job.state != Job.State.SUCCEEDED:
         raise unfinished_problem(job)

@@ -177,3 +177,115 @@ async def stream_exists(job_id: Any) -> bool:
         return bool(await client.exists(stream_key(job_id)))
     finally:
         await client.aclose()
+
+
+# --- streams open per user ---------------------------------------------------------------------
+#
+# Each open stream (a job's events, a streamed chat completion) holds a slot: a member of a sorted
+# set per user whose score is when its lease ends. A stream renews its lease as it goes and
+# gives the slot back when it ends; a web process that dies leaves slots that expire with their
+# lease. Counted in the broker, so every web process sees the same count.
+
+STREAM_LEASE_S = 60
+
+# KEYS: the user's set. ARGV: now, lease end, slot, limit. Returns 1 when the slot was taken.
+_TAKE_SLOT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], 2 * tonumber(ARGV[5]))
+return 1
+"""
+# KEYS: the user's set. ARGV: lease end, slot, lease. The slot is put back if it had gone, and the
+# set lives as long as its longest lease.
+_RENEW_SLOT = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
+return 1
+"""
+
+
+def streams_key(user_id: Any) -> str:
+    return f"appliance:streams:{user_id}"
+
+
+class TooManyStreams(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"You have {limit} streams open, as many as one person may (APPLIANCE_MAX_STREAMS_PER_USER); "
+            "close one (another tab, or a client still reading) and try again."
+        )
+        self.limit = limit
+
+
+def stream_limit(api_token=None) -> int:
+    """Streams one person may have open: the token's own limit (measurement accounts raise it),
+    else ``APPLIANCE_MAX_STREAMS_PER_USER`` (0: none)."""
+    own = getattr(api_token, "max_streams", None)
+    return int(own) if own else settings.APPLIANCE_MAX_STREAMS_PER_USER
+
+
+def _stream_client() -> aioredis.Redis:
+    return aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=5)
+
+
+async def take_stream_slot(user_id: Any, *, api_token=None) -> str | None:
+    """A slot for one more stream of ``user_id``; raises ``TooManyStreams`` at the limit. None
+    when no limit is set or the broker does not answer (the stream then fails on its own)."""
+    import time
+    import uuid
+
+    limit = stream_limit(api_token)
+    if not limit:
+        return None
+    slot = uuid.uuid4().hex
+    client = _stream_client()
+    try:
+        now = time.time()
+        taken = await client.eval(
+            _TAKE_SLOT, 1, streams_key(user_id), now, now + STREAM_LEASE_S, slot, limit, STREAM_LEASE_S
+        )
+    except aioredis.RedisError:
+        return None
+    finally:
+        await client.aclose()
+    if not taken:
+        raise TooManyStreams(limit)
+    return slot
+
+
+async def release_stream_slot(user_id: Any, slot: str | None) -> None:
+    if slot is None:
+        return
+    client = _stream_client()
+    try:
+        await client.zrem(streams_key(user_id), slot)
+    except aioredis.RedisError:
+        pass  # its lease ends by itself
+    finally:
+        await client.aclose()
+
+
+async def held_stream(user_id: Any, slot: str | None, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``events``, renewing the slot's lease as they go, and giving the slot back at the end."""
+    import time
+
+    if slot is None:
+        async for chunk in events:
+            yield chunk
+        return
+    key = streams_key(user_id)
+    client = _stream_client()
+    renewed = time.time()
+    try:
+        async for chunk in events:
+            if time.time() - renewed > STREAM_LEASE_S / 3:
+                renewed = time.time()
+                try:
+                    await client.eval(_RENEW_SLOT, 1, key, renewed + STREAM_LEASE_S, slot, STREAM_LEASE_S)
+                except aioredis.RedisError:
+                    pass
+            yield chunk
+    finally:
+        await client.aclose()
+        await release_stream_slot(user_id, slot)

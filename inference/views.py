@@ -17,7 +17,7 @@ from console.services import audit
 from documents import selectors as document_selectors
 from documents.search import readable_documents
 from documents.services import UploadRejected, text_of_message_upload
-from inference import events, exports, grounding, selectors, services
+from inference import events, exports, grounding, selectors, services, streaming
 from inference.clauses import DEFAULT_TAXONOMY
 from inference.drafting import MESSAGE_MAX_CHARS, sentence_parts
 from inference.models import JobKind
@@ -385,4 +385,9 @@ async def job_events(request, job_id):
     if job is None:
         raise Http404("No such job.")
     after = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
-    return events.sse_response(events.job_events(job, after=after))
+    try:
+        slot = await streaming.take_stream_slot(user.pk)
+    except streaming.TooManyStreams as exc:
+        return HttpResponse(str(exc), status=429, content_type="text/plain; charset=utf-8",
+                            headers={"Retry-After": "30"})  # fmt: skip
+    return events.sse_response(streaming.held_stream(user.pk, slot, events.job_events(job, after=after)))

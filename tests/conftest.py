@@ -118,7 +118,8 @@ class EngineHosts:
             self.process = subprocess.Popen(
                 [sys.executable, str(BASE_DIR / "manage.py"), "engine_host"],
                 cwd=BASE_DIR,
-                env=_child_env(),
+                # The suite's tests switch the scheduling policy as the benchmarks do.
+                env=_child_env(APPLIANCE_ENGINE_BENCHMARK_OPS="1"),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -170,7 +171,17 @@ def _test_database_url() -> str:
     from django.db import connection
 
     db = connection.settings_dict
-    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    return _database_url(db["NAME"])
+
+
+def _database_url(name: str) -> str:
+    """The test database's server, as the appliance's role (with its password) on ``name``."""
+    from urllib.parse import quote
+
+    from django.db import connection
+
+    db = connection.settings_dict
+    return f"postgresql://{quote(db['USER'])}:{quote(db['PASSWORD'], safe='')}@{db['HOST']}:{db['PORT']}/{name}"
 
 
 def _wait_for_other_sessions_to_close(timeout_s: float = 15) -> None:
@@ -181,7 +192,7 @@ def _wait_for_other_sessions_to_close(timeout_s: float = 15) -> None:
 
     db = connection.settings_dict
     own = [connection.connection.info.backend_pid] if connection.connection is not None else []
-    admin_url = f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/postgres"
+    admin_url = _database_url("postgres")
     deadline = time.monotonic() + timeout_s
     with psycopg.connect(admin_url, autocommit=True) as conn:
         while time.monotonic() < deadline:

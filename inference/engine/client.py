@@ -50,9 +50,17 @@ class StreamEvent:
 
 
 class EngineClient:
-    def __init__(self, socket_path: Path | str, *, connect_timeout_s: float = 5.0) -> None:
+    """``token``: the engine host's (``APPLIANCE_ENGINE_TOKEN``, by default generated under
+    ``var/secrets/``), sent on every request; None reads it from the Django settings."""
+
+    def __init__(self, socket_path: Path | str, *, connect_timeout_s: float = 5.0, token: str | None = None) -> None:
         self.socket_path = str(socket_path)
         self.connect_timeout_s = connect_timeout_s
+        if token is None:
+            from django.conf import settings
+
+            token = settings.APPLIANCE_ENGINE_TOKEN
+        self.token = token
 
     @classmethod
     def from_settings(cls) -> EngineClient:
@@ -92,10 +100,9 @@ class EngineClient:
         finally:
             reader.close()
 
-    @staticmethod
-    def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    def _send(self, sock: socket.socket, message: dict[str, Any]) -> None:
         try:
-            sock.sendall(encode(message))
+            sock.sendall(encode({**message, "auth": self.token}))
         except OSError as exc:
             raise EngineUnavailable(f"the connection to the engine host broke ({exc})") from exc
 

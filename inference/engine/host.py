@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from typing import Any
 
 from inference.engine.chat_tokens import prompt_token_ids
 from inference.engine.protocol import (
+    BENCHMARK_OPS,
     MAX_LINE_BYTES,
     EngineState,
     ErrorCode,
@@ -80,6 +82,8 @@ class EngineConfig:
     gap_step_ms: float = 250.0
     idle_ramp_factor: float = 2.0
     enforce_eager: bool = False
+    token: str = ""  # every request must carry it ("": none asked, for hosts made by unit tests)
+    benchmark_ops: bool = False  # serve BENCHMARK_OPS (a host a benchmark started)
 
     @classmethod
     def from_settings(cls) -> EngineConfig:
@@ -110,6 +114,8 @@ class EngineConfig:
             gap_step_ms=settings.APPLIANCE_DRAFTING_GAP_STEP_MS,
             idle_ramp_factor=settings.APPLIANCE_IDLE_RAMP_FACTOR,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
+            token=settings.APPLIANCE_ENGINE_TOKEN,
+            benchmark_ops=settings.APPLIANCE_ENGINE_BENCHMARK_OPS,
         )
 
     def policy(self) -> PolicyConfig:
@@ -500,7 +506,15 @@ class EngineHost:
                 return
             message = decode(line)
             op = message.get("op")
-            if op == "stats":
+            if self.config.token and not hmac.compare_digest(
+                str(message.get("auth", "")).encode(), self.config.token.encode()
+            ):
+                logger.warning("engine host: refused a request without its token (op %r)", op)
+                writer.write(encode({"type": "error", "code": ErrorCode.UNAUTHORIZED, "detail": "not authenticated"}))
+            elif op in BENCHMARK_OPS and not self.config.benchmark_ops:
+                detail = f"{op} is served only by an engine host a benchmark started"
+                writer.write(encode({"type": "error", "code": ErrorCode.FORBIDDEN, "detail": detail}))
+            elif op == "stats":
                 writer.write(encode({"type": "stats", **self.snapshot()}))
             elif op == "count_tokens":  # the tokenizer lives in this process: works while restarting
                 prompts = message.get("prompts", [])
@@ -775,11 +789,11 @@ class EngineHost:
 
     async def serve(self) -> None:
         path = self.config.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # an existing directory is left as it is
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a socket left by a host that died
         server = await asyncio.start_unix_server(self.handle, path=str(path), limit=MAX_LINE_BYTES)
-        os.chmod(path, 0o660)
+        os.chmod(path, 0o600)  # the appliance's own user only; the token is asked as well
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

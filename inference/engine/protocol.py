@@ -59,6 +59,13 @@ class ErrorCode:
     # The engine core died or is being started again. ``in_flight``: this request was in the
     # engine when it died (so it may be the cause); false when it arrived during the restart.
     ENGINE_RESTARTING = "engine_restarting"
+    UNAUTHORIZED = "unauthorized"  # the line did not carry the host's token
+    FORBIDDEN = "forbidden"  # a benchmark operation on a host not started for a benchmark
+
+
+# Operations that change how the engine schedules, empty its cache or bypass admission: only a
+# host a benchmark started (``APPLIANCE_ENGINE_BENCHMARK_OPS``) serves them.
+BENCHMARK_OPS = frozenset({"set_scheduling", "reset_prefix_cache", "run_direct"})
 
 
 class Priority:

@@ -374,16 +374,35 @@ class _Bench:
             (self.log_dir / "engine.log").unlink(missing_ok=True)
             self.engine_process = start_logged(
                 [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "engine_host"],
-                env=self._env(APPLIANCE_KV_CAPACITY_TOKENS=str(capacity)),
+                # This host serves the benchmark's own operations (set_scheduling and the rest).
+                env=self._env(APPLIANCE_KV_CAPACITY_TOKENS=str(capacity), APPLIANCE_ENGINE_BENCHMARK_OPS="1"),
                 log_path=self.log_dir / "engine.log",
             )
         stats = wait_for_engine(self.socket, process=self.engine_process, log_path=self.log_dir / "engine.log")
+        if self.options["engine_socket"]:
+            self._require_benchmark_operations()
         scale = self.options["scale"]
         self.scale = stats["max_model_len"] / 8192 if scale == "auto" else float(scale)
         self.progress(
             f"engine: {stats['model']} on {stats['device_name']}, context {stats['max_model_len']}, "
             f"KV capacity {stats['kv_capacity_tokens']} tokens; lengths scaled by {self.scale:g}"
         )
+
+    def _require_benchmark_operations(self) -> None:
+        """A host of someone else's serves the benchmark's operations only if it was started for
+        benchmarks: say so now, not halfway through a run."""
+        from inference.engine.client import EngineRequestError
+        from inference.engine.protocol import ErrorCode
+
+        try:
+            self.client().set_scheduling(None)
+        except EngineRequestError as exc:
+            if exc.code == ErrorCode.FORBIDDEN:
+                raise CommandError(
+                    f"the engine host at {self.socket} does not serve benchmark operations: start it with "
+                    "APPLIANCE_ENGINE_BENCHMARK_OPS=1, or leave out --engine-socket to let the benchmark start its own"
+                ) from None
+            raise
 
     def _refuse_if_engine_listening(self) -> None:
         """An engine host already on the benchmark's socket (an interrupted run's) would answer

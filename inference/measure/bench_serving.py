@@ -400,6 +400,7 @@ class _Account:
             scopes=["read", "write"],
             expires_at=expires_at,
             rate_limit_per_minute=100_000,  # a load test, not a person
+            max_streams=100_000,
         )
         return cls(user, row, token)
 

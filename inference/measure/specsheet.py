@@ -204,8 +204,10 @@ def hardware_line(hardware: dict[str, Any]) -> str:
         count = hardware.get("device_count") or 1
         device = f"{hardware.get('device_name') or 'unknown GPU'} ({_gib(hardware.get('device_memory_bytes'))})"
         parts = [f"{count} x {device}" if count > 1 else device, f"host {cpu}"]
-    parts.append(f"driver {hardware.get('driver') or 'none'}, CUDA {hardware.get('cuda') or 'none'}")
-    parts.append(f"vLLM {hardware.get('vllm') or '?'}, torch {hardware.get('torch') or '?'}")
+    if "driver" in hardware or "cuda" in hardware:  # (a sheet shown without versions has neither)
+        parts.append(f"driver {hardware.get('driver') or 'none'}, CUDA {hardware.get('cuda') or 'none'}")
+    if "vllm" in hardware or "torch" in hardware:
+        parts.append(f"vLLM {hardware.get('vllm') or '?'}, torch {hardware.get('torch') or '?'}")
     return "; ".join(parts)
 
 

@@ -325,6 +325,7 @@ class _Account:
             scopes=["read", "write"],
             expires_at=expires_at,
             rate_limit_per_minute=100_000,  # the run's own polling and streams, not a person's
+            max_streams=100_000,
         )
         return cls(user, row, token)
 

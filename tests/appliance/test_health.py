@@ -7,6 +7,7 @@ import socket
 import pytest
 from django.test import Client
 
+from appliance.credentials import EmbeddedCredentials
 from appliance.embedded import EmbeddedValkey
 
 pytestmark = pytest.mark.django_db
@@ -21,9 +22,11 @@ def _free_port() -> int:
 @pytest.fixture
 def own_broker(tmp_path, settings):
     """A real Valkey of this test's own, so that stopping it disturbs nothing else."""
-    valkey = EmbeddedValkey(data_dir=tmp_path / "valkey", port=_free_port())
+    valkey = EmbeddedValkey(
+        data_dir=tmp_path / "valkey", port=_free_port(), credentials=EmbeddedCredentials.of(tmp_path)
+    )
     valkey.start()
-    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{valkey.port}/0"
+    settings.CELERY_BROKER_URL = valkey.url
     yield valkey
     valkey.stop()
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import redis
 from django.conf import settings
 
+from appliance.credentials import EmbeddedCredentials
 from appliance.embedded import EmbeddedPostgres, EmbeddedValkey, port_open
 from appliance.supervisor import Supervisor, appliance_processes
 from tests.appliance.fake_engine import FakeEngineHost
@@ -67,23 +67,24 @@ class Stack:
 
     @property
     def database_url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.postgres.port}/appliance"
+        return self.postgres.url(superuser=True)
 
 
 @pytest.fixture(scope="module")
 def stack():
     base = Path(settings.VAR_DIR) / f"supervised-{os.getpid()}"
     shutil.rmtree(base, ignore_errors=True)
-    postgres = EmbeddedPostgres(data_dir=base / "postgres" / "data", port=_free_port())
-    valkey = EmbeddedValkey(data_dir=base / "valkey", port=_free_port())
+    credentials = EmbeddedCredentials.of(base)
+    postgres = EmbeddedPostgres(data_dir=base / "postgres" / "data", port=_free_port(), credentials=credentials)
+    valkey = EmbeddedValkey(data_dir=base / "valkey", port=_free_port(), credentials=credentials)
     fake_engine = FakeEngineHost().start()
     web_port = _free_port()
     env = {
         "DJANGO_SETTINGS_MODULE": "appliance.settings_test",
         "HF_HUB_OFFLINE": "1",
         "APPLIANCE_VAR_DIR": str(base),
-        "DATABASE_URL": f"postgresql://appliance@127.0.0.1:{postgres.port}/appliance",
-        "REDIS_URL": f"redis://127.0.0.1:{valkey.port}/0",
+        "DATABASE_URL": postgres.url(),
+        "REDIS_URL": valkey.url,
         "APPLIANCE_ENGINE_SOCKET": str(fake_engine.socket_path),
     }
     specs = [
@@ -122,7 +123,7 @@ def stack():
 
 def test_a_killed_valkey_is_started_again_with_its_data_and_the_workers_consume_again(stack, caplog):
     caplog.set_level(logging.INFO)
-    client = redis.Redis(host="127.0.0.1", port=stack.valkey.port, socket_timeout=5)
+    client = stack.valkey.client(socket_timeout=5)
     client.set("kept-across-a-kill", "yes")
     before = stack.valkey.server_process()
     assert before is not None
@@ -145,7 +146,7 @@ def test_a_killed_valkey_is_started_again_with_its_data_and_the_workers_consume_
     # The workers answer again (health is green) and take tasks from their queues again.
     from celery import Celery
 
-    sender = Celery("test-sender", broker=f"redis://127.0.0.1:{stack.valkey.port}/0", set_as_current=False)
+    sender = Celery("test-sender", broker=stack.valkey.url, set_as_current=False)
     try:
         for queue in QUEUES:
             sender.send_task("celery.backend_cleanup", queue=queue)  # a built-in task that does nothing here

@@ -149,3 +149,23 @@ def test_a_benchmark_never_takes_over_a_real_account(people):
     with pytest.raises(CommandError, match="real account"):
         bench_user("evaluate")
     assert bench_user("evaluate-other").is_active is False
+
+def test_failed_jobs_name_their_document_and_owner_only_to_staff_who_may_read_jobs(people):
+    admin, gina = people
+    document = Document.objects.create(
+        owner=gina, title="Confidential merger memo", filename="memo.txt", size_bytes=1, sha256="f" * 64,
+        state=Document.State.READY, pages_total=1,
+    )  # fmt: skip
+    Job.objects.create(
+        owner=gina, kind=JobKind.SUMMARISE, queue=Queue.PREFILL, state=Job.State.FAILED, document=document,
+        finished_at=timezone.now(), error="Reading this file took too long.",
+    )  # fmt: skip
+    operator = get_user_model().objects.create_user("oscar", password="pw-oscar-long-enough", is_staff=True)
+    page = _client(operator).get("/console/").content.decode()
+    failures = page.split('id="failures-heading"', 1)[1].split("</section>", 1)[0]
+    assert "Reading this file took too long." in failures  # why, for the operator
+    assert "Confidential merger memo" not in failures and "gina" not in failures  # not what, nor whose
+    assert "needs the permission to view jobs" in failures
+    superuser_page = _client(admin).get("/console/").content.decode().split('id="failures-heading"', 1)[1]
+    superuser_page = superuser_page.split("</section>", 1)[0]
+    assert "Confidential merger memo" in superuser_page and "gina" in superuser_page

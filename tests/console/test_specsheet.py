@@ -233,3 +233,25 @@ def test_the_engine_api_still_carries_the_latest_sheet(alice, var_dir):
     _, raw = token_create(user=alice, name="tool", scopes=["read"])
     body = Client().get("/api/v1/engine", HTTP_AUTHORIZATION=f"Bearer {raw}").json()
     assert body["specsheet"]["profiles"]["drafting"]["users_served"] == 2
+
+
+def test_software_versions_are_for_staff_only(alice, django_user_model, var_dir, monkeypatch):
+    from api.services import token_create
+
+    stats = {"model": "SmolLM2", "licence": "Apache-2.0", "vllm_version": "0.32.0", "torch_version": "2.13.0"}
+    monkeypatch.setattr(selectors, "engine", lambda: stats)
+    sheet = sample_sheet()
+    sheet["hardware"] = {**sheet.get("hardware", {}), "device": "cpu", "cpu": "EPYC", "cpus": 2, "ram_bytes": 2**34,
+                         "driver": None, "cuda": None, "vllm": "0.32.0", "torch": "2.13.0", "python": "3.11.7",
+                         "platform": "Linux-6.18"}  # fmt: skip
+    write_sheet(var_dir, sheet)
+    _, raw = token_create(user=alice, name="tool", scopes=["read"])
+    body = Client().get("/api/v1/engine", HTTP_AUTHORIZATION=f"Bearer {raw}").json()
+    assert body["model"] == "SmolLM2" and body["vllm_version"] is None and body["torch_version"] is None
+    text = json.dumps(body)
+    assert "0.32.0" not in text and "2.13.0" not in text and "3.11.7" not in text and "Linux-6.18" not in text
+    assert body["specsheet"]["hardware"]["cpu"] == "EPYC"  # the hardware stays: a buyer's question
+    staff = django_user_model.objects.create_user(username="root", password="x" * 20, is_staff=True)
+    _, admin_raw = token_create(user=staff, name="ops", scopes=["read"])
+    staff_body = Client().get("/api/v1/engine", HTTP_AUTHORIZATION=f"Bearer {admin_raw}").json()
+    assert staff_body["vllm_version"] == "0.32.0" and staff_body["specsheet"]["hardware"]["python"] == "3.11.7"

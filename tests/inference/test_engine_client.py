@@ -96,6 +96,7 @@ def test_the_request_carries_its_user_and_whether_it_is_a_suspect(host):
     host.hosts[0].thread.join(5)
     sent = host.hosts[0].received[0]
     assert (sent["user"], sent["suspect"]) == ("42", True)
+    assert sent["auth"] == client.token and len(client.token) >= 32  # the host's token, from var/secrets
 
 
 def test_closing_the_request_from_another_thread_ends_the_stream_quietly_and_the_host_sees_it(tmp_path):

@@ -157,7 +157,9 @@ def test_a_row_another_transaction_holds_is_skipped_not_waited_for(alice, bob):
     first = _job(alice, minutes_ago=5)
     second = _job(bob, minutes_ago=1)
     db = connection.settings_dict
-    with psycopg.connect(f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}") as other:
+    with psycopg.connect(
+        host=db["HOST"], port=db["PORT"], user=db["USER"], password=db["PASSWORD"], dbname=db["NAME"]
+    ) as other:
         other.execute("SELECT id FROM inference_job WHERE id = %s FOR UPDATE", (first.pk,))
         assert lifecycle.job_claim_next(celery_queue="decode").pk == second.pk
 
