@@ -24,7 +24,14 @@ def scraper_authorised(request) -> bool:
     return header.startswith("Bearer ") and hmac.compare_digest(header.removeprefix("Bearer ").encode(), token.encode())
 
 
+# A request a proxy forwarded (the TLS proxy in front of the appliance, on this same box) comes
+# from loopback whoever sent it: only a request with none of these is from this machine itself.
+FORWARDING_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP", "HTTP_X_FORWARDED_HOST")
+
+
 def _from_loopback(request) -> bool:
+    if any(header in request.META for header in FORWARDING_HEADERS):
+        return False
     try:
         return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
     except ValueError:

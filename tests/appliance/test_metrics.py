@@ -129,3 +129,14 @@ def test_without_a_token_only_a_scraper_on_this_machine_is_answered():
         assert Client(REMOTE_ADDR="::1").get("/metrics").status_code == 200
         refused = Client(REMOTE_ADDR="192.0.2.10").get("/metrics")
         assert refused.status_code == 401 and "only on this machine" in refused.content.decode()
+
+
+def test_a_request_a_proxy_on_the_box_forwarded_is_not_the_box_itself(settings):
+    from django.test import Client
+
+    settings.APPLIANCE_METRICS_TOKEN = ""
+    client = Client()  # REMOTE_ADDR 127.0.0.1, as behind a TLS proxy on this machine
+    assert client.get("/metrics").status_code == 200
+    for header in ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"):
+        assert client.get("/metrics", **{header: "203.0.113.9"}).status_code == 401
+        assert set(client.get("/healthz", **{header: "203.0.113.9"}).json()) == {"status"}
