@@ -509,7 +509,11 @@ async def _wait_for(job: Job) -> Job:
     return await _finished_job(job.pk)
 
 
-def _stream(job: Job, chat: ChatRequest, model: str, *, user_id: int, slot: str | None) -> StreamingHttpResponse:
+def _stream(
+    job: Job, chat: ChatRequest, model: str, *, user_id: int | None = None, slot: str | None = None
+) -> StreamingHttpResponse:
+    """The chat completion's stream; ``slot``: the stream slot its person holds (given back at
+    its end), None when no limit applies."""
     base = {"id": completion_id(job), "object": "chat.completion.chunk", "created": int(job.created_at.timestamp())}
     base["model"] = model
 
