@@ -288,26 +288,36 @@ def test_requests_sharing_a_prefix_reserve_its_blocks_once(engine_host):
     waited: list = []
     first_started = threading.Event()
     all_generating = threading.Barrier(n + 1)
+    ended: dict = {}  # request id -> how its stream ended before its first token, if it did
 
     def one(request: GenerateRequest) -> None:
         stream = engine_host.generate(request)
+        seen: list = []
         try:
             for event in stream:
+                seen.append(event.type)
                 if event.type == "waiting" and event.data.get("reason") == "kv_budget":
                     waited.append(request.request_id)
                 if event.type == "delta":
                     first_started.set()
                     all_generating.wait(900)
                     return
-        except Exception:  # noqa: S110 - aborted by the test's clean-up
-            pass
+            ended[request.request_id] = f"the stream ended before a token: {seen} {stream!r}"
+        except threading.BrokenBarrierError:
+            pass  # the test's clean-up
+        except Exception as exc:  # noqa: BLE001 - said by the test, not swallowed
+            ended[request.request_id] = f"{type(exc).__name__}: {exc} after {seen}"
         finally:
             stream.close()
 
     threads = [threading.Thread(target=one, args=(requests[0],))]
     threads[0].start()
     try:
-        assert first_started.wait(900)  # its prompt is computed: in the prefix cache for the others
+        # Its prompt is computed (in the prefix cache for the others), or it ended, and says how.
+        deadline = time.monotonic() + 900
+        while not first_started.wait(1) and threads[0].is_alive() and time.monotonic() < deadline:
+            pass
+        assert first_started.is_set(), ended
         for request in requests[1:]:
             threads.append(threading.Thread(target=one, args=(request,)))
             threads[-1].start()
