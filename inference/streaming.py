@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import enum
 import json
+import time
+import uuid
 from collections.abc import AsyncIterator
 from functools import lru_cache
 from typing import Any
@@ -232,9 +234,6 @@ def _stream_client() -> aioredis.Redis:
 async def take_stream_slot(user_id: Any, *, api_token=None) -> str | None:
     """A slot for one more stream of ``user_id``; raises ``TooManyStreams`` at the limit. None
     when no limit is set or the broker does not answer (the stream then fails on its own)."""
-    import time
-    import uuid
-
     limit = stream_limit(api_token)
     if not limit:
         return None
@@ -268,8 +267,6 @@ async def release_stream_slot(user_id: Any, slot: str | None) -> None:
 
 async def held_stream(user_id: Any, slot: str | None, events: AsyncIterator[str]) -> AsyncIterator[str]:
     """``events``, renewing the slot's lease as they go, and giving the slot back at the end."""
-    import time
-
     if slot is None:
         async for chunk in events:
             yield chunk
