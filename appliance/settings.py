@@ -7,7 +7,6 @@ Production sets ``DATABASE_URL``, ``REDIS_URL``, ``APPLIANCE_SECRET_KEY`` and ``
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
@@ -25,14 +24,10 @@ def _secret_key() -> str:
     configured = env_str("APPLIANCE_SECRET_KEY")
     if configured:
         return configured
-    path = VAR_DIR / "secret_key"
-    if path.exists():
-        return path.read_text(encoding="utf-8").strip()
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(50)
-    path.touch(mode=0o600)
-    path.write_text(key, encoding="utf-8")
-    return key
+    older = VAR_DIR / "secret_key"  # where versions before var/secrets/ kept it: sessions survive
+    if older.exists():
+        return older.read_text(encoding="utf-8").strip()
+    return generated_secret(VAR_DIR, "secret_key")
 
 
 SECRET_KEY = _secret_key()

@@ -348,8 +348,13 @@ def test_between_drafters_a_documents_step_is_no_longer_than_a_drafters_first_st
     # ...so a step of documents alone takes no longer than a drafter's own first step would.
     assert 0.040 + 0.0065 * gap.token_budget <= (0.040 + 0.0065 * 40) * 1.02
     assert gap.token_budget >= 30  # and documents still progress in it
-    later = p.plan(alone, [], [], set(), now=104.0 + 31)  # drafting stopped half a minute ago
-    assert later.reason == "no_drafting" and later.token_budget == quiet.token_budget
+    # Drafting stopped half a minute ago: steps ramp from the gap's to the 2 % rule's, doubling,
+    # rather than jump to it (a drafter arriving then would wait for a whole long step).
+    later = [p.plan(alone, [], [], set(), now=104.0 + 31 + i) for i in range(8)]
+    assert later[0].reason == "slow_start" and later[0].token_budget == 2 * gap.token_budget
+    assert later[1].token_budget == 4 * gap.token_budget
+    assert later[-1].reason == "no_drafting" and later[-1].token_budget == quiet.token_budget
+    assert max(plan.token_budget for plan in later) == quiet.token_budget
     off = Planner(config=PolicyConfig(drafting_recent_s=0), max_budget_tokens=2048, cost=cpu_like_model())
     off.plan([draft("d"), *alone], [], [], set(), now=0.0)
     assert off.plan(alone, [], [], set(), now=1.0).reason == "slow_start"  # only the slow start then
@@ -495,3 +500,58 @@ def test_with_no_prefill_step_seen_documents_take_small_chunks_beside_drafting()
     p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=model)
     plan = p.plan([draft("a"), document("d1", left=5000)], [], [], set())
     assert plan.document_budget_tokens == p.unfitted_chunk_tokens  # not the whole step: the model cannot tell
+
+
+class FakeOverrunningMachine:
+    """A fake machine whose steps of decodes beside prefill take 20 % longer than its linear cost
+    says (cache effects a linear fit does not see); decodes alone and prefill alone are linear."""
+
+    @staticmethod
+    def seconds(shape: StepShape) -> float:
+        linear = 0.030 + 0.002 * shape.decode_requests + 0.0005 * shape.prefill_tokens
+        return linear * (1.2 if shape.decode_requests and shape.prefill_tokens else 1.0)
+
+
+def test_steps_beside_drafting_are_sized_by_what_such_steps_really_took():
+    # Planned from the fit alone, documents beside drafters would make steps of ~1.4 x 1.2 = 1.7x
+    # a drafting step. The model sees mixed steps overrun their prediction and the plan takes
+    # that off the target, so that drafters' steps stay within the slowdown asked for.
+    machine = FakeOverrunningMachine()
+    rng = random.Random(7)
+    model = StepCostModel(window=256, refit_every=8, min_steps=16)
+    p = Planner(config=PolicyConfig(itl_slowdown=1.4), max_budget_tokens=2048, cost=model)
+    base = StepShape(decode_requests=4, decode_context_tokens=400)
+    alone = machine.seconds(base)
+    first = None
+    for i in range(400):  # the engine runs: drafting steps, documents beside them, documents alone
+        kind = rng.choice(["decode", "mixed", "prefill"])
+        if kind == "mixed" and model.ready:
+            tokens = p.document_budget(base, position=0)
+            first = tokens if first is None else first
+            shape = StepShape(decode_requests=4, decode_context_tokens=400, prefill_tokens=tokens)
+        elif kind == "decode":
+            shape = StepShape(decode_requests=rng.randint(1, 8))
+        else:
+            shape = StepShape(decode_requests=rng.choice([0, 4]), prefill_tokens=rng.choice([64, 256, 1024]))
+        model.observe(shape, machine.seconds(shape) * rng.uniform(0.98, 1.02))
+    assert 1.15 <= model.overrun() <= 1.3
+    tokens = p.document_budget(base, position=0)
+    with_documents = machine.seconds(StepShape(decode_requests=4, decode_context_tokens=400, prefill_tokens=tokens))
+    assert 1.25 * alone <= with_documents <= 1.45 * alone  # within the slowdown, and most of it used
+    assert tokens < first  # before the overrun was seen, documents took more
+
+
+def test_overrun_is_one_until_enough_steps_were_seen_and_is_bounded():
+    model = fitted_model()
+    assert model.overrun() == pytest.approx(1.0, abs=0.05)  # a linear machine: nothing to correct
+    fresh = StepCostModel.from_coefficients((0.02, 0.002, 0.0, 0.0001, 0.0))
+    for _ in range(10):
+        fresh.observe(StepShape(decode_requests=2, prefill_tokens=100), 1.0)  # 30x what it predicts
+    assert fresh.overrun() == 1.0  # too few steps to tell
+    for _ in range(10):
+        fresh.observe(StepShape(decode_requests=2, prefill_tokens=100), 1.0)
+    assert fresh.overrun() == 1.0  # no step of decodes alone to compare with yet
+    assert fresh.overrun(relative=False) == 1.5
+    for _ in range(20):
+        fresh.observe(StepShape(decode_requests=2), 0.024)
+    assert fresh.overrun() == 1.5  # bounded: a broken model does not stop documents
