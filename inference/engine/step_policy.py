@@ -285,6 +285,7 @@ class StepShape:
             self.decode_context_tokens / 1e3,
             float(self.prefill_tokens),
             self.prefill_attention / 1e6,
+            1.0 if self.prefill_tokens else 0.0,  # a step with any prefill runs other kernels
         )
 
     @classmethod
@@ -308,7 +309,7 @@ class StepCostModel:
     alone does not make the model forget what prefill costs."""
 
     FEATURES = ("intercept_s", "per_decode_request_s", "per_1k_decode_context_s", "per_prefill_token_s",
-                "per_prefill_attention_s")  # fmt: skip
+                "per_prefill_attention_s", "prefill_step_s")  # fmt: skip
 
     def __init__(self, *, window: int = 512, refit_every: int = 16, min_steps: int = 32) -> None:
         self.window = window
@@ -379,8 +380,15 @@ class StepCostModel:
     def from_coefficients(cls, coefficients: tuple[float, ...]) -> StepCostModel:
         """A fitted model from another's ``snapshot`` (benchmarks read the engine's)."""
         model = cls()
-        model.coefficients = tuple(float(c) for c in coefficients)
+        values = [float(c) for c in coefficients]
+        model.coefficients = tuple(values + [0.0] * (len(cls.FEATURES) - len(values)))  # an older snapshot's
         return model
+
+    @property
+    def prefill_step_s(self) -> float:
+        """What a step costs more for holding any prefill at all: a prompt chunk of a few tokens
+        beside decodes is not free where prefill runs other kernels than decoding."""
+        return self.coefficients[5] if self.coefficients else 0.0
 
     @property
     def ready(self) -> bool:
@@ -396,7 +404,7 @@ class StepCostModel:
         within ``target_s``; None while the model is not fitted yet."""
         if self.coefficients is None:
             return None
-        spare = target_s - (self.predict(base) or 0.0)
+        spare = target_s - (self.predict(base) or 0.0) - (0.0 if base.prefill_tokens else self.prefill_step_s)
         per_token = self.coefficients[3] + self.coefficients[4] * position / 1e6
         if per_token <= 0:
             return None  # no step with prefill seen yet: this model cannot say what a chunk costs
@@ -482,7 +490,7 @@ class Planner:
         if coefficients is None or loss <= 0:
             return None
         per_token = coefficients[3] + coefficients[4] * position / 1e6
-        fixed = self.cost.predict(base) or 0.0
+        fixed = (self.cost.predict(base) or 0.0) + self.cost.prefill_step_s
         if per_token <= 0 or fixed <= 0:
             # No fixed cost seen (the fit dropped its intercept): cutting prefill finer would look
             # free by this model and is not, so vLLM keeps its own budget.

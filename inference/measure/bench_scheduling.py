@@ -48,6 +48,7 @@ command means the same workload on a GPU box with a real model (there, raise
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import statistics
@@ -55,6 +56,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -167,7 +169,9 @@ def run(command, **options) -> dict:
         }
         for repeat in range(options["repeats"]):
             progress(f"--- repeat {repeat + 1} of {options['repeats']} ---")
-            results["repeats"].append(bench.repeat(repeat, phases, thresholds))
+            current: dict = {}
+            results["repeats"].append(current)
+            bench.repeat(repeat, phases, thresholds, into=current, saved=lambda: _write_partial(results))
         results["summary"] = summarise(results["repeats"])
         results["targets"] = TARGETS
         write("")
@@ -603,24 +607,25 @@ class _Bench:
 
     # --- one repeat -------------------------------------------------------------------------
 
-    def repeat(self, index: int, phases: list[str], thresholds: list[int]) -> dict:
+    def repeat(self, index: int, phases: list[str], thresholds: list[int], *, into: dict,
+               saved: Callable[[], None] = lambda: None) -> dict:  # fmt: skip
+        """One repeat of each phase asked for, each phase's figures put ``into`` the dict given
+        as soon as it ends (``saved`` then writes what the run has so far)."""
         seed = self.options["seed"] + 1000 * index
-        result: dict = {}
-        if "burst" in phases:
-            result["burst"] = self.drafting_beside_documents("burst", seed, thresholds)
-        if "steady" in phases:
-            result["steady"] = self.drafting_beside_documents("steady", seed, thresholds)
-        if "eos" in phases:
-            result["eos"] = self.drafting_beside_documents("eos", seed, [])
-        if "idle" in phases:
-            result["idle"] = self.idle(seed)
-        if "peak" in phases:
-            result["peak"] = self.peak(seed)
-        if "fairness" in phases:
-            result["fairness"] = self.fairness()
-        if "prefix" in phases:
-            result["prefix"] = self.prefix_reuse()
-        return result
+        runs: dict[str, Callable[[], dict]] = {
+            "burst": lambda: self.drafting_beside_documents("burst", seed, thresholds),
+            "steady": lambda: self.drafting_beside_documents("steady", seed, thresholds),
+            "eos": lambda: self.drafting_beside_documents("eos", seed, []),
+            "idle": lambda: self.idle(seed),
+            "peak": lambda: self.peak(seed),
+            "fairness": self.fairness,
+            "prefix": self.prefix_reuse,
+        }
+        for phase in PHASES:
+            if phase in phases:
+                into[phase] = runs[phase]()
+                saved()
+        return into
 
     def _modes(self, workload: str, thresholds: list[int]) -> list[str]:
         if workload in self.best_engine:
@@ -1187,6 +1192,15 @@ def _tail_lines(repeats: list[dict], workload: str) -> list[str]:
                 f"admitted -> first token {tail['prefill_ms']}, other {tail['other_ms']} ms"
             )
     return lines
+
+
+def _write_partial(results: dict) -> None:
+    """What a run has measured so far, after each phase: a run stopped or failed in its third
+    repeat still leaves its first two (``scheduling-partial.json``; the finished run's file is
+    written by ``manage.py bench`` as for every benchmark)."""
+    path = Path(settings.VAR_DIR) / "bench" / "scheduling-partial.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
 
 
 def _write_markdown(results: dict) -> None:
