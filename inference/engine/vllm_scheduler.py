@@ -78,7 +78,7 @@ class ApplianceScheduling:
         )
         self.output_lengths = OutputLengths()
         self._reserve_tokens: dict[str, int] = {}  # running request -> its reservation (prompt + output)
-        self._pending: dict[int, tuple[float, StepShape]] = {}  # scheduled step -> (when, shape)
+        self._pending: dict[int, tuple[float, StepShape, bool]] = {}  # step -> (when, shape, sized beside drafting)
         self._last_update_at = 0.0
         self._default_threshold = self.scheduler_config.long_prefill_token_threshold
         self._counters: Counter[str] = Counter()
@@ -95,17 +95,19 @@ class ApplianceScheduling:
         else:
             output = self._schedule_as_vllm(throttle_prefills)
         if output.total_num_scheduled_tokens:
-            self._pending[id(output)] = (time.monotonic(), self._shape_of(output))
+            beside_drafting = self.planner.config.mode is Mode.APPLIANCE and self._last_plan.reason == "drafting_running"
+            self._pending[id(output)] = (time.monotonic(), self._shape_of(output), beside_drafting)
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
         now = time.monotonic()
         pending = self._pending.pop(id(scheduler_output), None)
         if pending is not None:
-            scheduled_at, shape = pending
+            scheduled_at, shape, beside_drafting = pending
             # Steps may overlap (async scheduling): a step's own time starts when the one
             # before it ended, or when it was scheduled if the engine was idle.
-            self.planner.cost.observe(shape, now - max(scheduled_at, self._last_update_at))
+            self.planner.cost.observe(shape, now - max(scheduled_at, self._last_update_at),
+                                      beside_drafting=beside_drafting)  # fmt: skip
             self._last_update_at = now
         return super().update_from_output(scheduler_output, model_runner_output)
 
