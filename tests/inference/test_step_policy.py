@@ -442,9 +442,14 @@ def test_an_absolute_itl_target_replaces_the_slowdown():
 
 
 def test_documents_always_progress_beside_drafting():
-    p = planner(itl_target_ms=1)
-    plan = p.plan([draft("a"), document("d1", left=5000)], [], [], set())
-    assert plan.document_budget_tokens == p.min_chunk_tokens > 0
+    # A target no step can meet: documents still read about min_chunk_tokens a step, every step
+    # (chunk_fixed_cost_share 0) or saved up into fewer, larger chunks.
+    for share in (0.0, 0.1):
+        p = planner(itl_target_ms=1, chunk_fixed_cost_share=share)
+        plans = [p.plan([draft("a"), document("d1", left=5000)], [], [], set()) for _ in range(300)]
+        tokens = [plan.document_budget_tokens for plan in plans]
+        assert sum(tokens) >= 0.9 * 300 * p.min_chunk_tokens > 0  # the last saving may not be spent yet
+        assert share or set(tokens) == {p.min_chunk_tokens}
 
 
 def test_before_the_cost_model_is_fitted_documents_take_small_chunks_beside_drafting():
@@ -608,3 +613,66 @@ def test_the_cost_model_learns_what_any_prefill_in_a_step_costs():
     assert 40 <= tokens <= 50
     # A snapshot from before this feature still loads.
     assert StepCostModel.from_coefficients((0.03, 0.002, 0.0, 0.0005, 0.0)).prefill_step_s == 0.0
+
+
+def pooling_planner(machine, **config) -> Planner:
+    model = StepCostModel(refit_every=10**9)  # the fit held still at the fake machine's costs
+    model.coefficients = machine.COEFFICIENTS
+    return Planner(config=PolicyConfig(**config), max_budget_tokens=2048, cost=model,
+                   default_draft_prompt_tokens=40)  # fmt: skip
+
+
+class FakeSlowPrefillCpu:
+    """A fake CPU where prompt tokens are dear beside decoding: 40 ms a step, 2 ms a decoding
+    request, 3 ms a prompt token, and 10 ms for holding any prefill in a step."""
+
+    COEFFICIENTS = (0.040, 0.002, 0.0, 0.003, 0.0, 0.010)
+
+    @staticmethod
+    def seconds(shape: StepShape) -> float:
+        prefill = 0.010 + 0.003 * shape.prefill_tokens if shape.prefill_tokens else 0.0
+        return 0.040 + 0.002 * shape.decode_requests + prefill
+
+
+def run_beside_drafters(p: Planner, machine, steps: int = 400) -> tuple[list[float], int]:
+    """Steps of 3 drafters decoding beside one long document: each step's duration, and the
+    document's prompt tokens read."""
+    done, durations = 0, []
+    for _ in range(steps):
+        running = [draft(f"draft{i}", context=60) for i in range(3)] + [document("doc", left=20000, done=done)]
+        plan = p.plan(running, [], [], set(), now=0.0)
+        tokens = plan.token_budget - 3
+        durations.append(machine.seconds(StepShape(decode_requests=3, prefill_tokens=tokens)))
+        done += tokens
+    return durations, done
+
+
+def test_where_a_chunk_has_a_large_fixed_cost_documents_save_up_beside_drafting():
+    # Beside 3 drafters (46 ms a step) a 1.4x target leaves 18 ms: the floor of 4 tokens a step
+    # would cost 22 ms every step (10 of them fixed), making drafters' steps 1.48x. Saved up,
+    # documents read as many tokens, drafters' mean step stays within the target and no step is
+    # longer than one that reads a drafter's prompt, which drafters wait for alone too.
+    machine = FakeSlowPrefillCpu()
+    alone = machine.seconds(StepShape(decode_requests=3))
+    first_step = machine.seconds(StepShape(decode_requests=3, prefill_tokens=40))
+    per_step, per_step_tokens = run_beside_drafters(pooling_planner(machine, chunk_fixed_cost_share=0), machine)
+    assert sum(per_step) / len(per_step) > 1.45 * alone  # the floor's fixed cost, paid every step
+    saved, saved_tokens = run_beside_drafters(pooling_planner(machine), machine)
+    assert sum(saved) / len(saved) <= 1.4 * alone * 1.02
+    assert max(saved) <= first_step * 1.02
+    assert saved_tokens >= 0.9 * per_step_tokens  # documents lose little or nothing
+    assert sum(d == alone for d in saved) > len(saved) / 2  # most steps: drafting alone
+
+
+def test_where_a_chunk_is_cheap_documents_take_their_share_every_step():
+    # A GPU-like machine: a chunk's fixed cost is small beside a step's spare time; nothing is saved up.
+    class GpuLike:
+        COEFFICIENTS = (0.020, 0.0005, 0.0, 0.00002, 0.0, 0.0005)
+
+        @staticmethod
+        def seconds(shape: StepShape) -> float:
+            prefill = 0.0005 + 0.00002 * shape.prefill_tokens if shape.prefill_tokens else 0.0
+            return 0.020 + 0.0005 * shape.decode_requests + prefill
+
+    durations, tokens = run_beside_drafters(pooling_planner(GpuLike()), GpuLike(), steps=50)
+    assert len(set(durations)) == 1 and tokens >= 50 * 300  # the same chunk every step
