@@ -81,6 +81,7 @@ class EngineConfig:
     drafting_recent_s: float = 30.0
     gap_step_ms: float = 250.0
     idle_ramp_factor: float = 2.0
+    chunk_fixed_cost_share: float = 0.1
     enforce_eager: bool = False
     token: str = ""  # every request must carry it ("": none asked, for hosts made by unit tests)
     benchmark_ops: bool = False  # serve BENCHMARK_OPS (a host a benchmark started)
@@ -113,6 +114,7 @@ class EngineConfig:
             drafting_recent_s=settings.APPLIANCE_DRAFTING_RECENT_S,
             gap_step_ms=settings.APPLIANCE_DRAFTING_GAP_STEP_MS,
             idle_ramp_factor=settings.APPLIANCE_IDLE_RAMP_FACTOR,
+            chunk_fixed_cost_share=settings.APPLIANCE_CHUNK_FIXED_COST_SHARE,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
             token=settings.APPLIANCE_ENGINE_TOKEN,
             benchmark_ops=settings.APPLIANCE_ENGINE_BENCHMARK_OPS,
@@ -128,6 +130,7 @@ class EngineConfig:
             drafting_recent_s=self.drafting_recent_s,
             gap_step_ms=self.gap_step_ms,
             idle_ramp_factor=self.idle_ramp_factor,
+            chunk_fixed_cost_share=self.chunk_fixed_cost_share,
             kv_safety_factor=self.kv_safety_factor,
             kv_decode_reserve_fraction=self.kv_decode_reserve_fraction,
             drafting_priority=Priority.DECODE,
