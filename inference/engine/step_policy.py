@@ -397,6 +397,11 @@ class StepCostModel:
         return model
 
     @property
+    def prices_prefill(self) -> bool:
+        """Whether the fit can tell what a prompt token costs (it has seen steps with prefill)."""
+        return self.coefficients is not None and (self.coefficients[3] > 0 or self.coefficients[4] > 0)
+
+    @property
     def prefill_step_s(self) -> float:
         """What a step costs more for holding any prefill at all: a prompt chunk of a few tokens
         beside decodes is not free where prefill runs other kernels than decoding."""
@@ -471,10 +476,14 @@ class Planner:
     _draft_prompt_seen: dict[str, None] = field(default_factory=dict)
     _held_for: dict[str, int] = field(default_factory=dict)
     _ramp_tokens: int | None = None  # the next documents-only step's cap while starting up
-    _after_drafting: bool = False  # drafting was in the engine since the last documents-only prefill step
+    _restart_ramp: bool = False  # the next documents-only prefill step starts slowly (drafting or calibration came first)
     _gap_tokens: int | None = None  # the last documents-only step's tokens while drafting was recent
     _credit_s: float = 0.0  # step time documents have saved up beside drafting (``pooled_document_budget``)
     _saved_steps: int = 0  # steps that saved it
+    # Documents-only steps held to ``unfitted_chunk_tokens`` while the cost model cannot price a
+    # prompt token yet (a fresh or restarted engine), at most this many.
+    max_calibration_steps: int = 64
+    _calibration_steps: int = 0
     _step: int = 0
 
     def target_step_s(self, base: StepShape) -> float | None:
@@ -652,7 +661,7 @@ class Planner:
             # Drafting sizes the steps now (or will, once a drafter that waits can start): a slow
             # start follows it out.
             self._ramp_tokens = None
-            self._after_drafting = True
+            self._restart_ramp = True
         if drafting_waiting:
             # A drafter can start: documents hold their prefill for this step, and no document
             # starts in it, so the drafter's prompt gets the step.
@@ -685,18 +694,31 @@ class Planner:
         prefilling = bool(doc_prefills) or any(not w.drafting for w in waiting if w.request_id not in deferred)
         idle = self.idle_budget(base, position) if prefilling else None
         reason = "no_drafting"
+        if prefilling and not self.cost.prices_prefill and self._calibration_steps < self.max_calibration_steps:
+            # A fresh engine (or one that has seen only drafting) cannot size a step of documents:
+            # small steps until the fit has seen what prompt tokens cost, rather than vLLM's whole
+            # budget, seconds on a CPU, that the first drafters of a burst waited for (TTFT p95
+            # x2.65 in the first repeat of the burst benchmark on a fresh engine).
+            self._calibration_steps += 1
+            self._restart_ramp = True  # then a slow start from a drafter's first step
+            # Two sizes in turn: chunks all of one size would leave a prompt token's cost and a
+            # step's fixed cost indistinguishable to the fit.
+            tokens = self.unfitted_chunk_tokens // (1 + self._calibration_steps % 2)
+            budget = min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + tokens)
+            return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=tokens,
+                            reason="calibrating")  # fmt: skip
         if prefilling:
             if drafting_recent:
                 gap = self.gap_budget(base, position)
                 if gap is not None and (idle is None or gap < idle):
                     idle, reason = max(self.min_chunk_tokens, min(self.max_budget_tokens, gap)), "drafting_gap"
-            elif self._gap_tokens is not None and self.config.idle_ramp_factor and not self._after_drafting:
+            elif self._gap_tokens is not None and self.config.idle_ramp_factor and not self._restart_ramp:
                 # The window of recent drafting has just run out: ramp from the gap's step to the
                 # 2 % rule's rather than jump (a drafter arriving then waited a whole 0.7 s step).
                 self._ramp_tokens = math.ceil(self._gap_tokens * self.config.idle_ramp_factor)
-            idle, reason = self._slow_start(idle, base, position, empty=not running or self._after_drafting,
+            idle, reason = self._slow_start(idle, base, position, empty=not running or self._restart_ramp,
                                             reason=reason)  # fmt: skip
-            self._after_drafting = False
+            self._restart_ramp = False
             self._gap_tokens = idle if drafting_recent else None
         budget = None if idle is None else min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + idle)
         return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=idle,

@@ -280,13 +280,38 @@ def test_documents_arriving_at_an_idle_engine_start_slowly_then_reach_the_2_perc
     assert p.plan([], backlog, [], {w.request_id for w in backlog}, now=100.0).token_budget is None
 
 
+def test_a_fresh_engine_holds_documents_to_small_steps_until_it_can_price_a_prompt_token():
+    # Nothing fitted yet, or a fit from drafting alone (no prefill coefficient): documents alone
+    # would take vLLM's whole budget, seconds on a CPU, that a burst's first drafters all wait
+    # for (seen in the burst benchmark). They take small steps while the model learns, for at
+    # most max_calibration_steps (a model that never learns does not hold documents for ever).
+    drafting_only = StepCostModel.from_coefficients((0.03, 0.002, 0.0, 0.0, 0.0))
+    for cost in (StepCostModel(), drafting_only):
+        p = Planner(config=PolicyConfig(drafting_recent_s=0), max_budget_tokens=2048, cost=cost)
+        plans = [p.plan([document("doc0", left=50000)], [], [], set(), now=float(i)) for i in range(80)]
+        assert {plan.reason for plan in plans[: p.max_calibration_steps]} == {"calibrating"}
+        assert {plan.token_budget for plan in plans[: p.max_calibration_steps]} == {32, p.unfitted_chunk_tokens}
+        assert plans[-1].reason != "calibrating"
+    # The fit learns what a prompt token costs: the ordinary rules take over at once.
+    learning = StepCostModel(window=256, refit_every=8, min_steps=16)
+    p = Planner(config=PolicyConfig(drafting_recent_s=0), max_budget_tokens=2048, cost=learning)
+    reasons = []
+    for i in range(60):
+        plan = p.plan([document("doc0", left=50000)], [], [], set(), now=float(i))
+        reasons.append(plan.reason)
+        shape = StepShape(prefill_tokens=plan.document_budget_tokens or 2048)
+        learning.observe(shape, 0.040 + 0.003 * shape.prefill_tokens * (1 + 0.01 * (i % 3)))
+    # then a slow start (the engine got busy moments ago), then the 2 % rule
+    assert reasons[0] == "calibrating" and reasons[reasons.index("slow_start") - 1] == "calibrating"
+    assert reasons.index("slow_start") <= 20 and reasons[-1] == "no_drafting"
+
+
 def test_a_slow_start_holds_when_the_cost_model_cannot_size_a_documents_step_yet():
-    # A fresh engine, or one that has seen only drafting (the fit has no fixed step cost): the 2 %
-    # rule cannot tell, so documents would take vLLM's whole budget at once, a step of seconds
-    # that a burst's first drafters all wait for (seen in the burst benchmark). They start small.
+    # A fit that prices prompt tokens but shows no fixed step cost: the 2 % rule cannot tell, so
+    # documents would take vLLM's whole budget at once. They start small, then take it.
     backlog = [WaitingRequest(f"doc{i}", drafting=False, user="u1") for i in range(6)]
     no_fixed = StepCostModel.from_coefficients((0.0, 0.002, 0.0, 0.0025, 3.0))
-    for cost in (StepCostModel(), no_fixed):
+    for cost in (no_fixed,):
         p = Planner(config=PolicyConfig(drafting_recent_s=0), max_budget_tokens=2048, cost=cost)
         budgets = [p.plan([], backlog, [w.request_id for w in backlog], set(), now=0.0).token_budget]
         done = budgets[0]
@@ -457,8 +482,8 @@ def test_before_the_cost_model_is_fitted_documents_take_small_chunks_beside_draf
     plan = p.plan([draft("a"), document("d1", left=5000)], [], [], set())
     assert plan.document_budget_tokens == p.unfitted_chunk_tokens
     alone = [p.plan([document("d1", left=5000)], [], [], set()) for _ in range(8)]
-    assert alone[0].reason == "slow_start" and alone[0].token_budget == p.unfitted_chunk_tokens
-    assert alone[-1].token_budget is None  # then vLLM's own budget with nobody drafting
+    assert {plan.reason for plan in alone} == {"calibrating"}  # until the fit can price a prompt token
+    assert max(plan.token_budget for plan in alone) == p.unfitted_chunk_tokens
 
 
 def test_document_chunks_go_to_users_in_turn_and_to_the_shortest_within_a_user():
