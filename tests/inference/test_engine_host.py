@@ -236,7 +236,10 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
     drafter_done = _done(drafter_events)
     assert document_done.received_at < drafter_done.received_at  # not starved behind the drafter
     assert drafter_done.data["output_tokens"] == 400
-    assert [e.type for e in document_events if e.type in ("waiting",)] == []  # it never queued for a turn
+    # It may wait a moment to start while the steps beside the drafter save up a chunk (each
+    # waiting event is a second of it), never for KV or for the drafter to finish.
+    waits = [e for e in document_events if e.type == "waiting"]
+    assert len(waits) <= 3 and all(e.data.get("reason") != "kv_budget" for e in waits), waits
     counters = _scheduler(engine_host)["counters"]
     assert counters.get("steps_drafting_running", 0) > before  # steps sized for drafting were planned
 
