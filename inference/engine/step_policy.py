@@ -15,8 +15,10 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   (``StepCostModel``) says keeps the step within the drafting ITL target: the time a step of
   drafting alone takes, times ``itl_slowdown`` (or an absolute ``itl_target_ms``), divided by
   how far such steps have lately run over the model's prediction (``StepCostModel.overrun``: a
-  least-squares fit is right on average, drafters feel the long steps). Never less than
-  ``min_chunk_tokens`` (4): documents always progress.
+  least-squares fit is right on average, drafters feel the long steps). Where a chunk's own
+  fixed cost is large beside a step's spare time (a CPU), documents save the spare time up and
+  spend it in one chunk the size of a drafter's first step (``pooled_document_budget``).
+  Never less than ``min_chunk_tokens`` (4) a step on average: documents always progress.
 - **Work-conserving.** With no drafting request in the engine, documents run at full speed,
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
@@ -30,6 +32,8 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   quickly ramping back to the 2 % rule's step, 0.7 s here, the first drafter of each burst
   waited for it: TTFT p95 x3.4.) When that window runs out, steps ramp from the gap's step to
   the 2 % rule's (``idle_ramp_factor`` a step) instead of jumping to it.
+  A fresh engine core, whose cost model cannot price a prompt token yet, first reads documents in
+  small steps of two sizes (``calibrating``) until it can.
   A backlog that arrives at an empty engine, or that the last drafter leaves, starts with a step
   no longer than a drafter's first step, and each documents-only step after it may be
   ``idle_ramp_factor`` (2) times the one before, up to the step the rules above allow: a drafter
@@ -686,6 +690,7 @@ class Planner:
                 document_budget_tokens=documents,
                 reason="drafting_running" if documents else "drafting_saving",
             )
+        self._credit_s, self._saved_steps = 0.0, 0  # nobody drafting: documents go at full speed
         base = StepShape.of([r.context_tokens for r in doc_decodes], [])
         position = doc_prefills[0].context_tokens if doc_prefills else 0
         # Documents that wait to start are bounded as those in mid-prefill are: unbounded, a
