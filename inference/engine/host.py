@@ -81,7 +81,7 @@ class EngineConfig:
     drafting_recent_s: float = 30.0
     gap_step_ms: float = 250.0
     idle_ramp_factor: float = 2.0
-    chunk_fixed_cost_share: float = 0.1
+    chunk_fixed_cost_share: float = 0.0
     enforce_eager: bool = False
     token: str = ""  # every request must carry it ("": none asked, for hosts made by unit tests)
     benchmark_ops: bool = False  # serve BENCHMARK_OPS (a host a benchmark started)

@@ -682,7 +682,7 @@ def test_where_a_chunk_has_a_large_fixed_cost_documents_save_up_beside_drafting(
     first_step = machine.seconds(StepShape(decode_requests=3, prefill_tokens=40))
     per_step, per_step_tokens = run_beside_drafters(pooling_planner(machine, chunk_fixed_cost_share=0), machine)
     assert sum(per_step) / len(per_step) > 1.45 * alone  # the floor's fixed cost, paid every step
-    saved, saved_tokens = run_beside_drafters(pooling_planner(machine), machine)
+    saved, saved_tokens = run_beside_drafters(pooling_planner(machine, chunk_fixed_cost_share=0.1), machine)
     assert sum(saved) / len(saved) <= 1.4 * alone * 1.02
     assert max(saved) <= first_step * 1.02
     assert saved_tokens >= 0.9 * per_step_tokens  # documents lose little or nothing
@@ -699,5 +699,5 @@ def test_where_a_chunk_is_cheap_documents_take_their_share_every_step():
             prefill = 0.0005 + 0.00002 * shape.prefill_tokens if shape.prefill_tokens else 0.0
             return 0.020 + 0.0005 * shape.decode_requests + prefill
 
-    durations, tokens = run_beside_drafters(pooling_planner(GpuLike()), GpuLike(), steps=50)
+    durations, tokens = run_beside_drafters(pooling_planner(GpuLike(), chunk_fixed_cost_share=0.1), GpuLike(), steps=50)
     assert len(set(durations)) == 1 and tokens >= 50 * 300  # the same chunk every step
