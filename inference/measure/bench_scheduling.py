@@ -768,9 +768,11 @@ class _Bench:
             else model.predict(base) * float(config.get("itl_slowdown", 1.4))
         )
         position = self._tokens(self.options["document_tokens"]) // 2
-        # Saved up into larger chunks (``Planner.pooled_document_budget``), a chunk's fixed cost
-        # is paid once per chunk: the bound leaves it out, as if each step spent its spare time.
-        per_step = model.prefill_budget(base, position=position, target_s=target, chunk_fixed_cost=False) or 0
+        # Saved up into larger chunks (``Planner.pooled_document_budget``, when the scheduler's
+        # chunk_fixed_cost_share is set), a chunk's fixed cost is paid once per chunk: the bound
+        # then leaves it out, as if each step spent its spare time.
+        pooled = bool(config.get("chunk_fixed_cost_share"))
+        per_step = model.prefill_budget(base, position=position, target_s=target, chunk_fixed_cost=not pooled) or 0
         bound_tokens_per_s = per_step / target if target else None
         fifo_tokens_per_s = result["modes"]["fifo"]["documents"]["prompt_tokens_per_s"]
         while_drafting = _ratio(bound_tokens_per_s, fifo_tokens_per_s)

@@ -236,8 +236,9 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
     drafter_done = _done(drafter_events)
     assert document_done.received_at < drafter_done.received_at  # not starved behind the drafter
     assert drafter_done.data["output_tokens"] == 400
-    # It may wait a moment to start while the steps beside the drafter save up a chunk (each
-    # waiting event is a second of it), never for KV or for the drafter to finish.
+    # It may wait a moment to start (each waiting event is a second of it; with chunks saved up
+    # beside drafting, APPLIANCE_CHUNK_FIXED_COST_SHARE, until one is), never for KV or for the
+    # drafter to finish.
     waits = [e for e in document_events if e.type == "waiting"]
     assert len(waits) <= 3 and all(e.data.get("reason") != "kv_budget" for e in waits), waits
     counters = _scheduler(engine_host)["counters"]
