@@ -29,14 +29,15 @@ def secrets_dir(var_dir: Path) -> Path:
     return directory
 
 
-def generated_secret(var_dir: Path, name: str) -> str:
-    """The secret ``name`` under ``var_dir/secrets/``, generated on first use."""
+def generated_secret(var_dir: Path, name: str, *, nbytes: int = 32) -> str:
+    """The secret ``name`` under ``var_dir/secrets/``, generated on first use from ``nbytes``
+    random bytes."""
     directory = secrets_dir(var_dir)
     path = directory / name
     existing = _read(path)
     if existing:
         return existing
-    value = secrets.token_urlsafe(32)
+    value = secrets.token_urlsafe(nbytes)
     temporary = directory / f".{name}.{os.getpid()}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

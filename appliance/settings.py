@@ -27,7 +27,7 @@ def _secret_key() -> str:
     older = VAR_DIR / "secret_key"  # where versions before var/secrets/ kept it: sessions survive
     if older.exists():
         return older.read_text(encoding="utf-8").strip()
-    return generated_secret(VAR_DIR, "secret_key")
+    return generated_secret(VAR_DIR, "secret_key", nbytes=50)  # 67 characters: Django's check wants 50
 
 
 SECRET_KEY = _secret_key()
