@@ -401,6 +401,12 @@ class StepCostModel:
         model.coefficients = tuple(values + [0.0] * (len(cls.FEATURES) - len(values)))  # an older snapshot's
         return model
 
+    def per_prefill_token_s(self, position: int) -> float:
+        """What one more prompt token costs in a chunk starting at ``position`` (0 unfitted)."""
+        if self.coefficients is None:
+            return 0.0
+        return self.coefficients[3] + self.coefficients[4] * position / 1e6
+
     @property
     def prices_prefill(self) -> bool:
         """Whether the fit can tell what a prompt token costs (it has seen steps with prefill)."""
@@ -430,7 +436,7 @@ class StepCostModel:
             return None
         fixed = self.prefill_step_s if chunk_fixed_cost and not base.prefill_tokens else 0.0
         spare = target_s - (self.predict(base) or 0.0) - fixed
-        per_token = self.coefficients[3] + self.coefficients[4] * position / 1e6
+        per_token = self.per_prefill_token_s(position)
         if per_token <= 0:
             return None  # no step with prefill seen yet: this model cannot say what a chunk costs
         if spare <= 0:
@@ -497,13 +503,17 @@ class Planner:
         alone = self.cost.predict(base)
         return None if alone is None else alone * self.config.itl_slowdown
 
+    def sized_target_s(self, base: StepShape) -> float | None:
+        """The ITL target for a step beside ``base``, less what such steps have lately overrun
+        the cost model by (``StepCostModel.overrun``)."""
+        target = self.target_step_s(base)
+        return None if target is None else target / self.cost.overrun(relative=self.config.itl_target_ms <= 0)
+
     def document_budget(self, base: StepShape, position: int) -> int:
         """Document prefill tokens allowed in a step beside the drafting work ``base``: what the
-        ITL target leaves (less what such steps have overrun the cost model by), at least
-        ``min_chunk_tokens``, at most the step's budget."""
-        target = self.target_step_s(base)
-        if target is not None:
-            target /= self.cost.overrun(relative=self.config.itl_target_ms <= 0)
+        ITL target leaves (``sized_target_s``), at least ``min_chunk_tokens``, at most the
+        step's budget."""
+        target = self.sized_target_s(base)
         budget = None if target is None else self.cost.prefill_budget(base, position=position, target_s=target)
         if budget is None:  # the model cannot tell yet: small chunks, until it has seen some
             budget = self.unfitted_chunk_tokens
@@ -521,18 +531,16 @@ class Planner:
         tokens a step on average. 0: documents hold back this step."""
         per_step = self.document_budget(base, position)
         alone = self.cost.predict(base)
-        target = self.target_step_s(base)
+        target = self.sized_target_s(base)
         fixed = self.cost.prefill_step_s
         if alone is None or target is None or fixed <= 0:
             return per_step
-        spare = target / self.cost.overrun(relative=self.config.itl_target_ms <= 0) - alone
+        spare = target - alone
         share = self.config.chunk_fixed_cost_share
         if not share or fixed <= share * spare:  # cheap enough to pay every step (a GPU), or asked to
             self._credit_s, self._saved_steps = 0.0, 0
             return per_step
-        coefficients = self.cost.coefficients or ()
-        per_token = coefficients[3] + coefficients[4] * position / 1e6
-        floor = self.min_chunk_tokens * per_token  # documents' tokens always progress by this a step
+        floor = self.min_chunk_tokens * self.cost.per_prefill_token_s(position)  # documents' tokens always progress by this a step
         first_step = self._first_step_s(base) or target
         cap = max(spare, first_step - alone, fixed + floor)
         self._credit_s = min(cap, self._credit_s + max(spare, floor))
@@ -555,7 +563,7 @@ class Planner:
         loss = self.config.idle_throughput_loss
         if coefficients is None or loss <= 0:
             return None
-        per_token = coefficients[3] + coefficients[4] * position / 1e6
+        per_token = self.cost.per_prefill_token_s(position)
         fixed = (self.cost.predict(base) or 0.0) + self.cost.prefill_step_s
         if per_token <= 0 or fixed <= 0:
             # No fixed cost seen (the fit dropped its intercept): cutting prefill finer would look

@@ -608,7 +608,7 @@ class _Bench:
     # --- one repeat -------------------------------------------------------------------------
 
     def repeat(self, index: int, phases: list[str], thresholds: list[int], *, into: dict,
-               saved: Callable[[], None] = lambda: None) -> dict:  # fmt: skip
+               saved: Callable[[], None] = lambda: None) -> None:  # fmt: skip
         """One repeat of each phase asked for, each phase's figures put ``into`` the dict given
         as soon as it ends (``saved`` then writes what the run has so far)."""
         seed = self.options["seed"] + 1000 * index
@@ -625,7 +625,6 @@ class _Bench:
             if phase in phases:
                 into[phase] = runs[phase]()
                 saved()
-        return into
 
     def _modes(self, workload: str, thresholds: list[int]) -> list[str]:
         if workload in self.best_engine:
