@@ -12,6 +12,7 @@ is all a load balancer needs.
 
 from __future__ import annotations
 
+import psycopg
 import redis
 from django.conf import settings
 from django.db import connection
@@ -26,11 +27,18 @@ from inference.engine.protocol import EngineState
 REQUIRED_QUEUES = ("ingest", "prefill", "decode")
 
 
+# A database that takes longer than this to accept a connection is reported down.
+DATABASE_CHECK_TIMEOUT_S = 5
+
+
 def check_database() -> dict:
+    """Whether a new connection can be opened and pgvector is there. A connection of its own, not
+    one from the pool: a pooled request waits out the pool's timeout while the database is down,
+    and a check must say so at once (a refused connection fails in a millisecond)."""
+    params = {**connection.get_connection_params(), "connect_timeout": DATABASE_CHECK_TIMEOUT_S}
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
-            row = cursor.fetchone()
+        with psycopg.connect(**params, autocommit=True) as conn:
+            row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
     except Exception as exc:
         return {"ok": False, "detail": f"{type(exc).__name__}: {exc}".strip()}
     if row is None:

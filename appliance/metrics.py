@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from appliance.health import REQUIRED_QUEUES, check_broker
+from appliance.health import REQUIRED_QUEUES, check_broker, check_database
 from appliance.operators import scraper_authorised
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
 from inference.engine.protocol import EngineState
@@ -91,8 +91,8 @@ class ApplianceCollector:
             depth.add_metric([queue], broker.get("queue_depths", {}).get(queue, 0))
         yield depth
 
-        try:
-            database = list(_database_families())
+        try:  # asked first on a connection of its own, so that a scrape does not wait out the pool
+            database = list(_database_families()) if check_database()["ok"] else []
         except DatabaseError:
             database = []
         yield GaugeMetricFamily("appliance_database_up", "1 when the database answers", value=int(bool(database)))

@@ -114,11 +114,38 @@ def _database_from_url(url: str) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
+        # Connections come from a pool per process (psycopg_pool, Django's "pool" option): a
+        # request or a job takes one and gives it back when it ends (Celery's Django fixup closes
+        # a task's connections, which returns them), checked before reuse. A job then never waits
+        # for a new backend: on a 2-core box busy with the engine, starting one (fork and SCRAM)
+        # now and then took more than 10 s and a drafter waited that long for its turn.
         "CONN_MAX_AGE": 0,
         "CONN_HEALTH_CHECKS": True,
-        # A 2-core box with the engine busy on one core may take seconds to start a backend.
-        "OPTIONS": {"connect_timeout": 10},
+        "OPTIONS": {"connect_timeout": 10, **_pool_options()},
         "TEST": {"NAME": env_str("APPLIANCE_TEST_DATABASE_NAME")},
+    }
+
+
+def _pool_options() -> dict:
+    """``APPLIANCE_DB_POOL_MAX_SIZE`` connections at most per process (0: no pool, a new
+    connection per request and per job, as behind a transaction-mode PgBouncer). The pool opens
+    what is asked for and closes what has been idle for five minutes, so a quiet process holds
+    one or two. A new connection that cannot be had within ``APPLIANCE_DB_POOL_TIMEOUT_S`` is an
+    error, as a connect timeout was; the pool's own retries give up as soon, so that a database
+    that comes back is used by the next request, not after a long back-off."""
+    max_size = env_int("APPLIANCE_DB_POOL_MAX_SIZE", 32, minimum=0)
+    if max_size == 0:
+        return {}
+    timeout_s = env_float("APPLIANCE_DB_POOL_TIMEOUT_S", 10.0, minimum=0.5)
+    return {
+        "pool": {
+            "min_size": min(2, max_size),
+            "max_size": max_size,
+            "timeout": timeout_s,
+            "reconnect_timeout": timeout_s,
+            "max_idle": 300.0,
+            "name": "appliance",
+        }
     }
 
 

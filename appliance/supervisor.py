@@ -7,9 +7,9 @@ that dies is started again (with a growing pause if it keeps dying); so is an em
 it started (Postgres, Valkey), whose server process it watches. Ctrl-C or SIGTERM stops the
 processes, newest first, then those services, newest first.
 
-Nothing else is restarted when a service comes back: the web server opens a database connection
-per request and the workers one per task (``CONN_MAX_AGE = 0``, ``CONN_HEALTH_CHECKS``), and the
-Celery workers reconnect to the broker by themselves. A service's restart runs in the watch loop
+Nothing else is restarted when a service comes back: each process's database pool checks a
+connection before handing it out (``CONN_HEALTH_CHECKS``) and opens new ones, and the Celery
+workers reconnect to the broker by themselves. A service's restart runs in the watch loop
 (Valkey in well under a second, Postgres in seconds of crash recovery), so no other process is
 noticed dying meanwhile.
 """

@@ -1,0 +1,41 @@
+"""Each process keeps a pool of database connections: a request or a job takes one and gives it
+back, so none waits for a new backend to start, and one that was broken meanwhile is replaced."""
+
+import pytest
+from django.db import connection
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def _pids_of_cycles(cycles: int) -> list[int]:
+    """Backend of each of ``cycles`` request-like uses, each ending as a request or task does."""
+    pids = []
+    for _ in range(cycles):
+        pids.append(_backend_pid())
+        connection.close()  # what the end of a request (or Celery's task_postrun) does
+    return pids
+
+
+@pytest.mark.django_db(transaction=True)
+def test_connections_are_reused_across_requests():
+    assert connection.pool is not None
+    pids = _pids_of_cycles(12)
+    assert len(set(pids)) <= connection.pool.get_stats()["pool_size"] < len(pids), pids
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_broken_while_pooled_is_replaced_not_handed_out():
+    pooled = set(_pids_of_cycles(6))
+    assert len(pooled) >= 2  # the pool hands its connections out in turn
+    with connection.cursor() as cursor:  # the appliance's role may end its own backends
+        mine = _backend_pid()
+        for pid in pooled - {mine}:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    connection.close()
+    # The one that ran the statements goes back healthy; the others are checked and dropped.
+    after = _pids_of_cycles(6)
+    assert not (set(after) & (pooled - {mine})), (pooled, after)
