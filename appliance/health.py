@@ -12,7 +12,6 @@ is all a load balancer needs.
 
 from __future__ import annotations
 
-import psycopg
 import redis
 from django.conf import settings
 from django.db import connection
@@ -20,6 +19,7 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from appliance.database import direct_connection
 from appliance.operators import may_see_operations
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
 from inference.engine.protocol import EngineState
@@ -27,17 +27,16 @@ from inference.engine.protocol import EngineState
 REQUIRED_QUEUES = ("ingest", "prefill", "decode")
 
 
-# A database that takes longer than this to accept a connection is reported down.
-DATABASE_CHECK_TIMEOUT_S = 5
+# A database that takes longer than this to accept a connection is reported down (as long as a
+# pooled request waits; a refused connection fails at once).
+DATABASE_CHECK_TIMEOUT_S = 10
 
 
 def check_database() -> dict:
     """Whether a new connection can be opened and pgvector is there. A connection of its own, not
-    one from the pool: a pooled request waits out the pool's timeout while the database is down,
-    and a check must say so at once (a refused connection fails in a millisecond)."""
-    params = {**connection.get_connection_params(), "connect_timeout": DATABASE_CHECK_TIMEOUT_S}
+    one from the pool, so that a database that is down is reported at once and why."""
     try:
-        with psycopg.connect(**params, autocommit=True) as conn:
+        with direct_connection(DATABASE_CHECK_TIMEOUT_S) as conn:
             row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
     except Exception as exc:
         return {"ok": False, "detail": f"{type(exc).__name__}: {exc}".strip()}

@@ -102,6 +102,7 @@ EMBEDDED_DATABASE_URL = f"postgresql://{_PG_LOGIN}@127.0.0.1:{EMBEDDED_PG_PORT}/
 
 def _database_from_url(url: str) -> dict:
     parts = urlsplit(url)
+    pool = _pool_options()
     if parts.scheme not in {"postgres", "postgresql"}:
         raise EnvError(f"DATABASE_URL must be a postgresql:// URL, not {parts.scheme}://")
     name = unquote(parts.path.lstrip("/"))
@@ -114,26 +115,26 @@ def _database_from_url(url: str) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
-        # Connections come from a pool per process (psycopg_pool, Django's "pool" option): a
-        # request or a job takes one and gives it back when it ends (Celery's Django fixup closes
-        # a task's connections, which returns them), checked before reuse. A job then never waits
-        # for a new backend: on a 2-core box busy with the engine, starting one (fork and SCRAM)
-        # now and then took more than 10 s and a drafter waited that long for its turn.
+        # Connections come from a pool per process (appliance/database.py): a job never waits for a
+        # new backend; on a 2-core box busy with the engine, starting one (fork and SCRAM) now and
+        # then took more than 10 s and a drafter waited that long for its turn. The pool checks
+        # each connection before handing it out (with a pool, that is what health checks mean).
         "CONN_MAX_AGE": 0,
         "CONN_HEALTH_CHECKS": True,
-        "OPTIONS": {"connect_timeout": 10, **_pool_options()},
+        "OPTIONS": {"connect_timeout": 10, **pool},
         "TEST": {"NAME": env_str("APPLIANCE_TEST_DATABASE_NAME")},
     }
 
 
 def _pool_options() -> dict:
-    """``APPLIANCE_DB_POOL_MAX_SIZE`` connections at most per process (0: no pool, a new
-    connection per request and per job, as behind a transaction-mode PgBouncer). The pool opens
-    what is asked for and closes what has been idle for five minutes, so a quiet process holds
-    one or two. A new connection that cannot be had within ``APPLIANCE_DB_POOL_TIMEOUT_S`` is an
-    error, as a connect timeout was; the pool's own retries give up as soon, so that a database
-    that comes back is used by the next request, not after a long back-off."""
-    max_size = env_int("APPLIANCE_DB_POOL_MAX_SIZE", 32, minimum=0)
+    """At most ``APPLIANCE_DB_POOL_MAX_SIZE`` connections in a process's pool: a cap on what its
+    threads would open anyway (a job holds one, its heartbeat another; an open event stream one),
+    not a reservation. The pool opens what is asked for and, once a minute, closes one that went
+    unused, down to two. 0: no pool, a new connection per request and per job (behind a
+    transaction-mode PgBouncer). A connection that cannot be had within
+    ``APPLIANCE_DB_POOL_TIMEOUT_S`` is an error, as a connect timeout was; the pool's own retries
+    give up as soon, so that a database that comes back is used by the next request."""
+    max_size = env_int("APPLIANCE_DB_POOL_MAX_SIZE", 64, minimum=0)
     if max_size == 0:
         return {}
     timeout_s = env_float("APPLIANCE_DB_POOL_TIMEOUT_S", 10.0, minimum=0.5)
@@ -143,7 +144,7 @@ def _pool_options() -> dict:
             "max_size": max_size,
             "timeout": timeout_s,
             "reconnect_timeout": timeout_s,
-            "max_idle": 300.0,
+            "max_idle": 60.0,
             "name": "appliance",
         }
     }
@@ -412,6 +413,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("APPLIANCE_LOG_LEVEL") or "INFO"},
+    # Every connection taken and given back is an INFO line; its warnings (a failed connect) stay.
+    "loggers": {"psycopg.pool": {"level": "WARNING"}},
 }
 
 # The embedded services' passwords are in the URLs above: not settings of their own, and hidden

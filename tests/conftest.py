@@ -190,6 +190,10 @@ def _wait_for_other_sessions_to_close(timeout_s: float = 15) -> None:
     import psycopg
     from django.db import connection
 
+    from appliance.database import close_pool
+
+    if not connection.in_atomic_block:
+        close_pool()  # this process's own idle pooled connections are not what is waited for
     db = connection.settings_dict
     own = [connection.connection.info.backend_pid] if connection.connection is not None else []
     admin_url = _database_url("postgres")

@@ -39,3 +39,33 @@ def test_a_connection_broken_while_pooled_is_replaced_not_handed_out():
     # The one that ran the statements goes back healthy; the others are checked and dropped.
     after = _pids_of_cycles(6)
     assert not (set(after) & (pooled - {mine})), (pooled, after)
+
+
+def test_a_refused_login_is_reported_at_once_with_the_servers_reason(monkeypatch):
+    """The pool would wait out its timeout and then say only "couldn't get a connection"; the
+    check (/healthz, /metrics, make run's start) asks on a connection of its own."""
+    import time
+
+    from appliance.health import check_database
+
+    monkeypatch.setitem(connection.settings_dict, "PASSWORD", "not-the-password")
+    started = time.monotonic()
+    result = check_database()
+    assert result["ok"] is False
+    assert "password authentication failed" in result["detail"]
+    assert time.monotonic() - started < connection.settings_dict["OPTIONS"]["pool"]["timeout"]
+
+
+def test_a_prefork_worker_opens_a_connection_per_task_instead_of_a_pool(settings):
+    """Celery's Django fixup closes a prefork child's pool after every task: there the pool is
+    taken out of the settings before any connection exists; a threads worker keeps it."""
+    import copy
+
+    from appliance.database import unpooled_in_prefork_worker
+
+    settings.DATABASES = copy.deepcopy(settings.DATABASES)
+    assert unpooled_in_prefork_worker("threads") is False
+    assert "pool" in settings.DATABASES["default"]["OPTIONS"]
+    assert unpooled_in_prefork_worker("prefork") is True
+    assert "pool" not in settings.DATABASES["default"]["OPTIONS"]
+    assert settings.DATABASES["default"]["CONN_HEALTH_CHECKS"] is True

@@ -3,10 +3,12 @@ import sys
 import time
 import urllib.request
 
+import psycopg
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from appliance.database import close_pool, direct_connection
 from appliance.embedded import embedded_services
 from appliance.env import env_int, env_str
 from appliance.supervisor import Supervisor, appliance_processes
@@ -47,12 +49,17 @@ class Command(BaseCommand):
         supervisor = None
         try:
             call_command("prepare_model")
+            try:  # a connection of its own says why, where the pool would say only "timeout"
+                direct_connection(timeout_s=10).close()
+            except psycopg.Error as exc:
+                raise CommandError(f"the database cannot be reached: {exc}") from exc
             call_command("migrate", interactive=False, verbosity=0)
             call_command("collectstatic", interactive=False, verbosity=0)
             call_command("ensure_admin")
             stale = document_reembed_stale(model_name=embedding_model_path()[1])
             if stale:
                 self.stdout.write(f"the embedding model changed: {stale} document(s) queued for re-embedding")
+            close_pool()  # done with the database; the processes it starts have their own
             specs = appliance_processes(python=sys.executable, port=port, settings=settings)
             supervisor = Supervisor(specs, cwd=settings.BASE_DIR, services=started_services)
             stop = {"requested": False}
