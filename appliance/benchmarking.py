@@ -40,6 +40,9 @@ def sigterm_as_exit():
         return
 
     def _exit(signum, _frame):
+        # Once: a second SIGTERM (an impatient caller) must not cut short the clean-up the first
+        # started, which would leave the engine host it is stopping running without it.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, _exit)

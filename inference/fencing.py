@@ -80,6 +80,8 @@ def attempt_watch(attempt: Attempt):
                 except Exception:  # the next beat tries again; the watchdog is patient
                     logger.warning("job %s: heartbeat failed", attempt.job_id, exc_info=True)
                     continue
+                finally:
+                    connection.close()  # back to the pool between beats: a job holds one, not two
                 if not alive:
                     reason = _why_not_held(attempt)
                     logger.warning("job %s: attempt %s no longer holds it (%s); stopping it", attempt.job_id,

@@ -71,3 +71,18 @@ def test_a_sigterm_ends_a_long_command_through_its_cleanup_and_the_handler_is_pu
             cleaned.append(True)  # what stops the engine host and workers runs
     assert stopped.value.code == 128 + signal.SIGTERM and cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_second_sigterm_does_not_cut_the_cleanup_of_the_first_short():
+    import signal
+
+    from appliance.benchmarking import sigterm_as_exit
+
+    cleaned = []
+    with pytest.raises(SystemExit), sigterm_as_exit():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # while the engine host and workers are being stopped
+            cleaned.append("after the second")
+    assert cleaned == ["after the second"]
