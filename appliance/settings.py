@@ -128,9 +128,9 @@ def _database_from_url(url: str) -> dict:
 
 def _pool_options() -> dict:
     """At most ``APPLIANCE_DB_POOL_MAX_SIZE`` connections in a process's pool: a cap on what its
-    threads would open anyway (a job holds one, its heartbeat another; an open event stream one),
-    not a reservation. The pool opens what is asked for and, once a minute, closes one that went
-    unused, down to two. 0: no pool, a new connection per request and per job (behind a
+    threads would open anyway (a job holds one, its heartbeat another for a moment; an open event
+    stream one), not a reservation. The pool opens what is asked for and, once a minute, closes
+    one that went unused, down to two. 0: no pool, a new connection per request and per job (behind a
     transaction-mode PgBouncer). A connection that cannot be had within
     ``APPLIANCE_DB_POOL_TIMEOUT_S`` is an error, as a connect timeout was; the pool's own retries
     give up as soon, so that a database that comes back is used by the next request."""

@@ -188,13 +188,21 @@ def test_under_fifo_both_kinds_share_the_prefill_queue_and_its_turns(alice, bob,
 
 
 # --- the fencing token -----------------------------------------------------------------------
+def _stale_here_only(settings):
+    """A heartbeat time that this test's sweep finds stale but the live workers' watchdogs (which
+    sweep the same test database every 2 s, once a test module has started them) do not yet: the
+    test process's heartbeat timeout is cut to 1 s, theirs stays at 8 s."""
+    settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S = 1
+    return timezone.now() - timedelta(seconds=3)
 
 
-def test_a_slow_attempt_handed_on_by_the_watchdog_writes_nothing_more(alice, sent):
+
+
+def test_a_slow_attempt_handed_on_by_the_watchdog_writes_nothing_more(alice, sent, settings):
     job = _job(alice)
 
     def hand_on():  # the watchdog, while the first attempt is in the middle of its stream
-        Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+        Job.objects.filter(pk=job.pk).update(heartbeat_at=_stale_here_only(settings))
         assert lifecycle.jobs_recover_stale() == (1, 0)
 
     pause = lambda: time.sleep(0.15)  # noqa: E731 - long enough that the next delta is sent at once
@@ -439,8 +447,8 @@ def test_the_fingerprint_changes_with_anything_that_shapes_the_answer_but_not_th
 # --- the watchdog ----------------------------------------------------------------------------
 
 
-def test_the_watchdog_sends_a_dead_workers_job_again_once(alice, sent):
-    stale = timezone.now() - timedelta(seconds=600)
+def test_the_watchdog_sends_a_dead_workers_job_again_once(alice, sent, settings):
+    stale = _stale_here_only(settings)
     dead = _job(alice, state=Job.State.RUNNING, queue=Queue.PREFILL, attempts=1, started_at=stale, heartbeat_at=stale)
     alive = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=stale, heartbeat_at=timezone.now())
     streaming.fence_hold(dead.pk, 1)
@@ -454,8 +462,8 @@ def test_the_watchdog_sends_a_dead_workers_job_again_once(alice, sent):
     assert lifecycle.jobs_recover_stale() == (0, 0)  # sent once, not at every sweep
 
 
-def test_a_job_that_keeps_killing_workers_fails_with_a_reason(alice, sent):
-    stale = timezone.now() - timedelta(seconds=600)
+def test_a_job_that_keeps_killing_workers_fails_with_a_reason(alice, sent, settings):
+    stale = _stale_here_only(settings)
     job = _job(alice, state=Job.State.RUNNING, attempts=lifecycle.MAX_ATTEMPTS, started_at=stale, heartbeat_at=stale)
     assert lifecycle.jobs_recover_stale() == (0, 1)
     job.refresh_from_db()
