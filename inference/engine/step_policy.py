@@ -513,7 +513,9 @@ class Planner:
         """Document prefill tokens allowed in a step beside the drafting work ``base``: what the
         ITL target leaves (``sized_target_s``), at least ``min_chunk_tokens``, at most the
         step's budget."""
-        target = self.sized_target_s(base)
+        return self._document_budget(base, position, self.sized_target_s(base))
+
+    def _document_budget(self, base: StepShape, position: int, target: float | None) -> int:
         budget = None if target is None else self.cost.prefill_budget(base, position=position, target_s=target)
         if budget is None:  # the model cannot tell yet: small chunks, until it has seen some
             budget = self.unfitted_chunk_tokens
@@ -529,9 +531,9 @@ class Planner:
         its fixed cost alone overran the target). Each step saves at least the cost of
         ``min_chunk_tokens`` more prompt tokens, so documents always progress by about that many
         tokens a step on average. 0: documents hold back this step."""
-        per_step = self.document_budget(base, position)
+        target = self.sized_target_s(base)  # once a step: the overrun it divides by sorts its history
+        per_step = self._document_budget(base, position, target)
         alone = self.cost.predict(base)
-        target = self.sized_target_s(base)
         fixed = self.cost.prefill_step_s
         if alone is None or target is None or fixed <= 0:
             return per_step
