@@ -100,9 +100,9 @@ def test_disconnecting_aborts_the_request_and_frees_its_reservation(engine_host)
     assert stats["requests_in_host"] == 0
 
 
-def _document_request(tokens_of_text: int = 700, **overrides) -> GenerateRequest:
+def _document_request(tokens_of_text: int = 700, unique: str = "", **overrides) -> GenerateRequest:
     """A document job's request: a unique text (no prefix-cache hits from other tests)."""
-    unique = uuid.uuid4().hex
+    unique = unique or uuid.uuid4().hex
     body = " ".join(
         f"Clause {i} of contract {unique}: the supplier delivers the goods by Friday."
         for i in range(tokens_of_text // 20)
@@ -118,10 +118,12 @@ def _document_request(tokens_of_text: int = 700, **overrides) -> GenerateRequest
 
 
 def _document_of_tokens(engine_host, tokens: int, **overrides) -> GenerateRequest:
-    """A document request whose prompt is about ``tokens`` tokens long (measured)."""
+    """A document request whose prompt is about ``tokens`` tokens long (measured). One unique
+    text throughout: a hex id's tokens vary from id to id, so a new id each try would never settle."""
+    unique = uuid.uuid4().hex
     clauses = max(1, tokens // 25)
     for _ in range(4):
-        request = _document_request(clauses * 20, **overrides)
+        request = _document_request(clauses * 20, unique=unique, **overrides)
         measured = engine_host.count_tokens([request.messages])[0]
         if abs(measured - tokens) <= tokens * 0.05:
             return request
@@ -283,7 +285,7 @@ def test_requests_sharing_a_prefix_reserve_its_blocks_once(engine_host):
     budget, block = stats["kv_budget_tokens"], stats["kv_block_size"]
     shared = _document_of_tokens(engine_host, 3000)
     prompt_tokens = engine_host.count_tokens([shared.messages])[0]
-    output = 5000
+    output = min(5000, stats["max_model_len"] - prompt_tokens - block)  # within the context
     n = budget // (prompt_tokens + output) + 1
     assert n * (prompt_tokens + output) > budget  # one by one, they would not fit
     assert prompt_tokens + n * (output + 2 * block) < 0.9 * budget  # sharing the prompt, they do
