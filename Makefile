@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(APPLIANCE_DEVICE)
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install run test test-unit lint model clean-var
+.PHONY: install system-packages run test test-unit lint model clean-var
 
 install: $(STAMP)
 
@@ -43,8 +43,13 @@ model: install
 run: install
 	$(PY) manage.py serve
 
+# The Debian packages the tests need (chromium, Tesseract, poppler, a font): installed when run
+# as root with apt-get, else one line names them and the command that installs them.
+system-packages:
+	scripts/system-packages
+
 # --durations: CI's log names the slowest tests, which is where its half hour goes.
-test: install
+test: system-packages install
 	$(PY) manage.py prepare_model
 	$(PY) -m pytest --durations=25
 
