@@ -169,7 +169,9 @@ def _upload_rejected(request, exc: UploadRejected):
 
 @api.exception_handler(TooManyStreams)
 def _too_many_streams(request, exc: TooManyStreams):
-    return problem_response(request, status=429, code="too-many-streams", detail=str(exc), headers={"Retry-After": "30"})
+    return problem_response(
+        request, status=429, code="too-many-streams", detail=str(exc), headers={"Retry-After": "30"}
+    )
 
 
 @api.exception_handler(NotAllowed)

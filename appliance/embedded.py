@@ -471,7 +471,9 @@ class EmbeddedValkey:
             self.client(socket_timeout=5).ping()
         except redis.AuthenticationError as exc:
             if "without any password configured" not in str(exc):
-                raise EmbeddedServiceError(f"embedded Valkey refuses the password in var/secrets/valkey: {exc}") from exc
+                raise EmbeddedServiceError(
+                    f"embedded Valkey refuses the password in var/secrets/valkey: {exc}"
+                ) from exc
             logger.warning("embedded Valkey: it runs without a password (an older version started it); setting one")
             redis.Redis(host=self.host, port=self.port, socket_timeout=5).config_set(
                 "requirepass", self.credentials.valkey

@@ -31,7 +31,9 @@ class JobAdmin(admin.ModelAdmin):
         cancelled = sum(services.job_cancel(job=job) for job in queryset.exclude(state__in=Job.FINISHED_STATES))
         self.message_user(request, f"{cancelled} job(s) cancelled.", messages.SUCCESS)
 
-    @admin.action(description="Try the selected failed or cancelled jobs again (as their owners)", permissions=["change"])
+    @admin.action(
+        description="Try the selected failed or cancelled jobs again (as their owners)", permissions=["change"]
+    )
     def retry(self, request, queryset):
         started, refused = 0, []
         for job in queryset.filter(state__in=[Job.State.FAILED, Job.State.CANCELLED]).select_related("owner"):

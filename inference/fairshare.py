@@ -27,9 +27,7 @@ class Waiting:
     created_at: datetime
 
 
-def claim_order(
-    waiting: list[Waiting], *, running: dict[int, int], last_served: dict[int, datetime]
-) -> list[object]:
+def claim_order(waiting: list[Waiting], *, running: dict[int, int], last_served: dict[int, datetime]) -> list[object]:
     """Job ids in the order workers would start them, if none of the running jobs finished
     meanwhile: each start counts as one more running job of its owner and serves them now.
 

@@ -79,9 +79,7 @@ class Job(models.Model):
     # it, and the job a person makes of it with "Try again" starts from it.
     checkpoint = models.JSONField(default=dict, blank=True)
     # The API token that asked for it (None: the browser, a benchmark); usage is counted per token.
-    api_token = models.ForeignKey(
-        "api.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs"
-    )
+    api_token = models.ForeignKey("api.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="jobs")
 
     class Meta:
         ordering = ["-created_at"]

@@ -152,9 +152,7 @@ async def read_events(job_id: Any, *, after: str = "0", block_ms: int = 15_000) 
     Yields ("", "keepalive", {}) when nothing arrived for ``block_ms``."""
     # The read waits up to ``block_ms`` by design: its socket timeout must be longer (redis-py's
     # default of 5 s equals the chat stream's keepalive, and a busy machine lost that race).
-    client = aioredis.Redis.from_url(
-        settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
-    )
+    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10)
     key = stream_key(job_id)
     last = after or "0"
     try:

@@ -60,7 +60,9 @@ def _watchdog() -> None:
             requeued, failed = lifecycle.jobs_recover_stale()
             sent = lifecycle.jobs_dispatch_pending()
             if requeued or failed or sent:
-                logger.warning("watchdog: %d job(s) handed on, %d given up, %d sent that never were", requeued, failed, sent)
+                logger.warning(
+                    "watchdog: %d job(s) handed on, %d given up, %d sent that never were", requeued, failed, sent
+                )
         except Exception:
             logger.exception("watchdog: could not check for stale jobs")
         finally:

@@ -23,7 +23,9 @@ PASSWORD = "a long and careful password"
 @pytest.fixture
 def page(monkeypatch):
     if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is not installed; make test installs it (scripts/system-packages), or: apt-get install chromium")
+        pytest.fail(
+            "Debian's chromium is not installed; make test installs it (scripts/system-packages), or: apt-get install chromium"
+        )
     from playwright.sync_api import sync_playwright
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)

@@ -84,7 +84,12 @@ def test_imports_are_read_with_relative_ones_made_absolute(tmp_path):
     path = tmp_path / "mod.py"
     path.write_text("import os\nfrom . import sibling\nfrom ..other import thing\ndef f():\n    import vllm\n")
     assert imports_of(path, "pkg.sub.mod") == {
-        "os", "pkg.sub", "pkg.sub.sibling", "pkg.other", "pkg.other.thing", "vllm",
+        "os",
+        "pkg.sub",
+        "pkg.sub.sibling",
+        "pkg.other",
+        "pkg.other.thing",
+        "vllm",
     }
 
 
@@ -106,7 +111,9 @@ def test_a_pure_module_imports_no_framework_and_only_pure_project_modules(module
 
 def test_only_the_engine_host_imports_vllm():
     importers = {
-        module for module, path in product_modules().items() if any(top(name) == "vllm" for name in imports_of(path, module))
+        module
+        for module, path in product_modules().items()
+        if any(top(name) == "vllm" for name in imports_of(path, module))
     }
     assert importers <= VLLM_IMPORTERS, sorted(importers - VLLM_IMPORTERS)
     assert "inference.engine.host" in importers  # the rule is about something: the host does import it
@@ -126,6 +133,8 @@ def test_the_web_process_never_imports_vllm():
         "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.') or m == 'inference.engine.host'))\n"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "appliance.settings_test", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout

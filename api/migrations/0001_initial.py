@@ -8,7 +8,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -17,23 +16,60 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='What uses it, e.g. “case system” or “mail plug-in”.', max_length=100)),
-                ('prefix', models.CharField(help_text="The token's first characters (not secret).", max_length=16, unique=True)),
-                ('token_sha256', models.CharField(editable=False, max_length=64, unique=True)),
-                ('scopes', django.contrib.postgres.fields.ArrayField(base_field=models.CharField(choices=[('read', 'read: list, read, search, stream, usage'), ('write', 'write: upload, share, delete, start and cancel jobs, chat completions'), ('admin', "admin: everyone's usage (staff accounts only)")], max_length=8), default=list, size=None)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField(blank=True, help_text='Empty: never expires.', null=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('rate_limit_per_minute', models.PositiveIntegerField(blank=True, help_text="Requests per minute; empty: the appliance's default.", null=True, validators=[django.core.validators.MinValueValidator(1)])),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "name",
+                    models.CharField(help_text="What uses it, e.g. “case system” or “mail plug-in”.", max_length=100),
+                ),
+                (
+                    "prefix",
+                    models.CharField(
+                        help_text="The token's first characters (not secret).", max_length=16, unique=True
+                    ),
+                ),
+                ("token_sha256", models.CharField(editable=False, max_length=64, unique=True)),
+                (
+                    "scopes",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.CharField(
+                            choices=[
+                                ("read", "read: list, read, search, stream, usage"),
+                                ("write", "write: upload, share, delete, start and cancel jobs, chat completions"),
+                                ("admin", "admin: everyone's usage (staff accounts only)"),
+                            ],
+                            max_length=8,
+                        ),
+                        default=list,
+                        size=None,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField(blank=True, help_text="Empty: never expires.", null=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "rate_limit_per_minute",
+                    models.PositiveIntegerField(
+                        blank=True,
+                        help_text="Requests per minute; empty: the appliance's default.",
+                        null=True,
+                        validators=[django.core.validators.MinValueValidator(1)],
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API token',
-                'ordering': ['-created_at'],
+                "verbose_name": "API token",
+                "ordering": ["-created_at"],
             },
         ),
     ]

@@ -7,7 +7,6 @@ from pgvector.django import VectorExtension
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -18,49 +17,73 @@ class Migration(migrations.Migration):
         # pgvector: chunks and their embeddings arrive with the [documents] issue.
         VectorExtension(),
         migrations.CreateModel(
-            name='Document',
+            name="Document",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('title', models.CharField(max_length=255)),
-                ('filename', models.CharField(max_length=255)),
-                ('content_type', models.CharField(blank=True, max_length=127)),
-                ('size_bytes', models.BigIntegerField()),
-                ('sha256', models.CharField(max_length=64)),
-                ('file', models.FileField(max_length=500, upload_to='documents/%Y/%m/')),
-                ('state', models.CharField(choices=[('uploaded', 'Uploaded'), ('extracting', 'Extracting text'), ('ready', 'Ready'), ('failed', 'Failed')], default='uploaded', max_length=16)),
-                ('failure_reason', models.TextField(blank=True)),
-                ('pages_total', models.PositiveIntegerField(blank=True, null=True)),
-                ('pages_done', models.PositiveIntegerField(default=0)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='documents', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("title", models.CharField(max_length=255)),
+                ("filename", models.CharField(max_length=255)),
+                ("content_type", models.CharField(blank=True, max_length=127)),
+                ("size_bytes", models.BigIntegerField()),
+                ("sha256", models.CharField(max_length=64)),
+                ("file", models.FileField(max_length=500, upload_to="documents/%Y/%m/")),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("uploaded", "Uploaded"),
+                            ("extracting", "Extracting text"),
+                            ("ready", "Ready"),
+                            ("failed", "Failed"),
+                        ],
+                        default="uploaded",
+                        max_length=16,
+                    ),
+                ),
+                ("failure_reason", models.TextField(blank=True)),
+                ("pages_total", models.PositiveIntegerField(blank=True, null=True)),
+                ("pages_done", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="documents",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Page',
+            name="Page",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('text', models.TextField()),
-                ('document', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='pages', to='documents.document')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("number", models.PositiveIntegerField()),
+                ("text", models.TextField()),
+                (
+                    "document",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="pages", to="documents.document"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['document', 'number'],
+                "ordering": ["document", "number"],
             },
         ),
         migrations.AddIndex(
-            model_name='document',
-            index=models.Index(fields=['owner', '-created_at'], name='documents_d_owner_i_13f3b4_idx'),
+            model_name="document",
+            index=models.Index(fields=["owner", "-created_at"], name="documents_d_owner_i_13f3b4_idx"),
         ),
         migrations.AddConstraint(
-            model_name='document',
-            constraint=models.UniqueConstraint(fields=('owner', 'sha256'), name='document_unique_bytes_per_owner'),
+            model_name="document",
+            constraint=models.UniqueConstraint(fields=("owner", "sha256"), name="document_unique_bytes_per_owner"),
         ),
         migrations.AddConstraint(
-            model_name='page',
-            constraint=models.UniqueConstraint(fields=('document', 'number'), name='page_unique_number'),
+            model_name="page",
+            constraint=models.UniqueConstraint(fields=("document", "number"), name="page_unique_number"),
         ),
     ]

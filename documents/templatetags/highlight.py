@@ -23,5 +23,7 @@ def highlight(text: str, query: str) -> str:
     # Split the raw text, escape every piece, and mark the matches: never match inside an
     # entity that escaping made (a query for "amp" must not break "&amp;").
     pieces = pattern.split(text)
-    html = "".join(f"<mark>{escape(piece)}</mark>" if index % 2 else escape(piece) for index, piece in enumerate(pieces))
+    html = "".join(
+        f"<mark>{escape(piece)}</mark>" if index % 2 else escape(piece) for index, piece in enumerate(pieces)
+    )
     return mark_safe(html)  # noqa: S308 - every piece is escaped; only <mark> is added

@@ -487,7 +487,9 @@ class Planner:
     _draft_prompt_seen: dict[str, None] = field(default_factory=dict)
     _held_for: dict[str, int] = field(default_factory=dict)
     _ramp_tokens: int | None = None  # the next documents-only step's cap while starting up
-    _restart_ramp: bool = False  # the next documents-only prefill step starts slowly (drafting or calibration came first)
+    _restart_ramp: bool = (
+        False  # the next documents-only prefill step starts slowly (drafting or calibration came first)
+    )
     _gap_tokens: int | None = None  # the last documents-only step's tokens while drafting was recent
     _credit_s: float = 0.0  # step time documents have saved up beside drafting (``pooled_document_budget``)
     _saved_steps: int = 0  # steps that saved it
@@ -542,7 +544,9 @@ class Planner:
         if not share or fixed <= share * spare:  # cheap enough to pay every step (a GPU), or asked to
             self._credit_s, self._saved_steps = 0.0, 0
             return per_step
-        floor = self.min_chunk_tokens * self.cost.per_prefill_token_s(position)  # documents' tokens always progress by this a step
+        floor = self.min_chunk_tokens * self.cost.per_prefill_token_s(
+            position
+        )  # documents' tokens always progress by this a step
         first_step = self._first_step_s(base) or target
         cap = max(spare, first_step - alone, fixed + floor)
         self._credit_s = min(cap, self._credit_s + max(spare, floor))

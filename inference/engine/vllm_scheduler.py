@@ -73,9 +73,7 @@ class ApplianceScheduling:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         config = PolicyConfig.from_dict(json.loads(os.environ.get(CONFIG_ENV) or "{}"))
-        self.planner = Planner(
-            config=config, max_budget_tokens=self.max_num_scheduled_tokens
-        )
+        self.planner = Planner(config=config, max_budget_tokens=self.max_num_scheduled_tokens)
         self.output_lengths = OutputLengths()
         self._reserve_tokens: dict[str, int] = {}  # running request -> its reservation (prompt + output)
         self._pending: dict[int, tuple[float, StepShape, bool]] = {}  # step -> (when, shape, sized beside drafting)
@@ -95,7 +93,9 @@ class ApplianceScheduling:
         else:
             output = self._schedule_as_vllm(throttle_prefills)
         if output.total_num_scheduled_tokens:
-            beside_drafting = self.planner.config.mode is Mode.APPLIANCE and self._last_plan.reason == "drafting_running"
+            beside_drafting = (
+                self.planner.config.mode is Mode.APPLIANCE and self._last_plan.reason == "drafting_running"
+            )
             self._pending[id(output)] = (time.monotonic(), self._shape_of(output), beside_drafting)
         return output
 

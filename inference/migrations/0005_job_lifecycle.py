@@ -13,57 +13,56 @@ def existing_jobs_were_sent(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('api', '0001_initial'),
-        ('documents', '0002_chunks_sharing_ocr'),
-        ('inference', '0004_job_api_token_idempotencykey'),
+        ("api", "0001_initial"),
+        ("documents", "0002_chunks_sharing_ocr"),
+        ("inference", "0004_job_api_token_idempotencykey"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='celery_queue',
+            model_name="job",
+            name="celery_queue",
             field=models.CharField(blank=True, max_length=16),
         ),
         migrations.AddField(
-            model_name='job',
-            name='checkpoint',
+            model_name="job",
+            name="checkpoint",
             field=models.JSONField(blank=True, default=dict),
         ),
         migrations.AddField(
-            model_name='job',
-            name='claimed_at',
+            model_name="job",
+            name="claimed_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='dispatched_at',
+            model_name="job",
+            name="dispatched_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='engine_crashes',
+            model_name="job",
+            name="engine_crashes",
             field=models.PositiveSmallIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='job',
-            name='engine_waits',
+            model_name="job",
+            name="engine_waits",
             field=models.PositiveSmallIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='job',
-            name='not_before',
+            model_name="job",
+            name="not_before",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['celery_queue', 'state', 'owner'], name='job_fair_share'),
+            model_name="job",
+            index=models.Index(fields=["celery_queue", "state", "owner"], name="job_fair_share"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['owner', 'celery_queue', 'claimed_at'], name='job_owner_served'),
+            model_name="job",
+            index=models.Index(fields=["owner", "celery_queue", "claimed_at"], name="job_owner_served"),
         ),
         migrations.RunPython(existing_jobs_were_sent, migrations.RunPython.noop),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inference', '0005_job_lifecycle'),
+        ("inference", "0005_job_lifecycle"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='requestmetrics',
-            name='admission_wait_ms',
-            field=models.FloatField(help_text='waiting in the engine for KV blocks and a turn'),
+            model_name="requestmetrics",
+            name="admission_wait_ms",
+            field=models.FloatField(help_text="waiting in the engine for KV blocks and a turn"),
         ),
     ]

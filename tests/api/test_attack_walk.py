@@ -86,7 +86,9 @@ def test_the_attack_walk(live_appliance, engine_host, django_user_model, broker)
         assert confinement.get("network_namespace") or confinement.get("landlock_network"), confinement
 
     def body_before_authentication():
-        login = "POST /accounts/login/ HTTP/1.1\r\nHost: appliance\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        login = (
+            "POST /accounts/login/ HTTP/1.1\r\nHost: appliance\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        )
         status = _raw_post(live_appliance, login + "Content-Length: 900000000\r\n\r\n", [])
         assert " 413 " in status, status
 

@@ -36,8 +36,10 @@ def test_secrets_are_generated_once_and_kept_owner_only(tmp_path):
     (tmp_path / "secrets" / "probe").chmod(0o644)  # copied carelessly
     assert generated_secret(tmp_path, "probe") == first
     assert _mode(tmp_path / "secrets" / "probe") == 0o600
-    kept = [Path(settings.VAR_DIR) / "secrets" / name
-            for name in ("postgres_superuser", "postgres_appliance", "valkey", "engine_token", "secret_key")]
+    kept = [
+        Path(settings.VAR_DIR) / "secrets" / name
+        for name in ("postgres_superuser", "postgres_appliance", "valkey", "engine_token", "secret_key")
+    ]
     for path in [*kept, Path(settings.VAR_DIR) / "secret_key"]:  # the last: where older versions kept it
         if path.exists():
             assert _mode(path) == 0o600, path

@@ -150,6 +150,7 @@ def test_a_benchmark_never_takes_over_a_real_account(people):
         bench_user("evaluate")
     assert bench_user("evaluate-other").is_active is False
 
+
 def test_failed_jobs_name_their_document_and_owner_only_to_staff_who_may_read_jobs(people):
     admin, gina = people
     document = Document.objects.create(

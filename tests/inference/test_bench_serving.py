@@ -140,7 +140,9 @@ def test_vllm_serve_gets_the_engines_settings_and_the_same_kv_capacity():
     on_gpu = bench_serving.vllm_serve_argv({**ENGINE, "async_scheduling": True}, port=1, python="p", environment=GIVEN)
     assert "--async-scheduling" in on_gpu and "--no-async-scheduling" not in on_gpu
     assert "--enforce-eager" not in argv
-    on_cpu = bench_serving.vllm_serve_argv(ENGINE, port=1, python="p", environment={**GIVEN, "gpu_memory_utilization": None})
+    on_cpu = bench_serving.vllm_serve_argv(
+        ENGINE, port=1, python="p", environment={**GIVEN, "gpu_memory_utilization": None}
+    )
     assert "--gpu-memory-utilization" not in on_cpu  # unset (the planner's on a GPU): vLLM's own, never "None"
     eager = bench_serving.vllm_serve_argv({**ENGINE, "enforce_eager": True}, port=1, python="p", environment=GIVEN)
     assert "--enforce-eager" in eager  # an uncompiled engine is compared with an uncompiled vllm serve

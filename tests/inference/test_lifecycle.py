@@ -196,8 +196,6 @@ def _stale_here_only(settings):
     return timezone.now() - timedelta(seconds=3)
 
 
-
-
 def test_a_slow_attempt_handed_on_by_the_watchdog_writes_nothing_more(alice, sent, settings):
     job = _job(alice)
 

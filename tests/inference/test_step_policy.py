@@ -320,7 +320,7 @@ def test_a_slow_start_holds_when_the_cost_model_cannot_size_a_documents_step_yet
             budgets.append(plan.token_budget)
             done += plan.token_budget or 2048
         assert budgets[0] <= 64 and budgets[1] == 2 * budgets[0]
-        assert None in budgets and all(b is None for b in budgets[budgets.index(None):])  # then vLLM's budget
+        assert None in budgets and all(b is None for b in budgets[budgets.index(None) :])  # then vLLM's budget
         assert budgets.index(None) <= 7
 
 
@@ -508,7 +508,9 @@ def test_a_drafter_vllm_does_not_start_holds_documents_only_a_few_steps():
     assert reasons[: p.max_hold_steps] == ["drafting_waiting"] * p.max_hold_steps
     # Documents go on, in steps as short as a drafter's first, while it waits.
     assert reasons[-2:] == ["slow_start", "slow_start"]
-    assert len({plan.token_budget for plan in [p.plan(running, waiting, ["stuck-draft"], set()) for _ in range(3)]}) == 1
+    assert (
+        len({plan.token_budget for plan in [p.plan(running, waiting, ["stuck-draft"], set()) for _ in range(3)]}) == 1
+    )
 
 
 def test_a_long_spell_of_drafting_alone_does_not_make_the_model_forget_what_prefill_costs():
