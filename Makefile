@@ -58,6 +58,7 @@ test-unit: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean-var:
 	rm -rf var/test
