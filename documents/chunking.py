@@ -19,7 +19,7 @@ tokenizer, or a fake one in tests.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -198,7 +198,9 @@ def _next_start(tokens: _Tokens, start: int, end: int, overlap_tokens: int) -> i
     return wanted
 
 
-def _span(index: int, text: str, char_start: int, char_end: int, token_count: int, page_at) -> ChunkSpan:
+def _span(
+    index: int, text: str, char_start: int, char_end: int, token_count: int, page_at: Callable[[int], int]
+) -> ChunkSpan:
     return ChunkSpan(
         index=index,
         page_start=page_at(char_start),

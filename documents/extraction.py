@@ -20,16 +20,19 @@ import re
 import zipfile
 import zlib
 from dataclasses import dataclass, field
+from email.message import EmailMessage
 from html.parser import HTMLParser
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from xml.parsers import expat
 
 from documents.ocr import OcrError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from email.message import EmailMessage
+    from email.message import MIMEPart
+
+    from pypdf import PageObject, PdfReader
 
     from documents.ocr import OcrEngine
 
@@ -333,7 +336,7 @@ def _extract_pdf(data: bytes, *, limits: ExtractionLimits, ocr: OcrEngine | None
     return ExtractedDocument(kind=KIND_PDF, pages=pages, title=title)
 
 
-def _pdf_page(page, index: int, *, data: bytes, ocr: OcrEngine | None) -> ExtractedPage:
+def _pdf_page(page: PageObject, index: int, *, data: bytes, ocr: OcrEngine | None) -> ExtractedPage:
     text = clean_text(page.extract_text() or "").strip()
     if text or not _pdf_page_has_images(page):
         return ExtractedPage(text=text)  # a page of text, or a blank page
@@ -347,7 +350,7 @@ def _pdf_page(page, index: int, *, data: bytes, ocr: OcrEngine | None) -> Extrac
     return ExtractedPage(text=text, ocr=True)
 
 
-def _pdf_page_has_images(page) -> bool:
+def _pdf_page_has_images(page: PageObject) -> bool:
     """Whether a page without a text layer shows a picture (a scan) rather than nothing."""
     if _pdf_resources_have_images(page.get("/Resources"), depth=0):
         return True
@@ -355,7 +358,7 @@ def _pdf_page_has_images(page) -> bool:
     return contents is not None and re.search(rb"(?:^|\s)BI\s", contents.get_data()) is not None  # inline image
 
 
-def _pdf_resources_have_images(resources, *, depth: int) -> bool:
+def _pdf_resources_have_images(resources: Any, *, depth: int) -> bool:
     from pypdf.generic import DictionaryObject
 
     resources = resources.get_object() if resources is not None else None
@@ -378,7 +381,7 @@ def _pdf_resources_have_images(resources, *, depth: int) -> bool:
     return False
 
 
-def _pdf_title(reader) -> str | None:
+def _pdf_title(reader: PdfReader) -> str | None:
     try:
         if reader.metadata and reader.metadata.title:
             return clean_text(str(reader.metadata.title)).strip() or None
@@ -427,10 +430,10 @@ def decode_text(data: bytes) -> str:
             # Text in any 8-bit or multi-byte encoding has no NUL bytes (a stray one is removed
             # later); UTF-16 without a BOM has one in every other byte. Anything else with NULs is
             # binary (git decides much the same way).
-            encoding = _utf16_without_bom(data)
-            if encoding is None:
+            wide = _utf16_without_bom(data)
+            if wide is None:
                 _unsupported()
-            text = data.decode(encoding, errors="replace")
+            text = data.decode(wide, errors="replace")
         else:
             try:
                 text = data.decode("utf-8")
@@ -609,7 +612,7 @@ def _safe_expat_parser() -> expat.XMLParserType:
     external entities). Word never writes one."""
     parser = expat.ParserCreate(namespace_separator=" ")
 
-    def refuse(*args):
+    def refuse(*args: object) -> NoReturn:
         raise ExtractionError(
             "This Word document contains XML declarations (DOCTYPE or ENTITY) that Word never writes; "
             "it is not read, as it may be made to attack the reader."
@@ -726,17 +729,17 @@ def _docx_title(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
     parts: list[str] = []
     depth = 0
 
-    def start(name, attributes):
+    def start(name: str, attributes: dict[str, str]) -> None:
         nonlocal depth
         if name == f"{_DUBLIN_CORE} title" or depth:
             depth += 1
 
-    def end(name):
+    def end(name: str) -> None:
         nonlocal depth
         if depth:
             depth -= 1
 
-    def characters(data):
+    def characters(data: str) -> None:
         if depth:
             parts.append(data)
 
@@ -828,7 +831,7 @@ def _undo_surrogate_escapes(value: str) -> str:
         return raw.decode("cp1252", errors="replace")
 
 
-def _email_body_part(message: EmailMessage):
+def _email_body_part(message: EmailMessage) -> MIMEPart | None:
     try:
         return message.get_body(preferencelist=("plain", "html"))
     except MemoryError:
@@ -838,7 +841,7 @@ def _email_body_part(message: EmailMessage):
         return None
 
 
-def _email_body_text(part) -> str:
+def _email_body_text(part: MIMEPart) -> str:
     try:
         content = part.get_content()
     except MemoryError:
@@ -853,7 +856,7 @@ def _email_body_text(part) -> str:
     return content
 
 
-def _email_leaf_parts(part, depth: int = 0):
+def _email_leaf_parts(part: MIMEPart, depth: int = 0) -> Iterator[MIMEPart]:
     """Every part that is not a container; an attached e-mail (message/rfc822) is one part."""
     if depth > 50:
         return
@@ -866,7 +869,9 @@ def _email_leaf_parts(part, depth: int = 0):
         yield part
 
 
-def _email_attachments(message: EmailMessage, *, body_part, limits: ExtractionLimits) -> list[Attachment]:
+def _email_attachments(
+    message: EmailMessage, *, body_part: MIMEPart | None, limits: ExtractionLimits
+) -> list[Attachment]:
     attachments: list[Attachment] = []
     for part in _email_leaf_parts(message):
         if len(attachments) >= limits.max_attachments:
@@ -883,10 +888,13 @@ def _email_attachments(message: EmailMessage, *, body_part, limits: ExtractionLi
         try:
             if part.get_content_type() == "message/rfc822":
                 inner = part.get_payload(0)
+                if not isinstance(inner, EmailMessage):  # policy.default parses every part as one
+                    raise TypeError(f"an attached message parsed as {type(inner).__name__}")
                 data = inner.as_bytes()
                 filename = filename or f"{_header(inner, 'Subject') or 'message'}.eml"
             elif filename:
-                data = part.get_payload(decode=True) or b""
+                payload = part.get_payload(decode=True)
+                data = payload if isinstance(payload, bytes) else b""
             else:
                 continue
         except MemoryError:
@@ -920,12 +928,12 @@ class _HtmlText(HTMLParser):
     }  # fmt: skip
     _HIDDEN = {"head", "script", "style", "template", "noscript"}
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
         self.hidden = 0
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag in self._HIDDEN:
             self.hidden += 1
         elif tag in self._BLOCK:
@@ -933,17 +941,17 @@ class _HtmlText(HTMLParser):
         elif tag in {"td", "th"}:
             self.parts.append("\t")
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         if tag in self._HIDDEN:
             self.hidden = max(0, self.hidden - 1)
         elif tag in self._BLOCK:
             self._line_break()
 
-    def _line_break(self):
+    def _line_break(self) -> None:
         if self.parts and self.parts[-1] != "\n":
             self.parts.append("\n")
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if not self.hidden:
             self.parts.append(data)
 

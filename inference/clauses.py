@@ -14,7 +14,9 @@ import difflib
 import json
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from inference.quotes import Candidate, quote_candidates
 
@@ -73,11 +75,11 @@ def quote_choices(pages: list[tuple[int, str]], running: set[str] | None = None)
     return quote_candidates(pages, max_chars=QUOTE_MAX_CHARS, running=running)
 
 
-def clause_schema(categories: tuple[str, ...], pages: list[int], quotes: list[str] | None = None) -> dict:
+def clause_schema(categories: tuple[str, ...], pages: list[int], quotes: list[str] | None = None) -> dict[str, Any]:
     """The JSON schema the engine's guided decoding holds the model to. With ``quotes`` (see
     ``quote_choices``) a quote must be one of them, word for word."""
     if quotes and len(quotes) <= MAX_QUOTE_CHOICES:
-        quote = {"type": "string", "enum": list(quotes)}
+        quote: dict[str, Any] = {"type": "string", "enum": list(quotes)}
     else:
         quote = {"type": "string", "minLength": 1, "maxLength": QUOTE_MAX_CHARS}
     return {
@@ -104,7 +106,7 @@ def clause_schema(categories: tuple[str, ...], pages: list[int], quotes: list[st
     }
 
 
-def parse_answer(text: str) -> tuple[list[dict], bool]:
+def parse_answer(text: str) -> tuple[list[dict[str, Any]], bool]:
     """The clause objects of an answer, and whether it was complete. An answer cut off by its
     token limit still yields the objects it finished."""
     try:
@@ -117,7 +119,7 @@ def parse_answer(text: str) -> tuple[list[dict], bool]:
     if start < 0:
         return [], False
     decoder = json.JSONDecoder()
-    items: list[dict] = []
+    items: list[dict[str, Any]] = []
     position = start + 1
     while True:
         while position < len(text) and text[position] in " \t\r\n,":
@@ -249,20 +251,20 @@ class Clause:
 @dataclass(frozen=True)
 class Verified:
     clauses: list[Clause]
-    dropped: list[dict]  # what the model claimed and the text does not contain
+    dropped: list[dict[str, Any]]  # what the model claimed and the text does not contain
 
 
 def verify_clauses(
-    raw: list[dict], pages: dict[int, str], categories: tuple[str, ...], offered: list[Candidate] = ()
+    raw: list[dict[str, Any]], pages: dict[int, str], categories: tuple[str, ...], offered: Sequence[Candidate] = ()
 ) -> Verified:
     """The claimed clauses whose quote is in the text. A quote that is one of the candidates
     ``offered`` to the model (``quote_choices``) is where that candidate is, across line and
     page breaks; any other is looked for (``verify_quote``)."""
     located: dict[str, list[Candidate]] = {}
-    for candidate in offered:  # the same words can be in two places (a clause repeated)
-        located.setdefault(candidate.text, []).append(candidate)
+    for offer in offered:  # the same words can be in two places (a clause repeated)
+        located.setdefault(offer.text, []).append(offer)
     kept: list[Clause] = []
-    dropped: list[dict] = []
+    dropped: list[dict[str, Any]] = []
     seen: set[tuple[str, int, int]] = set()
     for item in raw:
         category, quote = str(item.get("category", "")), str(item.get("quote", ""))

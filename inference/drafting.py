@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from inference.facts import missing_facts
 from inference.prompts import NumberedPassage
@@ -192,7 +193,7 @@ def sentence_parts(sentence: str) -> list[tuple[str, str | int]]:
     return parts
 
 
-def support_summary(checks: Sequence[SentenceCheck]) -> dict:
+def support_summary(checks: Sequence[SentenceCheck]) -> dict[str, Any]:
     """Counts for the job's note and the API."""
     return {
         "sentences": len(checks),

@@ -277,15 +277,15 @@ def _numbers(tokens: list[str]) -> list[tuple[str, int]]:
             i += 1
             continue
         if token in _NUMBER_WORDS:
-            value, j = float(_NUMBER_WORDS[token]), i + 1
+            amount, j = float(_NUMBER_WORDS[token]), i + 1
             while j < len(tokens) and tokens[j].lower() in _NUMBER_WORDS:
                 nxt = _NUMBER_WORDS[tokens[j].lower()]
-                value = value * nxt if nxt >= 100 else value + nxt
+                amount = amount * nxt if nxt >= 100 else amount + nxt
                 j += 1
-            if j < len(tokens) and _canonical_number(tokens[j]) == f"{value:g}":
+            if j < len(tokens) and _canonical_number(tokens[j]) == f"{amount:g}":
                 i = j  # "thirty (30)": the digits follow, counted there
                 continue
-            found.append((f"{value:g}", j - 1))
+            found.append((f"{amount:g}", j - 1))
             i = j
             continue
         i += 1

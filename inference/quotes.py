@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 MIN_WORDS = 4  # shorter pieces are headings, numbers and labels, not clauses
@@ -163,7 +164,7 @@ def running_lines(pages: list[tuple[int, str]]) -> set[str]:
     return {key for key, count in seen.items() if count >= least}
 
 
-def _lines(pages: list[tuple[int, str]], running: set[str]):
+def _lines(pages: list[tuple[int, str]], running: set[str]) -> Iterator[tuple[int, int, int, str, bool]]:
     """(page, start, end, text, blank_before) of every line that is the document's own text."""
     for number, text in pages:
         matches = [m for m in _LINE.finditer(text) if m.group(0).strip()]
@@ -211,7 +212,7 @@ def paragraphs(pages: list[tuple[int, str]], running: set[str]) -> list[_Paragra
             or _is_heading(previous, full)
             or (previous[-1:] in '.:;!?"\u201d' and len(previous) < 0.7 * full)
         )
-        if new:
+        if current is None or new:
             current = _Paragraph([], [])
             result.append(current)
         elif previous.endswith("-") and len(previous) > 1 and previous[-2].isalpha() and line[:1].islower():

@@ -42,7 +42,7 @@ class EngineState:
     RESTARTING = "restarting"
 
     @classmethod
-    def of(cls, stats: dict) -> str:
+    def of(cls, stats: dict[str, Any]) -> str:
         """The state a ``stats`` answer reports; a host from before the field answers only once
         its engine is ready."""
         return str(stats.get("state", cls.READY))

@@ -62,6 +62,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import Any
 
 
 class Mode(StrEnum):
@@ -131,18 +132,18 @@ class PolicyConfig:
         if self.idle_ramp_factor != 0 and self.idle_ramp_factor <= 1.0:
             raise ValueError("idle_ramp_factor must be 0 (off) or above 1")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), StrEnum) else v) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, values: dict) -> PolicyConfig:
+    def from_dict(cls, values: dict[str, Any]) -> PolicyConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(values) - known
         if unknown:
             raise ValueError(f"unknown scheduler settings: {', '.join(sorted(unknown))}")
         return cls(**values)
 
-    def updated(self, values: dict) -> PolicyConfig:
+    def updated(self, values: dict[str, Any]) -> PolicyConfig:
         return PolicyConfig.from_dict({**self.to_dict(), **values})
 
 
@@ -447,7 +448,7 @@ class StepCostModel:
             return int(spare / per_token)
         return int((-per_token + math.sqrt(per_token * per_token + 4 * a * spare)) / (2 * a))
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         return {
             "steps_seen": self.steps_seen,
             "fitted": self.coefficients is not None,
@@ -483,7 +484,7 @@ class Planner:
     default_draft_prompt_tokens: int = 64
     _served_at: dict[str, int] = field(default_factory=dict)
     _drafting_seen_at: float | None = None
-    _draft_prompts: deque = field(default_factory=lambda: deque(maxlen=64))
+    _draft_prompts: deque[int] = field(default_factory=lambda: deque(maxlen=64))
     _draft_prompt_seen: dict[str, None] = field(default_factory=dict)
     _held_for: dict[str, int] = field(default_factory=dict)
     _ramp_tokens: int | None = None  # the next documents-only step's cap while starting up
@@ -724,9 +725,9 @@ class Planner:
             # Two sizes in turn: chunks all of one size would leave a prompt token's cost and a
             # step's fixed cost indistinguishable to the fit.
             tokens = self.unfitted_chunk_tokens // (1 + self._calibration_steps % 2)
-            budget = min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + tokens)
-            return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=tokens,
-                            reason="calibrating")  # fmt: skip
+            calibrating = min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + tokens)
+            return StepPlan(order=order, token_budget=calibrating, defer=frozenset(deferred),
+                            document_budget_tokens=tokens, reason="calibrating")  # fmt: skip
         if prefilling:
             if drafting_recent:
                 gap = self.gap_budget(base, position)

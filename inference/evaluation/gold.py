@@ -14,6 +14,7 @@ import functools
 import json
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,8 +236,8 @@ def _document(documents: dict[str, GoldDocument], key: str, where: str) -> GoldD
     return documents[key]
 
 
-def _page(item: dict, document: GoldDocument, where: str) -> int:
-    page = _field(item, "page", int, where)
+def _page(item: dict[str, Any], document: GoldDocument, where: str) -> int:
+    page: int = _field(item, "page", int, where)
     if not 1 <= page <= len(document.pages):
         raise ValueError(f"{where}: page {page} is out of range; {document.key} has {len(document.pages)} page(s)")
     return page
@@ -256,7 +257,9 @@ def _unique_document(seen: set[str], key: str, where: str) -> None:
     seen.add(key)
 
 
-def _document_cases(path: Path, documents: dict[str, GoldDocument], items: str):
+def _document_cases(
+    path: Path, documents: dict[str, GoldDocument], items: str
+) -> Iterator[tuple[str, GoldDocument, str, list[Any]]]:
     """Each case of a file of one case per document: its key, document, where (for errors) and
     the list under ``items``."""
     seen: set[str] = set()
@@ -304,7 +307,7 @@ def _load_summaries(path: Path, documents: dict[str, GoldDocument]) -> tuple[Sum
     return tuple(cases)
 
 
-def _terms(raw: list, where: str) -> tuple[tuple[str, ...], ...]:
+def _terms(raw: list[Any], where: str) -> tuple[tuple[str, ...], ...]:
     groups = []
     for group in raw:
         if not isinstance(group, list) or not group:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from inference.evaluation.gold import KeyFact
 
@@ -69,7 +70,9 @@ class PlantedFact:
     third: int  # 1, 2 or 3: where in the document it is
 
 
-def build_long_document(*, seed: int, pages: int = PAGES, facts_per_third: int = FACTS_PER_THIRD):
+def build_long_document(
+    *, seed: int, pages: int = PAGES, facts_per_third: int = FACTS_PER_THIRD
+) -> tuple[str, list[str], list[PlantedFact]]:
     """(title, page texts, planted facts) for ``seed``; the same seed gives the same document."""
     if pages < 3:
         raise ValueError("a long document needs at least 3 pages, one for each third")
@@ -107,7 +110,7 @@ def build_long_document(*, seed: int, pages: int = PAGES, facts_per_third: int =
     return title, page_texts, planted
 
 
-def coverage_by_third(planted: list[PlantedFact], covered: list[bool]) -> dict:
+def coverage_by_third(planted: list[PlantedFact], covered: list[bool]) -> dict[str, Any]:
     """Key-fact coverage overall and in each third, and the largest gap between two thirds."""
     by_third = {}
     for third in (1, 2, 3):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 JACCARD_MATCH = 0.5
 
@@ -108,7 +109,7 @@ class Counts:
             return None
         return 2 * p * r / (p + r) if p + r else 0.0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "matched": self.matched,
             "predicted": self.predicted,

@@ -23,6 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 QUESTIONS_FILE = Path(__file__).parent / "data" / "cuad_questions.json"
 RECALL_AT = (1, 3, 6)
@@ -120,10 +121,10 @@ def first_rank(passages: Sequence[tuple[int, int, int]], document_id: int, targe
     return None
 
 
-def recall_figures(ranks: Sequence[int | None]) -> dict:
+def recall_figures(ranks: Sequence[int | None]) -> dict[str, Any]:
     """Recall at each of ``RECALL_AT`` and the mean reciprocal rank, over questions."""
     n = len(ranks)
-    out: dict = {"questions": n}
+    out: dict[str, Any] = {"questions": n}
     for k in RECALL_AT:
         out[f"recall@{k}"] = round(sum(r is not None and r <= k for r in ranks) / n, 3) if n else None
     out["mrr"] = round(sum(1 / r for r in ranks if r is not None) / n, 3) if n else None

@@ -13,6 +13,7 @@ import os
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 GIB = 1024**3
 
@@ -100,7 +101,7 @@ class Plan:
     fits: bool
     reason: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "shape": asdict(self.shape)}
 
 
@@ -207,6 +208,7 @@ def shape_of(
         return None
     if missing:
         raise ShapeError(f"{', '.join(SHAPE_FIELDS)} go together; missing: {', '.join(missing)}", missing)
+    assert layers is not None and kv_heads is not None and head_dim is not None and parameters is not None
     weights = weight_dtype or "bfloat16"
     shape = ModelShape(
         layers=int(layers), kv_heads=int(kv_heads), head_dim=int(head_dim), parameters=int(parameters),
@@ -226,7 +228,7 @@ def machine_memory_bytes() -> int:
 
 
 def shape_from_config(
-    config: dict, *, parameters: int, weight_dtype: str | None = None, kv_dtype: str | None = None
+    config: dict[str, Any], *, parameters: int, weight_dtype: str | None = None, kv_dtype: str | None = None
 ) -> ModelShape:
     """A Hugging Face ``config.json``'s shape (Llama, Mistral, Qwen and their kin)."""
     heads = int(config["num_attention_heads"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 # Two-sided 97.5 % quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
 _T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -24,7 +25,7 @@ class Interval:
     high: float
     n: int
 
-    def to_dict(self, digits: int = 3) -> dict:
+    def to_dict(self, digits: int = 3) -> dict[str, Any]:
         return {"mean": round(self.mean, digits), "low": round(self.low, digits), "high": round(self.high, digits),
                 "n": self.n}  # fmt: skip
 

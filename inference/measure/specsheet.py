@@ -16,11 +16,12 @@ delta of text arriving, each delta saying how many tokens it carries. From those
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference.timing import Delta, inter_token_latencies_ms, percentile, request_timing
+from inference.timing import Delta, RequestTiming, inter_token_latencies_ms, percentile, request_timing
 
 SHEET_VERSION = 1
 PROFILES = ("document", "drafting", "mixed")
@@ -77,7 +78,7 @@ class Sample:
         return None if first is None else max(0.0, (first - self.sent_at) * 1000)
 
     @property
-    def timing(self):
+    def timing(self) -> RequestTiming:
         """ITL and decode tokens/s from the tokens' times (its TTFT is ``ttft_ms``'s)."""
         return request_timing(created_at=self.sent_at, started_at=self.sent_at, deltas=self.deltas)
 
@@ -228,13 +229,13 @@ def answers(sheet: dict[str, Any]) -> list[dict[str, str]]:
     model, engine, profiles = sheet["model"], sheet["engine"], sheet["profiles"]
     targets = Targets(**sheet["targets"])
 
-    def per_profile(describe) -> str:
+    def per_profile(describe: Callable[[dict[str, Any]], str]) -> str:
         return "; ".join(
             f"{p['label'].lower()}: {describe(p) if p.get('levels') else 'not measured (' + (p.get('stopped') or '?') + ')'}"
             for p in profiles.values()
         )
 
-    def at_served(p: dict, describe) -> str:
+    def at_served(p: dict[str, Any], describe: Callable[[dict[str, Any]], str]) -> str:
         """At the lowest level, and at the users served if that is another level."""
         first = p["levels"][0]
         served = level_at(p["levels"], p["users_served"]) if p["users_served"] else None
@@ -243,14 +244,14 @@ def answers(sheet: dict[str, Any]) -> list[dict[str, str]]:
             text += f", {describe(served)} at {_users(served['concurrency'])}"
         return text
 
-    def lengths(p: dict) -> str:
+    def lengths(p: dict[str, Any]) -> str:
         measured_in = [row["prompt_tokens_mean"] for row in p["levels"] if row.get("prompt_tokens_mean")]
         text = lengths_text(p)
         if measured_in and len(p["inputs"]) == 1:
             text += f" (prompts measured {min(measured_in):,.0f}-{max(measured_in):,.0f} tokens)"
         return text
 
-    def ttft(row: dict) -> str:
+    def ttft(row: dict[str, Any]) -> str:
         return f"{_seconds(row.get('ttft_p50_ms'))} (p95 {_seconds(row.get('ttft_p95_ms'))})"
 
     texts = {
@@ -289,7 +290,7 @@ _COLUMNS = (
 )
 
 
-def _or_not_measured(value) -> str:
+def _or_not_measured(value: object) -> str:
     return "not measured" if value is None else str(value)
 
 
@@ -377,7 +378,7 @@ def draw_charts(sheet: dict[str, Any], *, ttft_path: Path, tokens_path: Path) ->
     if sheet["quick"]:
         title += " (quick: a smoke test)"
 
-    def axes(ylabel: str):
+    def axes(ylabel: str) -> tuple[Any, Any]:
         figure, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent users")
@@ -386,7 +387,7 @@ def draw_charts(sheet: dict[str, Any], *, ttft_path: Path, tokens_path: Path) ->
         ax.grid(True, alpha=0.3)
         return figure, ax
 
-    def xticks(ax) -> None:
+    def xticks(ax: Any) -> None:
         levels = sorted({row["concurrency"] for _, rows in profiles for row in rows})
         if levels:
             ax.set_xticks(levels, [str(level) for level in levels])
