@@ -15,7 +15,7 @@ from api import auth
 from api.models import ApiToken
 from api.problems import ApiProblem, responses
 from console import selectors as console_selectors
-from inference.measure.capacity import (
+from inference.capacity import (
     DTYPE_BYTES,
     GIB,
     MAX_CONTEXT_TOKENS,
@@ -60,7 +60,7 @@ SPECSHEET_STAFF_FIELDS = {
 
 def _without_versions(sheet: dict) -> dict:
     """The spec sheet as anyone with a read token sees it: no software versions."""
-    from inference.measure import specsheet
+    from inference import specsheet
 
     out = dict(sheet)
     for section, names in SPECSHEET_STAFF_FIELDS.items():

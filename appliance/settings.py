@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "inference",
     "console",
     "api",
+    "measure",  # benchmarks, the spec sheet run and the evaluation (manage.py bench, specsheet, evaluate)
     "ninja",  # its Swagger UI files, served from here: the API docs need no CDN
 ]
 
@@ -219,7 +220,7 @@ APPLIANCE_DTYPE = env_choice("APPLIANCE_DTYPE", "auto", ("auto", "bfloat16", "fl
 APPLIANCE_KV_CACHE_DTYPE = env_choice("APPLIANCE_KV_CACHE_DTYPE", "auto", ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"))
 APPLIANCE_MAX_MODEL_LEN = env_int("APPLIANCE_MAX_MODEL_LEN", 8192, minimum=256)
 # Most requests the engine runs at once; 0: 32 on a CPU, and on a GPU what the capacity planner
-# finds room for (inference/measure/capacity.py, gpu_engine_defaults).
+# finds room for (inference/capacity.py, gpu_engine_defaults).
 APPLIANCE_MAX_NUM_SEQS = env_int("APPLIANCE_MAX_NUM_SEQS", 0, minimum=0) or None
 APPLIANCE_MAX_NUM_BATCHED_TOKENS = env_int("APPLIANCE_MAX_NUM_BATCHED_TOKENS", 2048, minimum=64)
 # vLLM's cap on prompt tokens one request may prefill per step while others run (0: off). The

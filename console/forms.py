@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django import forms
 
-from inference.measure.capacity import (
+from inference.capacity import (
     DTYPE_BYTES,
     GIB,
     MAX_CONTEXT_TOKENS,

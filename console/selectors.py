@@ -15,7 +15,7 @@ from django.db import connection
 from django.db.models import Count, F, Min, Q, Sum
 from django.utils import timezone
 
-from inference.measure.capacity import (
+from inference.capacity import (
     GIB,
     SHAPE_FIELDS,
     ModelShape,

@@ -17,7 +17,7 @@ from django.urls import reverse
 from console import selectors
 from console.forms import CapacityForm
 from console.models import AuditEvent
-from inference.measure.capacity import GIB, KNOWN_SHAPES, SHAPE_FIELDS, ShapeError
+from inference.capacity import GIB, KNOWN_SHAPES, SHAPE_FIELDS, ShapeError
 
 AUDIT_PAGE_SIZE = 50
 PRESET_MEMORY_GIB = (24, 48, 80)
@@ -106,7 +106,7 @@ def audit_log(request):
 
 @staff_only
 def capacity(request):
-    """The capacity planner (``inference.measure.capacity``) with what the form gives, the served
+    """The capacity planner (``inference.capacity``) with what the form gives, the served
     model, this machine's memory and the configured context for what it leaves empty; beside it,
     what the running engine reports and the planner's figure for the same KV memory."""
     stats = selectors.engine()  # asked once: the defaults, the plan and the comparison use it

@@ -244,7 +244,7 @@ def test_drop_two_files_watch_them_become_ready_then_cancel_a_long_summary(page,
 
 
 def test_extract_clauses_and_open_one_at_its_page(page, live_appliance, workers, engine_host):
-    from inference.evaluation.gold import load_gold_set
+    from measure.evaluation.gold import load_gold_set
     from tests.factories import ready_document
 
     ivan = get_user_model().objects.create_user(username="ivan", password=PASSWORD)

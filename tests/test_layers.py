@@ -3,7 +3,9 @@
 - the pure modules import no Django, no Celery, no vLLM, no database or broker client, and of
   the project only other pure modules: they are the decisions, testable without services;
 - only the engine host's modules import vLLM;
-- the web process never imports vLLM (it serves the staff UI, the API and ``/v1`` without it).
+- the web process never imports vLLM (it serves the staff UI, the API and ``/v1`` without it);
+- the product never imports the ``measure`` app (benchmarks, spec sheet run, evaluation): it
+  drives the product, not the other way round.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("appliance", "documents", "inference", "console", "api")
+PACKAGES = ("appliance", "documents", "inference", "console", "api", "measure")
+PRODUCT = ("appliance", "documents", "inference", "console", "api")
 
 PURE = {
     "appliance.rendering",
@@ -29,15 +32,15 @@ PURE = {
     "inference.drafting",
     "inference.engine.protocol",
     "inference.engine.step_policy",
-    "inference.evaluation.gold",
-    "inference.evaluation.longdoc",
-    "inference.evaluation.metrics",
-    "inference.evaluation.retrieval",
+    "measure.evaluation.gold",
+    "measure.evaluation.longdoc",
+    "measure.evaluation.metrics",
+    "measure.evaluation.retrieval",
     "inference.facts",
     "inference.fairshare",
-    "inference.measure.capacity",
-    "inference.measure.intervals",
-    "inference.measure.specsheet",
+    "inference.capacity",
+    "measure.intervals",
+    "inference.specsheet",
     "inference.prompts",
     "inference.quotes",
     "inference.sourcing",
@@ -117,6 +120,18 @@ def test_only_the_engine_host_imports_vllm():
     }
     assert importers <= VLLM_IMPORTERS, sorted(importers - VLLM_IMPORTERS)
     assert "inference.engine.host" in importers  # the rule is about something: the host does import it
+
+
+def test_the_product_never_imports_measurement():
+    offenders = {
+        module: sorted(name for name in imports_of(path, module) if top(name) == "measure")
+        for module, path in product_modules().items()
+        if top(module) in PRODUCT
+    }
+    offenders = {module: names for module, names in offenders.items() if names}
+    assert not offenders, offenders
+    # The rule is about something: measurement does import the product.
+    assert any(top(name) == "inference" for name in imports_of(product_modules()["measure.bench_scheduling"], "x.y"))
 
 
 def test_the_web_process_never_imports_vllm():

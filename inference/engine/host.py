@@ -284,7 +284,7 @@ class EngineHost:
             return replace(cfg, dtype=dtype, max_num_seqs=cfg.max_num_seqs or 32)
         if cfg.max_num_seqs is not None and cfg.gpu_memory_utilization is not None:
             return cfg
-        from inference.measure.capacity import gpu_engine_defaults, shape_of_model_dir
+        from inference.capacity import gpu_engine_defaults, shape_of_model_dir
 
         shape = shape_of_model_dir(cfg.model, weight_dtype=cfg.dtype, kv_dtype=cfg.kv_cache_dtype)
         defaults = gpu_engine_defaults(shape, device_memory_bytes=int(torch.cuda.get_device_properties(0).total_memory))

@@ -9,7 +9,7 @@ from django.test import Client, override_settings
 
 from api.services import token_create
 from console import selectors
-from inference.measure.capacity import GIB, ModelShape, plan, plan_kv_cache, shape_of_model_dir
+from inference.capacity import GIB, ModelShape, plan, plan_kv_cache, shape_of_model_dir
 from tests.console.test_capacity import fake_engine_stats
 from tests.factories import model_dir
 

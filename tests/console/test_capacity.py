@@ -9,7 +9,7 @@ import pytest
 from django.test import Client, override_settings
 
 from console import selectors
-from inference.measure.capacity import GIB, ModelShape, plan, plan_kv_cache, shape_of_model_dir
+from inference.capacity import GIB, ModelShape, plan, plan_kv_cache, shape_of_model_dir
 from tests.factories import model_dir
 
 pytestmark = pytest.mark.django_db

@@ -143,7 +143,7 @@ def test_the_audit_log_and_admin_actions_need_their_permissions(people):
 def test_a_benchmark_never_takes_over_a_real_account(people):
     from django.core.management.base import CommandError
 
-    from appliance.benchmarking import bench_user
+    from measure.benchmarking import bench_user
 
     get_user_model().objects.create_user("evaluate", password="pw-real-person-here")
     with pytest.raises(CommandError, match="real account"):

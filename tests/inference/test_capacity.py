@@ -1,4 +1,4 @@
-"""The capacity planner (``inference.measure.capacity``) against figures known from elsewhere,
+"""The capacity planner (``inference.capacity``) against figures known from elsewhere,
 and against what the running engine reports for the served model."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
-from inference.measure.capacity import ModelShape, plan, safetensors_parameters, shape_from_config, shape_of_model_dir
+from inference.capacity import ModelShape, plan, safetensors_parameters, shape_from_config, shape_of_model_dir
 
 GIB = 1024**3
 LLAMA_31_8B_CONFIG = {
@@ -102,7 +102,7 @@ def test_the_planner_agrees_with_the_engine_on_the_served_model(engine_host):
 
 
 def test_gpu_defaults_come_from_the_planner_not_from_the_cpu():
-    from inference.measure.capacity import KNOWN_SHAPES, gpu_engine_defaults
+    from inference.capacity import KNOWN_SHAPES, gpu_engine_defaults
 
     llama = KNOWN_SHAPES["Llama-3.1-8B"]
     small = gpu_engine_defaults(llama, device_memory_bytes=24 * GIB)

@@ -12,7 +12,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.measure.capacity import GIB, ShapeError
+from inference.capacity import GIB, ShapeError
 
 
 class Command(BaseCommand):

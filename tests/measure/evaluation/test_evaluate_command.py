@@ -13,10 +13,10 @@ from django.core.management import call_command
 
 from documents.models import Document
 from inference.clauses import CUAD_CATEGORIES
-from inference.evaluation.contracts import load_contracts
-from inference.evaluation.gold import load_gold_set
-from inference.evaluation.run import DEFAULT_CONTRACTS
 from inference.models import Job
+from measure.evaluation.contracts import load_contracts
+from measure.evaluation.gold import load_gold_set
+from measure.evaluation.run import DEFAULT_CONTRACTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -49,7 +49,13 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from appliance.benchmarking import (
+from appliance.env import env_int
+from inference import specsheet as sheet_
+from inference.prompts import section_messages
+from inference.specsheet import PROFILES, Sample, Targets
+from inference.summarise import section_budget_tokens
+from inference.timing import Delta
+from measure.benchmarking import (
     Progress,
     check_migrated,
     ensure_embedded_broker,
@@ -62,12 +68,6 @@ from appliance.benchmarking import (
     wait_for_engine,
     wait_for_queues,
 )
-from appliance.env import env_int
-from inference.measure import specsheet as sheet_
-from inference.measure.specsheet import PROFILES, Sample, Targets
-from inference.prompts import section_messages
-from inference.summarise import section_budget_tokens
-from inference.timing import Delta
 
 USERNAME = "specsheet"
 DRAFTING_INSTRUCTION = "Draft a reply to this letter.\n\n"
@@ -315,7 +315,7 @@ class _Account:
     @classmethod
     def create(cls, *, expires_at: datetime) -> _Account:
         from api.services import token_create
-        from appliance.benchmarking import api_bench_user
+        from measure.benchmarking import api_bench_user
 
         user = api_bench_user(USERNAME, deletes="documents and jobs")
         cls._clear(user)  # what a run that was killed left
@@ -875,7 +875,7 @@ def _memory_bandwidth(given_gbs: float | None, engine: dict, progress: Progress)
 
 
 def _assemble(*, plan: _Plan, engine: dict, profiles: dict, bandwidth: tuple, started_at: datetime) -> dict[str, Any]:
-    from inference.measure.capacity import shape_of_model_dir
+    from inference.capacity import shape_of_model_dir
 
     finished_at = datetime.now(UTC)
     model_dir = Path(engine.get("model_path") or settings.APPLIANCE_MODEL)

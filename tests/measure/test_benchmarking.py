@@ -1,5 +1,5 @@
 """The helpers the benchmarks share to start and stop the appliance's processes
-(``appliance/benchmarking.py``)."""
+(``measure/benchmarking.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from appliance.benchmarking import stop_groups
+from measure.benchmarking import stop_groups
 
 
 def _group_alive(pgid: int) -> bool:
@@ -45,7 +45,7 @@ def test_stopping_a_process_that_has_already_exited_is_quiet():
 def test_a_measuring_account_is_made_without_a_password_and_a_persons_is_refused(django_user_model):
     from django.core.management.base import CommandError
 
-    from appliance.benchmarking import api_bench_user
+    from measure.benchmarking import api_bench_user
 
     made = api_bench_user("bench-probe", deletes="jobs")
     assert made.is_active and not made.has_usable_password()
@@ -59,7 +59,7 @@ def test_a_sigterm_ends_a_long_command_through_its_cleanup_and_the_handler_is_pu
     import signal
     import time
 
-    from appliance.benchmarking import sigterm_as_exit
+    from measure.benchmarking import sigterm_as_exit
 
     before = signal.getsignal(signal.SIGTERM)
     cleaned = []
@@ -76,7 +76,7 @@ def test_a_sigterm_ends_a_long_command_through_its_cleanup_and_the_handler_is_pu
 def test_a_second_sigterm_does_not_cut_the_cleanup_of_the_first_short():
     import signal
 
-    from appliance.benchmarking import sigterm_as_exit
+    from measure.benchmarking import sigterm_as_exit
 
     cleaned = []
     with pytest.raises(SystemExit), sigterm_as_exit():

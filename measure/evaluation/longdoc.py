@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from inference.evaluation.gold import KeyFact
+from measure.evaluation.gold import KeyFact
 
 PAGES = 150
 FACTS_PER_THIRD = 4

@@ -1,8 +1,8 @@
-"""inference/evaluation/metrics.py: CUAD's matching rule and the counts (pure)."""
+"""measure/evaluation/metrics.py: CUAD's matching rule and the counts (pure)."""
 
 from __future__ import annotations
 
-from inference.evaluation.metrics import Counts, Span, match_clauses, share, token_jaccard
+from measure.evaluation.metrics import Counts, Span, match_clauses, share, token_jaccard
 
 NOTICE = "Either party may terminate this Agreement on ninety (90) days' written notice."
 
@@ -47,7 +47,7 @@ def test_precision_recall_and_f1_are_micro_averaged():
 
 
 def test_the_evaluations_own_support_judge_wants_the_numbers_and_most_words_of_a_sentence_in_what_it_cites():
-    from inference.evaluation.metrics import lexically_supported
+    from measure.evaluation.metrics import lexically_supported
 
     passage = "Invoices are due within 30 days of receipt. Late payments accrue interest at 2 per cent a month."
     assert lexically_supported("Invoices are due within 30 days of receipt [1].", [passage])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.measure.intervals import interval, meets, t_975
+from measure.intervals import interval, meets, t_975
 
 
 def test_an_interval_is_the_students_t_interval_of_the_mean():

@@ -1,5 +1,5 @@
 """``python manage.py evaluate``: summaries, clause extraction and drafted replies scored against
-the gold set in ``inference/evaluation/data/`` (see ``inference.evaluation.run``)."""
+the gold set in ``measure/evaluation/data/`` (see ``measure.evaluation.run``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from appliance.benchmarking import sigterm_as_exit
-from inference.evaluation import run as evaluation
+from measure.benchmarking import sigterm_as_exit
+from measure.evaluation import run as evaluation
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""``python manage.py specsheet``: see ``inference.measure.specsheet_run``."""
+"""``python manage.py specsheet``: see ``measure.specsheet_run``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 from django.core.management.base import BaseCommand
 
-from inference.measure import specsheet_run
+from measure import specsheet_run
 
 
 class Command(BaseCommand):

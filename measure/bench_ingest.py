@@ -36,7 +36,7 @@ from unittest import mock
 from django.conf import settings
 from django.core.management.base import CommandError
 
-from appliance.benchmarking import (
+from measure.benchmarking import (
     Progress,
     bench_user,
     check_migrated,

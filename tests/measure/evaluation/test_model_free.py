@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference.evaluation import contracts as contract_set
-from inference.evaluation.run import DEFAULT_CONTRACTS
+from measure.evaluation import contracts as contract_set
+from measure.evaluation.run import DEFAULT_CONTRACTS
 
 
 def test_on_real_contracts_quotes_reach_the_labelled_clauses_and_the_checks_catch_altered_facts():
@@ -84,7 +84,7 @@ def test_the_ceiling_counts_clause_spans_not_entities_and_gives_an_interval(tmp_
 
 
 def test_the_contrast_set_alters_one_fact_at_a_time_and_keeps_the_sentence_as_written():
-    from inference.evaluation.contrast import build_contrast_set
+    from measure.evaluation.contrast import build_contrast_set
 
     passage = "Acme Ltd shall pay the fee of 5,000 euros by 1 March 2025. The notice period is thirty days."
     cases = build_contrast_set([passage], seed=3)
@@ -102,7 +102,7 @@ def test_the_contrast_set_alters_one_fact_at_a_time_and_keeps_the_sentence_as_wr
 
 
 def test_auroc_by_ranks():
-    from inference.evaluation.contrast import auroc
+    from measure.evaluation.contrast import auroc
 
     assert auroc([0.9, 0.8, 0.1, 0.2], [True, True, False, False]) == 1.0
     assert auroc([0.1, 0.2, 0.9, 0.8], [True, True, False, False]) == 0.0
@@ -111,7 +111,7 @@ def test_auroc_by_ranks():
 
 
 def test_clause_scores_count_per_category_and_give_intervals_over_contracts():
-    from inference.evaluation.metrics import Counts
+    from measure.evaluation.metrics import Counts
 
     per_contract = [
         {"Governing Law": Counts(matched=1, predicted=1, labelled=1), "Audit Rights": Counts(0, 2, 1)},
@@ -130,8 +130,8 @@ def test_clause_scores_count_per_category_and_give_intervals_over_contracts():
 
 
 def test_the_long_document_plants_each_fact_once_in_its_third_and_the_seed_decides():
-    from inference.evaluation.gold import fact_covered
-    from inference.evaluation.longdoc import build_long_document, coverage_by_third
+    from measure.evaluation.gold import fact_covered
+    from measure.evaluation.longdoc import build_long_document, coverage_by_third
 
     title, pages, planted = build_long_document(seed=11)
     assert len(pages) == 150 and pages[0].startswith(title)
@@ -155,7 +155,7 @@ def test_when_one_evaluation_task_fails_the_others_stop_waiting_for_their_jobs()
     import threading
     import time
 
-    from inference.evaluation.run import _run_tasks
+    from measure.evaluation.run import _run_tasks
 
     class FakeEvaluation:  # a fake: one task fails at once, the other waits for jobs that never finish
         def __init__(self) -> None:
@@ -179,8 +179,8 @@ def test_when_one_evaluation_task_fails_the_others_stop_waiting_for_their_jobs()
 
 def test_the_contracts_task_asks_the_categories_named_and_refuses_names_cuad_does_not_have():
     from inference.clauses import CUAD_CATEGORIES
-    from inference.evaluation.contracts import ENTITY_CATEGORIES
-    from inference.evaluation.run import contract_categories
+    from measure.evaluation.contracts import ENTITY_CATEGORIES
+    from measure.evaluation.run import contract_categories
 
     every = contract_categories(None)
     assert len(every) == 37 and not set(every) & ENTITY_CATEGORIES

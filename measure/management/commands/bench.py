@@ -1,9 +1,7 @@
 """``manage.py bench <benchmark>``: the appliance's benchmarks, one subcommand each.
 
-A benchmark is a module named ``bench_<name>`` in an app of this project, at the app's top level
-or in its ``measure`` package (``documents/bench_ingest.py`` is ``bench ingest``,
-``inference/measure/bench_scheduling.py`` would be ``bench scheduling``). Adding one needs no
-change here. The module provides:
+Each benchmark is a module of the ``measure`` app, named in ``BENCHMARKS`` below. The module
+provides:
 
 - ``HELP``: one line for ``bench --help``;
 - ``add_arguments(parser)``: its own options;
@@ -18,46 +16,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
-import pkgutil
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 
-from django.apps import apps
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from appliance.benchmarking import sigterm_as_exit
+from measure.benchmarking import sigterm_as_exit
 
-MODULE_PREFIX = "bench_"
-
-
-def benchmark_modules() -> dict[str, str]:
-    """Benchmark name -> dotted module path, for every ``bench_<name>`` module of the project's apps."""
-    found: dict[str, str] = {}
-    base_dir = Path(settings.BASE_DIR).resolve()
-    for app_config in apps.get_app_configs():
-        if base_dir not in Path(app_config.path).resolve().parents:
-            continue  # Django's own apps and third-party ones
-        for package in (app_config.name, f"{app_config.name}.measure"):
-            spec = importlib.util.find_spec(package) if _parent_importable(package) else None
-            if spec is None or not spec.submodule_search_locations:
-                continue
-            for module in pkgutil.iter_modules(spec.submodule_search_locations):
-                if module.name.startswith(MODULE_PREFIX) and not module.ispkg:
-                    name = module.name.removeprefix(MODULE_PREFIX)
-                    path = f"{package}.{module.name}"
-                    if name in found:
-                        raise CommandError(f"two benchmarks are called {name!r}: {found[name]} and {path}")
-                    found[name] = path
-    return dict(sorted(found.items()))
-
-
-def _parent_importable(package: str) -> bool:
-    parent = package.rpartition(".")[0]
-    return not parent or importlib.util.find_spec(parent) is not None
+# Subcommand -> module. A new benchmark is one more line here.
+BENCHMARKS = {
+    "ingest": "measure.bench_ingest",
+    "scheduling": "measure.bench_scheduling",
+    "serving": "measure.bench_serving",
+}
 
 
 class Command(BaseCommand):
@@ -66,12 +40,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         subparsers = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
         self._modules: dict[str, ModuleType] = {}
-        for name, path in benchmark_modules().items():
+        for name, path in BENCHMARKS.items():
             module = importlib.import_module(path)
             self._modules[name] = module
             subparser = subparsers.add_parser(
                 name,
-                help=getattr(module, "HELP", ""),
+                help=getattr(module, "HELP", "").replace("%", "%%"),  # argparse formats help with %
                 description=module.__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter,
             )
@@ -80,9 +54,9 @@ class Command(BaseCommand):
     def handle(self, *args, benchmark: str, **options):
         module = self._modules.get(benchmark)
         if module is None:  # called as call_command("bench", ...) without the parser
-            path = benchmark_modules().get(benchmark)
+            path = BENCHMARKS.get(benchmark)
             if path is None:
-                raise CommandError(f"no benchmark called {benchmark!r}; there are: {', '.join(benchmark_modules())}")
+                raise CommandError(f"no benchmark called {benchmark!r}; there are: {', '.join(BENCHMARKS)}")
             module = importlib.import_module(path)
         started = datetime.now(UTC)
         with sigterm_as_exit():

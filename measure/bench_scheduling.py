@@ -65,7 +65,8 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from appliance.benchmarking import (
+from inference.timing import percentile
+from measure.benchmarking import (
     Progress,
     bench_user,
     check_migrated,
@@ -80,8 +81,7 @@ from appliance.benchmarking import (
     wait_for_engine,
     wait_for_queues,
 )
-from inference.measure.intervals import interval, meets
-from inference.timing import percentile
+from measure.intervals import interval, meets
 
 HELP = (
     "drafting beside a document backlog (burst, steady Poisson, EOS) under the appliance, tuned vLLM "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import OperationalError
 
-from inference.measure import bench_scheduling
+from measure import bench_scheduling
 
 
 def _mode(*, meets: bool, per_minute: float, ttft: float) -> dict:

@@ -48,7 +48,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from appliance.benchmarking import (
+from measure.benchmarking import (
     Progress,
     check_migrated,
     ensure_embedded_broker,
@@ -61,7 +61,7 @@ from appliance.benchmarking import (
     wait_for_engine,
     wait_for_queues,
 )
-from inference.measure.intervals import interval, meets
+from measure.intervals import interval, meets
 
 HELP = (
     "vLLM's bench client against the appliance's /v1 and against `vllm serve` of the same model and engine "
@@ -390,7 +390,7 @@ class _Account:
     @classmethod
     def create(cls, *, expires_at) -> _Account:
         from api.services import token_create
-        from appliance.benchmarking import api_bench_user
+        from measure.benchmarking import api_bench_user
 
         user = api_bench_user(USERNAME, deletes="jobs and tokens")
         cls._clear(user)  # what a run that was killed left

@@ -1,4 +1,4 @@
-"""inference/evaluation/gold: the gold evaluation set agrees with its documents as the real text
+"""measure/evaluation/gold: the gold evaluation set agrees with its documents as the real text
 extraction reads them, and the loader rejects data that does not. Pure: no database, no engine."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from documents.extraction import extract_pages
 from inference.clauses import CUAD_CATEGORIES, OFFICE_CATEGORIES
-from inference.evaluation.gold import (
+from measure.evaluation.gold import (
     GOLD_DIR,
     LENGTHS,
     TONES,

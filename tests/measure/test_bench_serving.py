@@ -1,4 +1,4 @@
-"""``manage.py bench serving`` (``inference/measure/bench_serving.py``): reading vLLM's bench
+"""``manage.py bench serving`` (``measure/bench_serving.py``): reading vLLM's bench
 results, the ratios and their verdicts, and the command lines that make the comparison fair.
 Pure: no server is started (the command itself is the measurement)."""
 
@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from documents.management.commands.bench import benchmark_modules
 from inference.engine import vllm_cli
-from inference.measure import bench_serving
+from measure import bench_serving
 
 
 def _result(*, tokens_per_s=100.0, ttft=500.0, itl_p99=50.0, tpot=40.0, itl_p50=38.0, failed=0, **extra) -> dict:
@@ -172,10 +171,6 @@ def test_both_servers_get_the_same_bench_but_for_the_url(tmp_path: Path):
     )
     assert (options["--num-prompts"], options["--max-concurrency"], options["--temperature"]) == ("48", "4", "0")
     assert {"--ignore-eos", "--save-result", "--save-detailed"} <= set(appliance)
-
-
-def test_the_benchmark_is_found_by_manage_py_bench():
-    assert benchmark_modules()["serving"] == "inference.measure.bench_serving"
 
 
 def test_the_cli_shim_names_the_cpu_build_as_vllm_and_leaves_other_packages_alone(monkeypatch):

@@ -47,7 +47,8 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management.base import CommandError
 
-from appliance.benchmarking import (
+from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
+from measure.benchmarking import (
     Progress,
     bench_user,
     check_migrated,
@@ -60,8 +61,7 @@ from appliance.benchmarking import (
     wait_for_engine,
     wait_for_queues,
 )
-from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
-from inference.evaluation.contracts import (
+from measure.evaluation.contracts import (
     ENTITY_CATEGORIES,
     LAYOUTS,
     bootstrap_interval,
@@ -69,9 +69,9 @@ from inference.evaluation.contracts import (
     load_contracts,
     quote_ceiling,
 )
-from inference.evaluation.contrast import auroc, build_contrast_set
-from inference.evaluation.gold import GoldSet, fact_covered, load_gold_set
-from inference.evaluation.metrics import Counts, Span, lexically_supported, match_clauses, share
+from measure.evaluation.contrast import auroc, build_contrast_set
+from measure.evaluation.gold import GoldSet, fact_covered, load_gold_set
+from measure.evaluation.metrics import Counts, Span, lexically_supported, match_clauses, share
 
 TASKS = ("clauses", "summaries", "replies")
 # Through the model too, but not run by default (an hour or more on a CPU): the labelled contracts.
@@ -319,12 +319,12 @@ def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) 
     reply gold set, over every document the author may read, and on one question per labelled
     category of each contract of ``folder`` (its PDFs), in that contract alone. Documents are
     ingested in this process by the ingest's own code (no workers, no engine) and deleted after.
-    ``inference.evaluation.retrieval`` says how a passage is judged to hold a target."""
+    ``measure.evaluation.retrieval`` says how a passage is judged to hold a target."""
     from documents.chunking import document_text
     from documents.services import document_create
     from inference import grounding
     from inference.drafting import DRAFT_PASSAGES
-    from inference.evaluation import retrieval as measure
+    from measure.evaluation import retrieval as measure
 
     gold = load_gold_set()
     questions = measure.load_questions()
@@ -744,7 +744,7 @@ class _Evaluation:
         from documents.models import Document
         from documents.services import document_create
         from inference import services
-        from inference.evaluation.longdoc import PAGES, build_long_document, coverage_by_third
+        from measure.evaluation.longdoc import PAGES, build_long_document, coverage_by_third
 
         seed = self.options.get("seed")
         seed = random.SystemRandom().randrange(1 << 31) if seed is None else seed

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from inference.evaluation import retrieval
-from inference.evaluation.contracts import ENTITY_CATEGORIES, load_contracts
-from inference.evaluation.run import DEFAULT_CONTRACTS
+from measure.evaluation import retrieval
+from measure.evaluation.contracts import ENTITY_CATEGORIES, load_contracts
+from measure.evaluation.run import DEFAULT_CONTRACTS
 
 
 def test_a_span_is_placed_by_its_words_whatever_the_line_breaks_and_spacing():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.clauses import quote_choices
-from inference.evaluation.metrics import JACCARD_MATCH, Counts, words
+from measure.evaluation.metrics import JACCARD_MATCH, Counts, words
 
 # CUAD's entity categories hold short answers (a name, a date), not clauses: not quoted spans.
 ENTITY_CATEGORIES = frozenset({"Document Name", "Parties", "Agreement Date", "Effective Date"})
