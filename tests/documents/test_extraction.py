@@ -1,4 +1,4 @@
-"""documents/extraction.py: bytes in, text per page out; every failure is an ExtractionError."""
+"""documents/extraction/: bytes in, text per page out; every failure is an ExtractionError."""
 
 from __future__ import annotations
 
