@@ -484,7 +484,7 @@ def test_no_two_schemas_share_a_name():
 
     from ninja import Schema
 
-    modules = [importlib.import_module(m) for m in ("api.problems", "api.pagination", "api.endpoints", "documents.api", "inference.api", "inference.openai_api")]  # fmt: skip
+    modules = [importlib.import_module(m) for m in ("api.problems", "api.pagination", "api.endpoints", "documents.api", "inference.api", "inference.openai_api.schemas")]  # fmt: skip
     names = [
         obj.__name__
         for module in modules

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible endpoints (``inference/openai_api.py``).
+"""The OpenAI-compatible endpoints (``inference/openai_api/``).
 
 Unit tests: translating a request (pure), what is refused with a 400 naming the field, models,
 auth and the schema, through Django's test client where no engine is needed. The integration
@@ -19,11 +19,12 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
+from api.problems import ApiProblem
 from api.services import token_create
 from api.site import api
 from inference import openai_api, services
 from inference.models import Job, JobKind, Queue, RequestMetrics
-from inference.openai_api import ChatCompletionRequest, StreamDiverged, StreamedText, chat_request
+from inference.openai_api import ChatCompletionRequest, StreamDiverged, StreamedText, chat_request, relay
 from inference.running import engine_request
 from tests.conftest import wait_until
 
@@ -36,7 +37,7 @@ def _translate(**body):
 
 
 def _refused_field(**body) -> str:
-    with pytest.raises(openai_api.ApiProblem) as refused:
+    with pytest.raises(ApiProblem) as refused:
         _translate(**body)
     assert refused.value.status == 400
     return refused.value.errors[0]["field"]
@@ -195,10 +196,10 @@ def _streamed(monkeypatch, events, done: Job, **stream_options) -> tuple[list[st
     async def cancel(job):
         cancelled.append(job)
 
-    monkeypatch.setattr(openai_api, "_job_events", job_events)
-    monkeypatch.setattr(openai_api, "_finished_job", finished_job)
-    monkeypatch.setattr(openai_api, "_cancel", cancel)
-    response = openai_api._stream(done, _translate(stream=True, stream_options=stream_options or None), MODEL)
+    monkeypatch.setattr(relay, "_job_events", job_events)
+    monkeypatch.setattr(relay, "_finished_job", finished_job)
+    monkeypatch.setattr(relay, "_cancel", cancel)
+    response = relay._stream(done, _translate(stream=True, stream_options=stream_options or None), MODEL)
 
     async def parts() -> list[str]:
         return [part.decode() async for part in response.streaming_content]
@@ -295,7 +296,7 @@ def test_a_job_silent_for_longer_than_the_brokers_read_timeout_keeps_its_stream(
     async def keepalives_for(seconds: float) -> list[str]:
         seen, started = [], time.monotonic()
         try:
-            async with aclosing(openai_api._job_events(job)) as events:
+            async with aclosing(relay._job_events(job)) as events:
                 async for event, _ in events:
                     seen.append(event)
                     if time.monotonic() - started > seconds:
@@ -575,3 +576,18 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
         client.with_options(timeout=3.0).chat.completions.create(**long_request, max_tokens=1000)
     job = wait_until(lambda: Job.objects.exclude(pk__in=before).first(), timeout_s=10, message="the job")
     wait_until(lambda: Job.objects.get(pk=job.pk).state == Job.State.CANCELLED, timeout_s=30, message="the cancel")
+
+
+def test_the_v1_operation_ids_stay_what_generated_clients_call():
+    schema = api.get_openapi_schema()
+    ids = {
+        (path, method): operation["operationId"]
+        for path, operations in schema["paths"].items()
+        if path.startswith("/v1/")
+        for method, operation in operations.items()
+    }
+    assert ids == {
+        ("/v1/models", "get"): "inference_openai_api_models_list",
+        ("/v1/models/{model}", "get"): "inference_openai_api_models_get",
+        ("/v1/chat/completions", "post"): "inference_openai_api_chat_completions",
+    }

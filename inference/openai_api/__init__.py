@@ -1,0 +1,36 @@
+"""The OpenAI-compatible endpoints (``/v1/models``, ``/v1/chat/completions``), so that the
+official ``openai`` clients and the tools built on them work against the appliance unchanged.
+
+A chat completion is an ordinary chat job (``services.job_create_chat``): it waits in the decode
+queue, runs on the same engine host as everything else, counts in its token's usage and records
+its metrics. The operation waits for the job by reading the job's event stream (``streaming``),
+and either answers with the whole ``chat.completion`` or relays the deltas as
+``chat.completion.chunk`` server-sent events. A client that goes away cancels its job, which
+frees the engine.
+
+What the engine cannot do is refused with a 400 that names the field (tools, images, ``n`` > 1,
+JSON output), never ignored: a client must not believe it got what it did not. Fields the
+appliance has no use for (``user``, ``metadata``, ``store``, unknown ones) are ignored.
+"""
+
+from __future__ import annotations
+
+from inference.openai_api.relay import KEEPALIVE_MS, StreamDiverged, StreamedText
+from inference.openai_api.routes import router
+from inference.openai_api.schemas import JOB_ID_HEADER, ChatCompletionRequest
+from inference.openai_api.served import served_model_id
+from inference.openai_api.translation import chat_completion, chat_request, error_event, unfinished_problem
+
+__all__ = [
+    "ChatCompletionRequest",
+    "JOB_ID_HEADER",
+    "KEEPALIVE_MS",
+    "StreamDiverged",
+    "StreamedText",
+    "chat_completion",
+    "chat_request",
+    "error_event",
+    "router",
+    "served_model_id",
+    "unfinished_problem",
+]

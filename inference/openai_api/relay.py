@@ -1,0 +1,207 @@
+"""Waiting for the chat job and relaying its deltas as ``chat.completion.chunk`` server-sent
+events, or its whole answer; a client that goes away cancels its job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from asgiref.sync import sync_to_async
+from django.http import StreamingHttpResponse
+
+from api.problems import ApiProblem
+from inference import services, streaming
+from inference.models import Job
+from inference.openai_api.schemas import JOB_ID_HEADER
+from inference.openai_api.translation import (
+    ChatRequest,
+    completion_id,
+    error_event,
+    finish_reason,
+    measurements,
+    unfinished_problem,
+    usage,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# A waiting stream sends a comment this often, and the job's row is checked. Below the broker
+# client's read timeout (redis-py's default is 5 s), which an XREAD blocking as long would hit,
+# breaking every request whose job wrote nothing for that long (queued, or reading its prompt).
+KEEPALIVE_MS = 2_000
+
+
+class StreamDiverged(Exception):
+    """A restarted job writes something other than what the stream has already sent."""
+
+
+class StreamedText:
+    """What a stream has sent, kept equal to what the job stores. The worker stores the answer
+    without its leading and trailing whitespace, so trailing whitespace is held back until more
+    text follows. A job the appliance restarts (its worker or engine was lost) writes its answer
+    again from the start: what was sent already is not sent twice, as long as it is the same."""
+
+    def __init__(self) -> None:
+        self.sent = ""
+        self._attempt = ""
+        self.caught_up = True  # this attempt has written all that was sent (a restarted one: not yet)
+
+    def restart(self) -> None:
+        self._attempt = ""
+        self.caught_up = False
+
+    def add(self, text: str) -> str:
+        """The text to send now for a delta of the job's text."""
+        self._attempt += text
+        ready = self._attempt.strip()
+        if ready.startswith(self.sent):
+            new, self.sent, self.caught_up = ready[len(self.sent) :], ready, True
+            return new
+        if self.sent.startswith(ready):
+            return ""  # a restarted job catching up with what was sent
+        raise StreamDiverged
+
+    def rest(self, stored: str) -> str:
+        """What is left to send of the stored answer (normally nothing)."""
+        if not stored.startswith(self.sent):
+            raise StreamDiverged
+        return stored[len(self.sent) :]
+
+
+async def _finished_job(job_id) -> Job:
+    return await Job.objects.select_related("metrics").aget(pk=job_id)
+
+
+async def _is_finished(job_id) -> bool:
+    state = await Job.objects.filter(pk=job_id).values_list("state", flat=True).afirst()
+    return state is None or state in Job.FINISHED_STATES
+
+
+async def _cancel(job: Job) -> None:
+    """The client went away: cancel its job, so that the engine stops writing for nobody."""
+    try:
+        # Shielded: the request's task is being cancelled, and this must still happen.
+        await asyncio.shield(sync_to_async(services.job_cancel)(job=job))
+    except Exception:
+        logger.exception("job %s: the client went away, and the job could not be cancelled", job.pk)
+
+
+async def _job_events(job: Job) -> AsyncIterator[tuple[str, dict]]:
+    """The job's events until it finishes. The row is checked while nothing arrives, so that a
+    final event the broker lost cannot leave the request waiting for ever."""
+    async with aclosing(streaming.read_events(job.pk, after="0", block_ms=KEEPALIVE_MS)) as events:
+        async for _, event, data in events:
+            yield event, data
+            if event == "keepalive" and await _is_finished(job.pk):
+                return
+
+
+async def _wait_for(job: Job) -> Job:
+    finished = False
+    try:
+        async with aclosing(_job_events(job)) as events:
+            async for _event, _data in events:
+                pass
+        finished = True
+    finally:
+        if not finished:
+            await _cancel(job)
+    return await _finished_job(job.pk)
+
+
+def _stream(
+    job: Job, chat: ChatRequest, model: str, *, user_id: int | None = None, slot: str | None = None
+) -> StreamingHttpResponse:
+    """The chat completion's stream; ``slot``: the stream slot its person holds (given back at
+    its end), None when no limit applies."""
+    base = {"id": completion_id(job), "object": "chat.completion.chunk", "created": int(job.created_at.timestamp())}
+    base["model"] = model
+
+    def chunk(delta: dict | None = None, finish: str | None = None, **extra) -> str:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        body = {**base, "choices": choices, **({"usage": None} if chat.include_usage else {}), **extra}
+        return f"data: {json.dumps(body)}\n\n"
+
+    async def events() -> AsyncIterator[str]:
+        finished = False
+        text = StreamedText()
+        # This attempt's tokens, and when each batch of them reached the worker (sent with the next
+        # chunk), for continuous_usage_stats.
+        written = {"prompt_tokens": 0, "completion_tokens": 0}
+        times: list = []
+        role_sent = False
+
+        def content(delta: dict, finish: str | None = None, **extra) -> str:
+            # The role goes with the first text, not ahead of the job: a client times the first
+            # token from the first chunk (as vLLM's server sends them, back to back).
+            nonlocal role_sent
+            if not role_sent:
+                delta, role_sent = {"role": "assistant", "content": "", **delta}, True
+            if not chat.continuous_usage:
+                return chunk(delta, finish, **extra)
+            usage_so_far = {**written, "total_tokens": sum(written.values())}
+            appliance = {**extra.pop("appliance", {}), "token_times": list(times)}
+            times.clear()
+            return chunk(delta, finish, usage=usage_so_far, appliance=appliance, **extra)
+
+        try:
+            async with aclosing(_job_events(job)) as job_events:
+                async for event, data in job_events:
+                    if event == "delta":
+                        written["completion_tokens"] += int(data.get("tokens", 0))
+                        written["prompt_tokens"] = int(data.get("prompt_tokens", written["prompt_tokens"]))
+                        times.extend(data.get("times", ()))
+                        catching_up = not text.caught_up
+                        new = text.add(str(data.get("text", "")))
+                        # Every delta leaves as a chunk when it arrives, as vLLM sends a chunk per
+                        # step: whitespace the stored answer may strip rides with the next text,
+                        # but its chunk is not held back (a client would time a stall that was not
+                        # there), and the first token's chunk, whatever its text, is the role.
+                        if new or (not catching_up and int(data.get("tokens", 0)) > 0):
+                            yield content({"content": new})
+                    elif event == "restart":
+                        text.restart()
+                        written["completion_tokens"] = 0
+                        times.clear()
+                    elif event == "keepalive":
+                        yield ": keepalive\n\n"
+            done = await _finished_job(job.pk)
+            if done.state != Job.State.SUCCEEDED:
+                finished = True
+                yield error_event(unfinished_problem(done))
+                return
+            rest = text.rest(done.result_text)
+            if rest:
+                yield content({"content": rest})
+            # The finish chunk carries the last usage and times too: tokens that wrote no text.
+            yield content({}, finish_reason(done), appliance=measurements(done))
+            if chat.include_usage:
+                yield chunk(usage=usage(done))
+            finished = True
+            yield "data: [DONE]\n\n"
+        except StreamDiverged:
+            logger.warning("job %s: restarted with a different answer than the one streamed", job.pk)
+            yield error_event(
+                ApiProblem(
+                    502,
+                    "server-error",
+                    "The appliance restarted this request (a worker or the engine was lost) and the new answer "
+                    "differs from the part already sent. Send the request again.",
+                )
+            )
+        except Exception:
+            logger.exception("job %s: the chat completion stream broke", job.pk)
+            yield error_event(ApiProblem(500, "server-error", "Something failed inside the appliance."))
+        finally:
+            if not finished:
+                await _cancel(job)
+
+    response = StreamingHttpResponse(streaming.held_stream(user_id, slot, events()), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    response[JOB_ID_HEADER] = str(job.pk)
+    return response

@@ -1,0 +1,97 @@
+"""The ``/v1`` operations: list and get the model, create a chat completion."""
+
+from __future__ import annotations
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse
+from ninja import Router
+
+from api.auth import READ, WRITE
+from api.problems import responses
+from inference import services, streaming
+from inference.models import Job
+from inference.openai_api.relay import _stream, _wait_for
+from inference.openai_api.schemas import (
+    JOB_ID_HEADER,
+    STREAM_DOC,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ModelCard,
+    ModelList,
+)
+from inference.openai_api.served import model_or_404, served_model
+from inference.openai_api.translation import chat_completion, chat_request, unfinished_problem
+
+router = Router()
+
+
+# The operation ids the schema had before this module was split out of inference/openai_api.py:
+# clients generated from the schema call them by these names.
+OPERATION_IDS = {
+    "models_list": "inference_openai_api_models_list",
+    "models_get": "inference_openai_api_models_get",
+    "chat_completions": "inference_openai_api_chat_completions",
+}
+
+
+@router.get(
+    "/models",
+    auth=READ,
+    response=responses(403, 429, ok={200: ModelList}),
+    summary="List the models",
+    operation_id=OPERATION_IDS["models_list"],
+)
+def models_list(request: HttpRequest):
+    """The model this appliance serves; pass its `id` as `model`."""
+    return {"object": "list", "data": [served_model()]}
+
+
+@router.get(
+    "/models/{path:model}",
+    auth=READ,
+    response=responses(403, 404, 429, ok={200: ModelCard}),
+    summary="Get a model",
+    operation_id=OPERATION_IDS["models_get"],
+)
+def models_get(request: HttpRequest, model: str):
+    """The model named `model`, or 404 if the appliance does not serve it."""
+    return model_or_404(model)
+
+
+@router.post(
+    "/chat/completions",
+    auth=WRITE,
+    response=responses(403, 404, 409, 429, 502, 503, ok={200: ChatCompletion}),
+    openapi_extra=STREAM_DOC,
+    summary="Create a chat completion",
+    operation_id=OPERATION_IDS["chat_completions"],
+)
+async def chat_completions(request: HttpRequest, response: HttpResponse, payload: ChatCompletionRequest):
+    """OpenAI's chat completion, answered by the appliance's model as a chat job on the decode
+    queue. Not supported, and refused with 400 naming the field: `n` > 1, tools and function
+    calling, non-text content parts, `response_format` other than text, log probabilities,
+    `logit_bias`, `presence_penalty`. 404: an unknown `model`; 409: the job was cancelled;
+    502: the job failed; 429: the decode queue is full, or you have as many jobs waiting as one
+    person may (see `Retry-After`); 503: the broker does not answer, nothing was queued (see
+    `Retry-After`). The body carries the
+    appliance's measurements in `appliance`, and `X-Appliance-Job-Id` names the job. If a client
+    waiting for a whole answer disconnects, the job is cancelled (a hang-up in the middle of a
+    stream is not reported by the web server before the stream ends)."""
+    model = model_or_404(payload.model)["id"]
+    chat = chat_request(payload)
+    # A stream's slot is taken before its job is queued: at the limit, nothing is queued.
+    slot = await streaming.take_stream_slot(request.user.pk, api_token=request.api_token) if chat.stream else None
+    try:
+        job = await sync_to_async(services.job_create_chat)(
+            owner=request.user, api_token=request.api_token, **chat.job_options
+        )
+    except BaseException:
+        await streaming.release_stream_slot(request.user.pk, slot)  # nothing will stream on it
+        raise
+    if chat.stream:
+        return _stream(job, chat, model, user_id=request.user.pk, slot=slot)
+    job = await _wait_for(job)
+    if job.state != Job.State.SUCCEEDED:
+        raise unfinished_problem(job)
+    response[JOB_ID_HEADER] = str(job.pk)
+    return chat_completion(job, model=model)

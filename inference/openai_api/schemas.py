@@ -1,0 +1,197 @@
+"""The request and response shapes of ``/v1`` (django-ninja schemas), as OpenAI's API has them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from ninja import Field, Schema
+from pydantic import WithJsonSchema
+
+from inference import services
+
+STOP_SEQUENCES_MAX = 4  # as OpenAI
+
+
+JOB_ID_HEADER = "X-Appliance-Job-Id"
+
+
+TEXT_PART_SCHEMA = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+
+
+# ``str | list`` unions are checked by ``chat_request`` rather than by pydantic, so that a wrong
+# value is refused naming its field (``messages.0.content.1.type``), not a union branch.
+Content = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART_SCHEMA}],
+            "description": "The text, or a list of text parts (joined with newlines). Other part types are refused.",
+        }
+    ),
+]
+
+
+Stop = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}, "maxItems": STOP_SEQUENCES_MAX},
+                {"type": "null"},
+            ],
+            "description": "Up to 4 sequences where the model stops; they are not included in the text.",
+        }
+    ),
+]
+
+
+ToolChoice = Annotated[Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}]})]
+
+
+class ChatMessageIn(Schema):
+    role: str = Field(..., description="system (or developer), user or assistant.")
+    content: Content = None
+    name: str | None = Field(None, description="Accepted and ignored.")
+    tool_calls: list[dict[str, Any]] | None = Field(None, description="Not supported.")
+    function_call: dict[str, Any] | None = Field(None, description="Not supported.")
+
+
+class StreamOptions(Schema):
+    include_usage: bool = Field(False, description="Send a last chunk with the token usage and no choices.")
+    continuous_usage_stats: bool = Field(
+        False,
+        description="vLLM's extension: every content chunk (and the finish chunk) also carries `usage` so far, "
+        "and `appliance.token_times`, when each of its tokens reached the worker as [unix time, tokens] pairs, so "
+        "a client can time each token (as `manage.py specsheet` does).",
+    )
+
+
+class ChatCompletionRequest(Schema):
+    """OpenAI's chat completion request. Unknown fields are ignored."""
+
+    model: str = Field(..., description="The id of a model from GET /v1/models.")
+    messages: list[ChatMessageIn] = Field(..., min_length=1, max_length=services.CHAT_MAX_MESSAGES)
+    max_completion_tokens: int | None = Field(
+        None, ge=1, le=services.CHAT_MAX_TOKENS_LIMIT, description="Takes precedence over max_tokens."
+    )
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=services.CHAT_MAX_TOKENS_LIMIT,
+        description="The most tokens to write (default 512); the KV cache is reserved for them.",
+    )
+    temperature: float | None = Field(None, ge=0, le=2, description="Default 1, as OpenAI's.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Default 1.")
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="Makes sampling repeatable.")
+    stop: Stop = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Default 0.")
+    presence_penalty: float | None = Field(None, description="Only 0 (not supported).")
+    n: int | None = Field(None, description="Only 1.")
+    stream: bool | None = Field(False, description="Answer with server-sent events of chat.completion.chunk.")
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, description="Accepted and ignored.")
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported.")
+    tool_choice: ToolChoice = Field(None, description='Only "none".')
+    functions: list[dict[str, Any]] | None = Field(None, description="Not supported.")
+    function_call: ToolChoice = Field(None, description='Only "none".')
+    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}.')
+    logprobs: bool | None = Field(None, description="Not supported.")
+    top_logprobs: int | None = Field(None, description="Not supported.")
+    logit_bias: dict[str, Any] | None = Field(None, description="Not supported.")
+    ignore_eos: bool = Field(
+        False,
+        description="vLLM's extension: write exactly `max_tokens` tokens, past the end of the answer (for load tests).",
+    )
+
+
+class ModelCard(Schema):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(..., description="Unix time the model was installed on the appliance (0 if unknown).")
+    owned_by: str
+
+
+class ModelList(Schema):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class AssistantMessage(Schema):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class CompletionChoice(Schema):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class Usage(Schema):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ApplianceMeasurements(Schema):
+    """What the appliance measured for this request (an extension; OpenAI clients ignore it)."""
+
+    job_id: str
+    queue_wait_ms: float | None = Field(None, description="Request received -> a worker started it.")
+    ttft_ms: float | None = Field(None, description="Request received -> the first token.")
+    decode_tokens_per_s: float | None = None
+
+
+class ChatCompletion(Schema):
+    id: str = Field(..., description="chatcmpl-<job id>")
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    appliance: ApplianceMeasurements
+
+
+STREAM_DOC = {
+    "responses": {
+        200: {
+            "description": (
+                "Without `stream`: the `chat.completion`. With `stream: true`: server-sent events, each "
+                "`data: <chat.completion.chunk JSON>`. The first chunk leaves when the first token has been "
+                'written, and carries the role with the first text (`{"role": "assistant", "content": '
+                '"Dear"}`), so that a client times the first token from it; then the rest of the text as '
+                "`content` deltas, then a chunk with `finish_reason`, then (with "
+                "`stream_options.include_usage`) a chunk with `usage` and no choices, then `data: [DONE]`. "
+                "While the request waits in the queue or reads its prompt, only comment lines "
+                "(`: keepalive`) keep the connection open: no chunk. A job that fails or is cancelled ends "
+                'the stream with `data: {"error": {...}}` (no `[DONE]`), before any chunk if it wrote '
+                "nothing. Header `X-Appliance-Job-Id` names the job."
+            ),
+            "headers": {
+                JOB_ID_HEADER: {"description": "The appliance job that answered.", "schema": {"type": "string"}}
+            },
+            "content": {
+                "text/event-stream": {
+                    "schema": {"type": "string"},
+                    "example": (
+                        ": keepalive\n\n"
+                        'data: {"id": "chatcmpl-…", "object": "chat.completion.chunk", "created": 1767225600, '
+                        '"model": "SmolLM2-135M-Instruct", "choices": [{"index": 0, "delta": {"role": '
+                        '"assistant", "content": "Dear"}, "logprobs": null, "finish_reason": null}]}\n\n'
+                        'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {"content": " Sir"}, '
+                        '"logprobs": null, "finish_reason": null}]}\n\n'
+                        'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {}, "logprobs": null, '
+                        '"finish_reason": "stop"}]}\n\n'
+                        "data: [DONE]\n\n"
+                    ),
+                }
+            },
+        }
+    }
+}
