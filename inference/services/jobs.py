@@ -1,12 +1,8 @@
-"""Writes for jobs: create, cancel, retry, edit a draft. Views, API and tasks call these; what
-happens to a job once it is sent (claims, runs, requeues, the watchdog) is ``lifecycle``.
-
-``BrokerUnavailable`` is re-exported here because creating a job raises it."""
+"""Writes for jobs of every kind: create (with the queue's and the person's caps), retry, cancel."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
 
 import redis
 from django.conf import settings
@@ -18,26 +14,20 @@ from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
 from documents.models import Document
 from inference import streaming
 from inference.clauses import DEFAULT_TAXONOMY, categories_for
-from inference.drafting import MESSAGE_MAX_CHARS, check_support, support_summary
-from inference.grounding import ScopeRejected, draft_scope, passages_from_records
 from inference.lifecycle import celery_queue_for, job_dispatch
-from inference.models import QUEUE_FOR_KIND, Job, JobKind, Queue
+from inference.models import QUEUE_FOR_KIND, Job, JobKind
 from inference.prompts import (
-    DEFAULT_DRAFT_LENGTH,
-    DEFAULT_DRAFT_TONE,
     DEFAULT_SUMMARY_LENGTH,
-    DRAFT_LENGTHS,
-    DRAFT_TONES,
     SUMMARY_LENGTHS,
 )
 
 logger = logging.getLogger(__name__)
 
+
 CHAT_MAX_TOKENS_LIMIT = 4096
+
+
 CHAT_MAX_MESSAGES = 256  # a conversation's turns; its words are bounded by the request body's limit
-DRAFT_MAX_DOCUMENTS = 200  # documents one draft may be grounded on by name (or choose a group, or all)
-REGENERATE_TEMPERATURE = 0.7  # a regenerated draft samples, so that it can differ from the first
-DRAFT_EDIT_MAX_CHARS = 20_000
 
 
 class JobRejected(ValueError):
@@ -182,205 +172,6 @@ def job_create_chat(
     if frequency_penalty:
         options["frequency_penalty"] = float(frequency_penalty)
     return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options, api_token=api_token)
-
-
-def job_create_draft(
-    *,
-    owner: AbstractBaseUser,
-    message: str,
-    document_ids: list[int] | tuple[int, ...] = (),
-    group_id: int | None = None,
-    tone: str = DEFAULT_DRAFT_TONE,
-    length: str = DEFAULT_DRAFT_LENGTH,
-    temperature: float = 0.0,
-    regenerated_from: Job | None = None,
-    api_token=None,
-) -> Job:
-    """A reply to ``message`` on the decode queue, grounded on passages of the chosen documents,
-    of the documents shared with one of the owner's groups, or (neither chosen) of every document
-    the owner may read."""
-    message = (message or "").strip()
-    if not message:
-        raise JobRejected("Paste or upload the message to reply to.", field="message")
-    if len(message) > MESSAGE_MAX_CHARS:
-        raise JobRejected(
-            f"The message is {len(message):,} characters long; the limit is {MESSAGE_MAX_CHARS:,}. "
-            "Paste the part that needs an answer.",
-            field="message",
-        )
-    if tone not in DRAFT_TONES:
-        raise JobRejected(f"Unknown tone {tone!r}; choose one of {', '.join(DRAFT_TONES)}.", field="tone")
-    if length not in DRAFT_LENGTHS:
-        raise JobRejected(f"Unknown length {length!r}; choose one of {', '.join(DRAFT_LENGTHS)}.", field="length")
-    if not 0.0 <= temperature <= 2.0:
-        raise JobRejected("temperature must be between 0 and 2.", field="temperature")
-    if len(document_ids) > DRAFT_MAX_DOCUMENTS:
-        raise JobRejected(
-            f"{len(document_ids):,} documents were chosen; at most {DRAFT_MAX_DOCUMENTS} can be named. Choose a "
-            "group instead, or none to search every document you may read.",
-            field="document_ids",
-        )
-    try:
-        scope = draft_scope(user=owner, document_ids=document_ids, group_id=group_id)
-    except ScopeRejected as exc:
-        raise JobRejected(str(exc), field=exc.field) from None
-    options = {
-        "message": message,
-        "document_ids": list(scope.document_ids),
-        "group_id": scope.group_id,
-        "tone": tone,
-        "length": length,
-        "temperature": float(temperature),
-    }
-    if regenerated_from is not None:
-        options["regenerated_from"] = str(regenerated_from.pk)
-    # No ``document``: a draft rests on a scope, and deleting one of its documents must not delete
-    # the reply (the passages it kept say which documents they came from).
-    return _job_create(owner=owner, document=None, kind=JobKind.DRAFT, options=options, api_token=api_token)
-
-
-def job_regenerate_draft(
-    *, job: Job, user: AbstractBaseUser, tone: str | None = None, length: str | None = None
-) -> Job:
-    """A new draft for the same message and documents (tone and length may change), sampled so
-    that it can differ from the one before."""
-    if job.kind != JobKind.DRAFT:
-        raise JobRejected("Only a drafted reply can be regenerated.")
-    return _draft_again(
-        job,
-        owner=user,
-        tone=tone or job.options["tone"],
-        length=length or job.options["length"],
-        temperature=REGENERATE_TEMPERATURE,
-        regenerated_from=job,
-    )
-
-
-def _draft_again(job: Job, *, owner: AbstractBaseUser, **changes) -> Job:
-    """A new draft with ``job``'s message, scope, tone, length and temperature, except ``changes``."""
-    options = job.options
-    request = {
-        "message": options["message"],
-        "document_ids": options.get("document_ids") or (),
-        "group_id": options.get("group_id"),
-        "tone": options["tone"],
-        "length": options["length"],
-        "temperature": float(options.get("temperature", 0.0)),
-    }
-    return job_create_draft(owner=owner, **{**request, **changes})
-
-
-def draft_edit(*, job: Job, text: str) -> Job:
-    """Keep the person's edits of a finished draft; the edited text is then checked against the
-    same passages (``tasks.check_draft``, in a worker that has the embedder)."""
-    if job.kind != JobKind.DRAFT or job.state != Job.State.SUCCEEDED:
-        raise JobRejected("Only a finished draft can be edited.")
-    text = (text or "").strip()
-    if not text:
-        raise JobRejected("The edited draft is empty.")
-    if len(text) > DRAFT_EDIT_MAX_CHARS:
-        raise JobRejected(f"The edited draft is longer than {DRAFT_EDIT_MAX_CHARS:,} characters.")
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job.pk)
-        version = int(job.result_data.get("edit_version", 0)) + 1
-        job.result_data = {
-            **job.result_data,
-            "edited_text": text,
-            "edited_at": timezone.now().isoformat(),
-            "edit_version": version,
-            "edited_sentences": None,  # until the check below has run
-            "edited_support": None,
-        }
-        job.save(update_fields=["result_data"])
-        transaction.on_commit(lambda: _enqueue_draft_check(job.pk, version))
-    return job
-
-
-def _enqueue_draft_check(job_id, version: int) -> None:
-    from inference.tasks import check_draft
-
-    try:
-        check_draft.apply_async(args=[str(job_id), version], queue=celery_queue_for(Queue.DECODE))
-    except PUBLISH_ERRORS:  # the edit is kept; the page says it could not be checked
-        logger.warning("job %s: the broker did not take the check of edit %s", job_id, version)
-        draft_check_failed(job_id=job_id, version=version)
-
-
-def draft_check_edit(*, job_id, version: int) -> bool:
-    """Check an edited draft's sentences against the passages of the job; stored only if no
-    later edit came meanwhile. Runs in a decode worker."""
-    from documents.embeddings import get_embedder  # heavy: loaded by the workers that check
-
-    job = Job.objects.filter(pk=job_id).first()
-    if job is None or job.result_data.get("edit_version") != version:
-        return False
-    passages = passages_from_records(job.result_data.get("passages", []))
-    checks = check_support(job.result_data["edited_text"], passages, embed=get_embedder().encode)
-    return _store_edit_check(
-        job_id, version, sentences=[asdict(check) for check in checks], support=support_summary(checks)
-    )
-
-
-def draft_check_failed(*, job_id, version: int) -> None:
-    """The page stops saying "checking" and says the check could not be made."""
-    _store_edit_check(job_id, version, sentences=[], support={"error": True})
-
-
-def _store_edit_check(job_id, version: int, *, sentences: list, support: dict) -> bool:
-    """Store the check of edit ``version``, unless a later edit came meanwhile."""
-    with transaction.atomic():
-        job = Job.objects.select_for_update().filter(pk=job_id).first()
-        if job is None or job.result_data.get("edit_version") != version:
-            return False
-        job.result_data = {**job.result_data, "edited_sentences": sentences, "edited_support": support}
-        job.save(update_fields=["result_data"])
-    return True
-
-
-def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
-    """A new job with the same request as a failed or cancelled one (checked again: the document
-    must still be there, ready and readable, and the queue not full). A long document's job
-    starts from the parts the old one finished: each is used only for the same request (the
-    same text of the same section, the same options) to the same model."""
-    if job.state not in (Job.State.FAILED, Job.State.CANCELLED):
-        raise JobRejected("Only a failed or cancelled job can be tried again.")
-    options = job.options
-    if job.kind == JobKind.DRAFT:
-        return _draft_again(job, owner=user)
-    if job.kind == JobKind.CHAT:
-        return job_create_chat(
-            owner=user,
-            messages=options["messages"],
-            max_tokens=int(options["max_tokens"]),
-            temperature=float(options.get("temperature", 0.0)),
-            top_p=float(options.get("top_p", 1.0)),
-            seed=options.get("seed"),
-            stop=options.get("stop", ()),
-            frequency_penalty=float(options.get("frequency_penalty", 0.0)),
-            ignore_eos=bool(options.get("ignore_eos", False)),
-        )
-    from documents.selectors import document_for_user
-
-    document = document_for_user(user=user, document_id=job.document_id) if job.document_id else None
-    if document is None:
-        raise JobRejected("The document of this job is no longer there for you.")
-    if job.kind == JobKind.SUMMARISE:
-        return job_create_summary(
-            owner=user,
-            document=document,
-            length=options.get("length", DEFAULT_SUMMARY_LENGTH),
-            focus=options.get("focus", ""),
-            max_tokens=options.get("max_tokens"),
-            ignore_eos=bool(options.get("ignore_eos", False)),
-            checkpoint=job.checkpoint,
-        )
-    return job_create_clauses(
-        owner=user,
-        document=document,
-        taxonomy=options["taxonomy"],
-        categories=options.get("categories"),
-        checkpoint=job.checkpoint,
-    )
 
 
 def _job_create(
