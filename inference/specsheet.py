@@ -1,5 +1,5 @@
 """The spec sheet's figures, answers and files, from the requests ``manage.py specsheet`` timed
-(pure: no HTTP, no database; the run itself is in ``specsheet_run``).
+(pure: no HTTP, no database; the run itself is in ``measure.specsheet_run``).
 
 Every request is timed by the client, as a user would feel it: from sending the request to each
 delta of text arriving, each delta saying how many tokens it carries. From those:

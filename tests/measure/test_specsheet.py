@@ -231,7 +231,7 @@ def test_the_ttft_is_the_clients_and_the_itl_the_workers():
 
 
 def test_stream_deltas_and_restarts_are_counted_from_the_workers_times():
-    from measure.specsheet_run import _add_tokens, _restarted
+    from measure.specsheet_run.client import _add_tokens, _restarted
 
     sample = Sample(kind="document", sent_at=10.0)
     _add_tokens(sample, {"text": "Dear", "tokens": 1, "times": [[10.5, 1]], "prompt_tokens": 900}, arrived=10.6)
@@ -294,7 +294,7 @@ def ladder_workload(*, passes: int, budget: int = 10**6, levels=None, deadline_s
     import time
     from types import SimpleNamespace
 
-    from measure.specsheet_run import _Workload
+    from measure.specsheet_run.workload import _Workload
 
     workload = _Workload.__new__(_Workload)
     workload.plan = SimpleNamespace(
@@ -341,7 +341,7 @@ def test_explicit_levels_all_run_and_a_spent_time_budget_measures_nothing():
 
 
 def test_chat_chunks_count_their_tokens_and_notice_a_restart():
-    from measure.specsheet_run import _chat_chunk
+    from measure.specsheet_run.client import _chat_chunk
 
     def chunk(text: str, so_far: int, times: list | None) -> dict:
         body = {"choices": [{"delta": {"content": text}}], "usage": {"prompt_tokens": 40, "completion_tokens": so_far}}
