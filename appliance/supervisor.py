@@ -44,11 +44,34 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
         pass
 
 
+# The roles a node of the appliance can run (``manage.py serve --roles``): each is one process of
+# ``appliance_processes``. A single box runs them all.
+ROLES = ("engine", "ingest", "prefill", "decode", "web")
+
+
+class RolesError(ValueError):
+    """A ``--roles`` / ``APPLIANCE_ROLES`` value that names no role, or one that does not exist."""
+
+
+def parse_roles(text: str | None) -> tuple[str, ...]:
+    """``"web,ingest"`` -> ("ingest", "web") in ``ROLES`` order; None or "all" -> every role."""
+    if text is None or text.strip().lower() == "all":
+        return ROLES
+    wanted = {part.strip().lower() for part in text.split(",") if part.strip()}
+    unknown = sorted(wanted - set(ROLES))
+    if unknown:
+        raise RolesError(f"unknown role(s) {', '.join(unknown)}; the roles are {', '.join(ROLES)} (or all)")
+    if not wanted:
+        raise RolesError(f"no role given; the roles are {', '.join(ROLES)} (or all)")
+    return tuple(role for role in ROLES if role in wanted)
+
+
 @dataclass
 class ProcessSpec:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    role: str = ""  # one of ROLES for the appliance's own processes
 
 
 class ServerProcess(Protocol):
@@ -91,7 +114,10 @@ class _Watched:
         return self.next_start_at is None and self.server is not None and self.server.alive()
 
 
-def appliance_processes(*, python: str, port: int, settings) -> list[ProcessSpec]:
+def appliance_processes(*, python: str, port: int, settings, roles: Sequence[str] = ROLES) -> list[ProcessSpec]:
+    """The one declaration of the appliance's processes: for each role its command line (the same
+    for ``manage.py serve``, the test fixtures, the benchmarks and the evaluation), in the order
+    they start; only those of ``roles``."""
     manage = [python, str(Path(settings.BASE_DIR) / "manage.py")]
     celery = [
         python,
@@ -105,8 +131,8 @@ def appliance_processes(*, python: str, port: int, settings) -> list[ProcessSpec
         "--without-gossip",
         "--without-mingle",
     ]
-    return [
-        ProcessSpec("engine", [*manage, "engine_host"]),
+    specs = [
+        ProcessSpec("engine", [*manage, "engine_host"], role="engine"),
         ProcessSpec(
             "ingest-worker",
             [
@@ -122,6 +148,7 @@ def appliance_processes(*, python: str, port: int, settings) -> list[ProcessSpec
                 "--max-tasks-per-child",
                 "50",
             ],
+            role="ingest",
         ),  # fmt: skip
         ProcessSpec(
             "prefill-worker",
@@ -136,6 +163,7 @@ def appliance_processes(*, python: str, port: int, settings) -> list[ProcessSpec
                 "-c",
                 str(settings.APPLIANCE_PREFILL_CONCURRENCY),
             ],
+            role="prefill",
         ),
         ProcessSpec(
             "decode-worker",
@@ -150,6 +178,7 @@ def appliance_processes(*, python: str, port: int, settings) -> list[ProcessSpec
                 "-c",
                 str(settings.APPLIANCE_DECODE_CONCURRENCY),
             ],
+            role="decode",
         ),
         ProcessSpec(
             "web",
@@ -166,8 +195,10 @@ def appliance_processes(*, python: str, port: int, settings) -> list[ProcessSpec
                 "--timeout-graceful-shutdown",
                 "5",
             ],
+            role="web",
         ),  # fmt: skip
     ]
+    return [spec for spec in specs if spec.role in roles]
 
 
 class Supervisor:

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from appliance.database import close_pool, direct_connection
 from appliance.embedded import embedded_services
 from appliance.env import env_int, env_str
-from appliance.supervisor import Supervisor, appliance_processes
+from appliance.supervisor import ROLES, RolesError, Supervisor, appliance_processes, parse_roles
 from documents.embeddings import model_path as embedding_model_path
 from documents.services import document_reembed_stale
 from inference.engine.client import EngineClient, EngineRequestError, EngineUnavailable
@@ -19,12 +19,34 @@ from inference.engine.protocol import EngineState
 
 
 class Command(BaseCommand):
-    help = "Run the whole appliance on this box (what `make run` does). Ctrl-C stops everything it started."
+    help = (
+        "Run the appliance on this box (what `make run` does): every role, or those of --roles. "
+        "Ctrl-C stops everything it started."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--port", type=int, default=env_int("APPLIANCE_PORT", 8000, minimum=1, maximum=65535))
+        parser.add_argument(
+            "--roles",
+            default=None,
+            help=f"the roles this node runs, comma-separated: {', '.join(ROLES)} (default: APPLIANCE_ROLES, else all)",
+        )
 
-    def handle(self, *args, port, **options):
+    def handle(self, *args, port, roles=None, **options):
+        try:
+            roles = parse_roles(roles if roles is not None else env_str("APPLIANCE_ROLES"))
+        except RolesError as exc:
+            raise CommandError(str(exc)) from exc
+        web, engine = "web" in roles, "engine" in roles
+        if not web:
+            # The web node owns the schema and, on one box, the embedded services: any other node
+            # uses those of the web node.
+            unset = [name for name in ("DATABASE_URL", "REDIS_URL") if env_str(name) is None]
+            if unset:
+                raise CommandError(
+                    f"a node without the web role uses the database and broker of the web node: set {' and '.join(unset)}"
+                )
+        self.stdout.write(f"roles: {', '.join(roles)}")
         # The embedded services this command starts, and so watches and stops; an external
         # DATABASE_URL / REDIS_URL, or a server someone else left running, is not its to restart.
         started_services = []
@@ -48,19 +70,23 @@ class Command(BaseCommand):
 
         supervisor = None
         try:
-            call_command("prepare_model")
+            if engine:
+                call_command("prepare_model")
             try:  # a connection of its own says why, where the pool would say only "timeout"
                 direct_connection(timeout_s=10).close()
             except psycopg.Error as exc:
                 raise CommandError(f"the database cannot be reached: {exc}") from exc
-            call_command("migrate", interactive=False, verbosity=0)
-            call_command("collectstatic", interactive=False, verbosity=0)
-            call_command("ensure_admin")
-            stale = document_reembed_stale(model_name=embedding_model_path()[1])
-            if stale:
-                self.stdout.write(f"the embedding model changed: {stale} document(s) queued for re-embedding")
+            if web:
+                call_command("migrate", interactive=False, verbosity=0)
+                call_command("collectstatic", interactive=False, verbosity=0)
+                call_command("ensure_admin")
+                stale = document_reembed_stale(model_name=embedding_model_path()[1])
+                if stale:
+                    self.stdout.write(f"the embedding model changed: {stale} document(s) queued for re-embedding")
+            elif _unapplied_migrations():
+                raise CommandError("the database is not migrated yet: start the web node first (it migrates)")
             close_pool()  # done with the database; the processes it starts have their own
-            specs = appliance_processes(python=sys.executable, port=port, settings=settings)
+            specs = appliance_processes(python=sys.executable, port=port, settings=settings, roles=roles)
             supervisor = Supervisor(specs, cwd=settings.BASE_DIR, services=started_services)
             stop = {"requested": False}
 
@@ -71,7 +97,7 @@ class Command(BaseCommand):
             signal.signal(signal.SIGTERM, request_stop)
             supervisor.start_all()
             url = f"http://127.0.0.1:{port}/"
-            announced_web = announced_engine = False
+            announced_web, announced_engine = not web, not engine
             while not stop["requested"]:
                 supervisor.poll_once()
                 if not announced_web and _answers(url + "healthz"):
@@ -79,7 +105,9 @@ class Command(BaseCommand):
                     self.stdout.write("The engine is loading the model; jobs wait in their queues until it is ready.")
                     announced_web = True
                 if announced_web and not announced_engine and _engine_ready():
-                    self.stdout.write(self.style.SUCCESS(f"The engine is ready. Open {url}"))
+                    self.stdout.write(
+                        self.style.SUCCESS(f"The engine is ready. Open {url}" if web else "The engine is ready.")
+                    )
                     announced_engine = True
                 time.sleep(0.5)
             self.stdout.write("stopping the appliance...")
@@ -90,6 +118,14 @@ class Command(BaseCommand):
                 for service in reversed(started_services):
                     service.stop()
             self.stdout.write("stopped.")
+
+
+def _unapplied_migrations() -> bool:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    return bool(executor.migration_plan(executor.loader.graph.leaf_nodes()))
 
 
 def _answers(url: str) -> bool:

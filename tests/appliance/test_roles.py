@@ -1,0 +1,60 @@
+"""Node roles on the one declaration of the appliance's processes (``manage.py serve --roles``)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+
+from appliance.supervisor import ROLES, RolesError, appliance_processes, parse_roles
+
+
+def test_all_or_nothing_given_is_every_role():
+    assert parse_roles(None) == ROLES == parse_roles("all") == parse_roles(" ALL ")
+    assert set(ROLES) == {"engine", "ingest", "prefill", "decode", "web"}
+
+
+def test_roles_are_read_in_any_order_and_case_and_kept_in_starting_order():
+    assert parse_roles("web, Ingest") == ("ingest", "web")
+    assert parse_roles("decode,prefill,engine,") == ("engine", "prefill", "decode")
+
+
+@pytest.mark.parametrize("text", ["gpu", "web,worker", ",", ""])
+def test_a_role_that_does_not_exist_is_refused_naming_the_roles(text):
+    with pytest.raises(RolesError, match="the roles are engine, ingest, prefill, decode, web"):
+        parse_roles(text)
+
+
+def test_each_role_is_one_process_and_a_node_runs_only_its_roles():
+    every = appliance_processes(python=sys.executable, port=8123, settings=settings)
+    assert [spec.role for spec in every] == list(ROLES)
+    node = appliance_processes(python=sys.executable, port=8123, settings=settings, roles=("prefill", "decode"))
+    assert [spec.name for spec in node] == ["prefill-worker", "decode-worker"]
+    assert [spec.argv for spec in node] == [spec.argv for spec in every if spec.role in ("prefill", "decode")]
+    (web,) = appliance_processes(python=sys.executable, port=8123, settings=settings, roles=("web",))
+    assert "8123" in web.argv
+
+
+def _without_external_services(monkeypatch):
+    for name in ("DATABASE_URL", "REDIS_URL", "DATABASE_URL_FILE", "REDIS_URL_FILE", "APPLIANCE_ROLES"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_serve_refuses_an_unknown_role_before_starting_anything(monkeypatch):
+    _without_external_services(monkeypatch)
+    with pytest.raises(CommandError, match="unknown role"):
+        call_command("serve", roles="web,gpu")
+
+
+def test_a_node_without_the_web_role_is_told_to_point_at_the_web_nodes_services(monkeypatch):
+    _without_external_services(monkeypatch)
+    with pytest.raises(CommandError, match="set DATABASE_URL and REDIS_URL"):
+        call_command("serve", roles="prefill,decode")
+    monkeypatch.setenv("APPLIANCE_ROLES", "engine")
+    with pytest.raises(CommandError, match="set DATABASE_URL and REDIS_URL"):
+        call_command("serve")
+    monkeypatch.setenv("DATABASE_URL", "postgres://elsewhere/db")
+    with pytest.raises(CommandError, match="set REDIS_URL$"):
+        call_command("serve")
