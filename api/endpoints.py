@@ -26,32 +26,15 @@ from inference.capacity import (
     MAX_PARAMETERS,
     ShapeError,
 )
+from inference.engine.protocol import EngineStats
 from inference.models import Job, RequestMetrics
 
 router = Router()
 
-ENGINE_FIELDS = (
-    "model",
-    "licence",
-    "dtype",
-    "kv_cache_dtype",
-    "max_model_len",
-    "kv_capacity_tokens",
-    "kv_block_size",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "running",
-    "waiting",
-    "kv_usage",
-    "prefix_cache_hit_rate",
-    "preemptions",
-    "requests_served",
-    "uptime_s",
-    "scheduling",
-)
-# Software versions tell an attacker which known flaws to try: staff only. The hardware (device,
-# memory) stays: it is one of the eight questions a buyer asks.
-ENGINE_STAFF_FIELDS = ("vllm_version", "torch_version")
+# Which engine fields the API shows is declared on EngineStats (its ``api`` metadata); software
+# versions, which tell an attacker which known flaws to try, to staff only.
+ENGINE_FIELDS = EngineStats.api_fields(staff=False)
+ENGINE_STAFF_FIELDS = tuple(name for name in EngineStats.api_fields(staff=True) if name not in ENGINE_FIELDS)
 SPECSHEET_STAFF_FIELDS = {
     "engine": ENGINE_STAFF_FIELDS,
     "hardware": ("driver", "cuda", "vllm", "torch", "python", "platform"),
@@ -206,7 +189,8 @@ def engine(request):
         sheet = _without_versions(sheet)
     out = {"up": stats is not None, "specsheet": sheet}
     if stats:
-        out.update({name: stats.get(name) for name in (*ENGINE_FIELDS, *(ENGINE_STAFF_FIELDS if staff else ()))})
+        engine_stats = EngineStats.from_message(stats)
+        out.update({name: getattr(engine_stats, name) for name in EngineStats.api_fields(staff=staff)})
     return out
 
 

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET
 from appliance.database import direct_connection
 from appliance.operators import may_see_operations
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
-from inference.engine.protocol import EngineState
+from inference.engine.protocol import EngineState, EngineStats
 
 REQUIRED_QUEUES = ("ingest", "prefill", "decode")
 
@@ -90,17 +90,18 @@ def check_engine() -> dict:
         return {"ok": False, "state": EngineState.RESTARTING, "detail": f"the engine is restarting: {exc}"}
     except (EngineUnavailable, EngineRequestError, OSError) as exc:
         return {"ok": False, "detail": str(exc)}
-    state = EngineState.of(stats)
+    engine = EngineStats.from_message(stats)
+    state = engine.state
     result = {
         "ok": state == EngineState.READY,
         "state": state,
-        "restarts": stats.get("restarts"),  # engine-core restarts since the host started, if it counts them
-        "model": stats.get("model"),
-        "kv_capacity_tokens": stats.get("kv_capacity_tokens"),
-        "max_model_len": stats.get("max_model_len"),
-        "running": stats.get("running"),
-        "waiting": stats.get("waiting"),
-        "kv_usage": stats.get("kv_usage"),
+        "restarts": engine.restarts,  # engine-core restarts since the host started, if it counts them
+        "model": engine.model,
+        "kv_capacity_tokens": engine.kv_capacity_tokens,
+        "max_model_len": engine.max_model_len,
+        "running": engine.running,
+        "waiting": engine.waiting,
+        "kv_usage": engine.kv_usage,
     }
     if state == EngineState.RESTARTING:
         result["detail"] = "the engine is restarting: its engine core stopped and is being started again"

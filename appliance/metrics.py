@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from appliance.health import REQUIRED_QUEUES, check_broker, check_database
 from appliance.operators import scraper_authorised
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
-from inference.engine.protocol import EngineState
+from inference.engine.protocol import EngineState, EngineStats
 from inference.models import Job, Queue
 
 # Seconds. From a drafter's first token (tens of ms) to a long document's (minutes on a CPU).
@@ -182,13 +182,14 @@ def _engine_metrics():
     except (EngineUnavailable, EngineRequestError, OSError):
         yield _engine_up(0)
         return
+    engine = EngineStats.from_message(stats)
     yield _engine_up(1)
-    yield _engine_state(EngineState.of(stats))
-    if "restarts" in stats:
+    yield _engine_state(engine.state)
+    if engine.restarts is not None:
         yield CounterMetricFamily(
             "appliance_engine_restarts",
             "Engine-core restarts since the engine host started",
-            value=stats["restarts"],
+            value=engine.restarts,
         )
     info = GaugeMetricFamily(
         "appliance_engine_info",
@@ -196,19 +197,24 @@ def _engine_metrics():
         labels=["model", "dtype", "kv_cache_dtype", "scheduling", "device"],
     )
     info.add_metric(
-        [str(stats.get(k, "")) for k in ("model", "dtype", "kv_cache_dtype", "scheduling", "device_name")], 1
+        [
+            "" if value is None else str(value)
+            for value in (engine.model, engine.dtype, engine.kv_cache_dtype, engine.scheduling, engine.device_name)
+        ],
+        1,
     )
     yield info
     for key, (name, documentation) in ENGINE_GAUGES.items():
-        if stats.get(key) is not None:  # some are known only while drafting runs
-            yield GaugeMetricFamily(name, documentation, value=float(stats[key]))
+        value = getattr(engine, key)
+        if value is not None:  # some are known only while drafting runs
+            yield GaugeMetricFamily(name, documentation, value=float(value))
     yield CounterMetricFamily(
-        "appliance_engine_preemptions", "Preemptions since the engine started", value=stats.get("preemptions", 0)
+        "appliance_engine_preemptions", "Preemptions since the engine started", value=engine.preemptions or 0
     )
     yield CounterMetricFamily(
         "appliance_engine_requests_served",
         "Requests the engine finished since it started",
-        value=stats.get("requests_served", 0),
+        value=engine.requests_served or 0,
     )
 
 

@@ -27,6 +27,7 @@ from inference.capacity import (
     shape_of,
     shape_of_model_dir,
 )
+from inference.engine.protocol import EngineStats
 from inference.models import Job, Queue, RequestMetrics
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,9 @@ def engine_capacity(stats: dict | None, check: dict | None = None) -> dict | Non
     if not stats:
         return None
     check = check or served_model_check(stats)
+    engine = EngineStats.from_message(stats)
     return {
-        **{name: stats.get(name) for name in ENGINE_CAPACITY_FIELDS},
+        **{name: getattr(engine, name) for name in ENGINE_CAPACITY_FIELDS},
         "planned_kv_capacity_tokens": check["planned_tokens_in_blocks"] if check else None,
     }
 
@@ -76,7 +78,8 @@ def engine_precisions(stats: dict) -> tuple[str | None, str | None]:
     """The weights' and the KV cache's precision the engine resolved, from its ``stats`` (on a
     CPU without bfloat16 arithmetic "auto" loads float32 weights, and the KV cache follows), not
     the configured ones; None for what it does not report."""
-    return stats.get("dtype") or None, stats.get("kv_cache_dtype") or None
+    engine = EngineStats.from_message(stats)
+    return engine.dtype or None, engine.kv_cache_dtype or None
 
 
 def served_model_shape(*, weight_dtype: str | None = None, kv_dtype: str | None = None, model_dir=None) -> ModelShape:
@@ -139,8 +142,9 @@ def capacity_plan(
 def default_device_memory_bytes(stats: dict | None) -> int:
     """The device the planner assumes when none is given: the engine's GPU (``stats``, its
     report), or this machine's memory when the engine runs on the CPU (or does not answer)."""
-    if stats and stats.get("device") == "cuda" and stats.get("device_memory_bytes"):
-        return int(stats["device_memory_bytes"])
+    engine = EngineStats.from_message(stats or {})
+    if engine.device == "cuda" and engine.device_memory_bytes:
+        return int(engine.device_memory_bytes)
     return machine_memory_bytes()
 
 
@@ -159,27 +163,27 @@ def served_model_check(stats: dict | None) -> dict | None:
         shape = served_model_shape(weight_dtype=weights, kv_dtype=kv)
     except ShapeError:
         return None
-    context = int(stats.get("max_model_len") or settings.APPLIANCE_MAX_MODEL_LEN)
-    on_gpu = stats.get("device") == "cuda" and stats.get("device_memory_bytes")
-    if on_gpu:
+    engine = EngineStats.from_message(stats)
+    context = int(engine.max_model_len or settings.APPLIANCE_MAX_MODEL_LEN)
+    if engine.device == "cuda" and engine.device_memory_bytes:
         # What the engine took (the operator's setting, or the planner's default it chose).
-        utilization = float(stats.get("gpu_memory_utilization") or settings.APPLIANCE_GPU_MEMORY_UTILIZATION or 0.9)
+        utilization = float(engine.gpu_memory_utilization or settings.APPLIANCE_GPU_MEMORY_UTILIZATION or 0.9)
         planned = plan(
             shape,
-            device_memory_bytes=int(stats["device_memory_bytes"]),
+            device_memory_bytes=int(engine.device_memory_bytes),
             context_tokens=context,
             memory_utilization=utilization,
         )
         memory = (
             f"APPLIANCE_GPU_MEMORY_UTILIZATION = {utilization:g} of the GPU's "
-            f"{int(stats['device_memory_bytes']) / GIB:.1f} GiB, less the weights"
+            f"{int(engine.device_memory_bytes) / GIB:.1f} GiB, less the weights"
         )
     else:
         planned = plan_kv_cache(shape, kv_cache_bytes=settings.APPLIANCE_CPU_KV_CACHE_GIB * GIB, context_tokens=context)
         memory = f"APPLIANCE_CPU_KV_CACHE_GIB = {settings.APPLIANCE_CPU_KV_CACHE_GIB} GiB"
-    block = int(stats.get("kv_block_size") or 0)
+    block = int(engine.kv_block_size or 0)
     in_blocks = planned.kv_capacity_tokens // block * block if block > 0 else planned.kv_capacity_tokens
-    reported = stats.get("kv_capacity_tokens")
+    reported = engine.kv_capacity_tokens
     return {
         "plan": planned,
         "memory": memory,

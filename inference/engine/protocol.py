@@ -9,7 +9,7 @@ freed. Pure: no sockets here, only encoding, decoding and the shapes of messages
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 MAX_LINE_BYTES = 64 * 1024 * 1024  # a request may carry a long document
@@ -46,6 +46,95 @@ class EngineState:
         """The state a ``stats`` answer reports; a host from before the field answers only once
         its engine is ready."""
         return str(stats.get("state", cls.READY))
+
+
+def _api(default: Any = None, *, staff: bool = False) -> Any:
+    """A field ``GET /api/v1/engine`` shows (``staff``: to staff only)."""
+    return field(default=default, metadata={"api": "staff" if staff else "public"})
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A ``stats`` answer, as its readers see it: what the engine loaded and how it runs now.
+
+    The host sends a JSON object with these keys (and ``type``); ``from_message`` reads one,
+    taking what it knows (a field a host does not send is None: an older host, or one restarting
+    that knows less) and leaving the rest. The engine host's tests check that every key it sends
+    is declared here, so a reader never looks for a key by a name nobody sends. ``api`` in a
+    field's metadata says who sees it in ``GET /api/v1/engine``."""
+
+    state: str = EngineState.READY
+    # What the engine loaded.
+    model: str | None = _api()
+    model_path: str | None = None
+    licence: str | None = _api()
+    dtype: str | None = _api()
+    kv_cache_dtype: str | None = _api()
+    max_model_len: int | None = _api()
+    kv_capacity_tokens: int | None = _api()
+    kv_block_size: int | None = _api()
+    kv_blocks: int | None = None
+    max_num_seqs: int | None = _api()
+    gpu_memory_utilization: float | None = None
+    max_num_batched_tokens: int | None = _api()
+    prefix_caching: bool | None = None
+    enforce_eager: bool | None = None
+    vllm_scheduling_policy: str | None = None
+    scheduler_class: str | None = None
+    async_scheduling: bool | None = None
+    pid: int | None = None
+    # Software versions tell an attacker which known flaws to try: staff only.
+    vllm_version: str | None = _api(staff=True)
+    torch_version: str | None = _api(staff=True)
+    device: str | None = None  # "cuda" or "cpu"
+    device_name: str | None = None
+    device_count: int | None = None
+    device_memory_bytes: int | None = None
+    cpu_count: int | None = None
+    driver: str | None = None
+    # How it runs now.
+    restarts: int | None = None  # engine-core restarts since the host started
+    last_engine_death: dict[str, Any] | None = None
+    running: int | None = _api()
+    waiting: int | None = _api()
+    kv_usage: float | None = _api()
+    prefix_cache_hit_rate: float | None = _api()
+    preemptions: int | None = _api()
+    requests_served: int | None = _api()
+    requests_in_host: int | None = None
+    uptime_s: float | None = _api()
+    scheduling: str | None = _api()  # the scheduler's mode: appliance, engine or fifo
+    kv_reservation: str | None = None  # max or predicted
+    kv_budget_tokens: int | None = None
+    kv_reserved_tokens: int | None = None
+    kv_reserved_future_tokens: int | None = None
+    admitted_requests: int | None = None
+    waiting_for_admission: int | None = None
+    drafting_requests: int | None = None
+    documents_held: int | None = None
+    document_budget_tokens: int | None = None  # known only while drafting runs
+    target_step_ms: float | None = None  # known only while drafting runs
+    scheduler: dict[str, Any] | None = None  # the scheduler's own snapshot (its plan, costs)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def api_fields(cls, *, staff: bool) -> tuple[str, ...]:
+        """The fields ``GET /api/v1/engine`` shows, in declaration order."""
+        shown = ("public", "staff") if staff else ("public",)
+        return tuple(f.name for f in fields(cls) if f.metadata.get("api") in shown)
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> EngineStats:
+        known = set(cls.field_names())
+        values = {key: value for key, value in message.items() if key in known}
+        values["state"] = str(message.get("state", EngineState.READY))
+        return cls(**values)
+
+    def to_message(self) -> dict[str, Any]:
+        return {"type": "stats", **asdict(self)}
 
 
 class ErrorCode:

@@ -140,3 +140,10 @@ def test_a_request_a_proxy_on_the_box_forwarded_is_not_the_box_itself(settings):
     for header in ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"):
         assert client.get("/metrics", **{header: "203.0.113.9"}).status_code == 401
         assert set(client.get("/healthz", **{header: "203.0.113.9"}).json()) == {"status"}
+
+
+def test_every_engine_gauge_reads_a_declared_field():
+    from appliance.metrics import ENGINE_GAUGES
+    from inference.engine.protocol import EngineStats
+
+    assert set(ENGINE_GAUGES) <= set(EngineStats.field_names())

@@ -222,3 +222,10 @@ def test_the_page_compares_the_served_model_with_the_real_engine(staff_client, e
     assert -stats["kv_block_size"] <= check["difference_tokens"] <= 0
     assert response.context["engine"]["kv_cache_dtype"] == check["plan"].shape.kv_dtype
     assert f"The engine reports {stats['kv_capacity_tokens']:,} tokens" in text(response)
+
+
+def test_the_engine_fields_the_console_compares_are_declared_on_engine_stats():
+    from console.selectors import ENGINE_CAPACITY_FIELDS
+    from inference.engine.protocol import EngineStats
+
+    assert set(ENGINE_CAPACITY_FIELDS) <= set(EngineStats.field_names())

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from inference.engine.client import EngineRequestError
-from inference.engine.protocol import GenerateRequest, Priority
+from inference.engine.protocol import EngineStats, GenerateRequest, Priority
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +40,15 @@ def test_stats_describe_the_engine(engine_host):
     for key in ("running", "waiting", "kv_usage", "prefix_cache_hit_rate", "preemptions", "vllm_version", "device"):
         assert key in stats
     assert stats["enforce_eager"] is True  # the test settings: the suite's engines start uncompiled
+
+
+def test_every_key_the_host_sends_in_stats_is_declared_for_its_readers(engine_host):
+    stats = engine_host.stats()
+    undeclared = sorted(set(stats) - {"type"} - set(EngineStats.field_names()))
+    assert not undeclared, f"declare these on EngineStats: {undeclared}"
+    engine = EngineStats.from_message(stats)
+    assert (engine.model, engine.max_model_len, engine.state) == (stats["model"], stats["max_model_len"], "ready")
+    assert engine.kv_budget_tokens == stats["kv_budget_tokens"] > 0
 
 
 def test_the_weights_dtype_follows_what_the_cpu_computes_in():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from inference.engine.protocol import GenerateRequest, Priority, ProtocolError, decode, encode
+from inference.engine.protocol import EngineState, EngineStats, GenerateRequest, Priority, ProtocolError, decode, encode
 
 
 def _request(**overrides) -> GenerateRequest:
@@ -170,3 +170,21 @@ def test_from_message_rejects_non_numeric_numbers(field, value):
 
 def test_priorities_order_decode_before_prefill():
     assert Priority.DECODE < Priority.PREFILL
+
+
+def test_engine_stats_read_what_a_host_sends_and_leave_what_they_do_not_know():
+    engine = EngineStats.from_message({"type": "stats", "model": "m", "running": 2, "kv_usage": 0.5, "new_field": 1})
+    assert (engine.model, engine.running, engine.kv_usage, engine.state) == ("m", 2, 0.5, EngineState.READY)
+    assert engine.waiting is None and engine.target_step_ms is None  # not sent: not known
+    assert EngineStats.from_message({"state": "restarting"}).state == EngineState.RESTARTING
+    round_trip = EngineStats.from_message(json.loads(encode(engine.to_message())))
+    assert round_trip == engine
+
+
+def test_the_api_shows_declared_fields_and_software_versions_to_staff_only():
+    public, staff = EngineStats.api_fields(staff=False), EngineStats.api_fields(staff=True)
+    assert {"model", "licence", "dtype", "kv_cache_dtype", "max_model_len", "kv_capacity_tokens", "kv_usage"} <= set(
+        public
+    )
+    assert set(staff) - set(public) == {"vllm_version", "torch_version"}
+    assert not {"vllm_version", "torch_version", "pid", "model_path", "driver"} & set(public)
