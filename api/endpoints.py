@@ -7,7 +7,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from django.db.models import Count, Sum
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
@@ -15,6 +14,7 @@ from api import auth
 from api.models import ApiToken
 from api.problems import ApiProblem, responses
 from console import selectors as console_selectors
+from inference import selectors as job_selectors
 from inference.capacity import (
     DTYPE_BYTES,
     GIB,
@@ -27,7 +27,6 @@ from inference.capacity import (
     ShapeError,
 )
 from inference.engine.protocol import EngineStats
-from inference.models import Job, RequestMetrics
 
 router = Router()
 
@@ -114,33 +113,19 @@ class EngineOut(Schema):
     )
 
 
-def _usage(jobs, metrics, group: str | None = None) -> list[dict] | dict:
-    """Requests from jobs, tokens from their metrics; grouped by ``group`` (a Job field path)."""
-    totals = {"requests": Count("pk")}
-    tokens = {
-        "engine_requests": Sum("engine_requests"),
-        "prompt_tokens": Sum("prompt_tokens"),
-        "output_tokens": Sum("output_tokens"),
-    }
-    if group is None:
-        row = jobs.aggregate(**totals)
-        row.update({k: v or 0 for k, v in metrics.aggregate(**tokens).items()})
-        return row
-    counted = {r[group]: r for r in jobs.values(group).annotate(**totals)}
-    for r in metrics.values(f"job__{group}").annotate(**tokens):
-        counted.setdefault(r[f"job__{group}"], {group: r[f"job__{group}"], "requests": 0}).update(
-            {k: r[k] or 0 for k in tokens}
-        )
-    return [
-        {"engine_requests": 0, "prompt_tokens": 0, "output_tokens": 0, **row}
-        for row in sorted(counted.values(), key=lambda r: -r.get("output_tokens", 0))
-    ]
+def _requests(row: dict, *, group: str | None = None, as_name: str = "") -> dict:
+    """A usage row as the API has always named it: the jobs asked for are ``requests``, and the
+    group's field (``group``) is called ``as_name``."""
+    renamed = {"jobs": "requests", group: as_name} if group else {"jobs": "requests"}
+    return {renamed.get(key, key): value for key, value in row.items()}
 
 
-def _by_token(jobs, metrics) -> list[dict]:
-    rows = _usage(jobs, metrics, group="api_token")
+def _by_token(*, since, owner=None) -> list[dict]:
+    rows = job_selectors.usage(since=since, owner=owner, group="api_token")
     labels = {t.pk: str(t) for t in ApiToken.objects.filter(pk__in=[r["api_token"] for r in rows])}
-    return [{**row, "token": labels.get(row.pop("api_token"))} for row in rows]
+    return [
+        {**_requests(row, group="api_token", as_name="token"), "token": labels.get(row["api_token"])} for row in rows
+    ]
 
 
 @router.get("/usage", response=responses(ok={200: CallerUsage}), auth=auth.READ, tags=["usage"], summary="Your usage")
@@ -148,13 +133,12 @@ def usage(request, days: int = Query(30, ge=1, le=366, description="How many day
     """What you asked of the appliance over the window: requests and tokens in and out, by kind
     and by token (the browser counts as no token)."""
     since = timezone.now() - timedelta(days=days)
-    jobs = Job.objects.filter(owner=request.user, created_at__gte=since)
-    metrics = RequestMetrics.objects.filter(job__owner=request.user, job__created_at__gte=since)
+    mine = {"since": since, "owner": request.user}
     return {
         "since": since,
-        **_usage(jobs, metrics),
-        "by_kind": _usage(jobs, metrics, group="kind"),
-        "by_token": _by_token(jobs, metrics),
+        **_requests(job_selectors.usage(**mine)),
+        "by_kind": [_requests(row) for row in job_selectors.usage(**mine, group="kind")],
+        "by_token": _by_token(**mine),
     }
 
 
@@ -168,13 +152,11 @@ def usage(request, days: int = Query(30, ge=1, le=366, description="How many day
 def all_usage(request, days: int = Query(30, ge=1, le=366)):
     """Staff, with the admin scope: requests and tokens per user and per API token."""
     since = timezone.now() - timedelta(days=days)
-    jobs = Job.objects.filter(created_at__gte=since)
-    metrics = RequestMetrics.objects.filter(job__created_at__gte=since)
-    by_user = _usage(jobs, metrics, group="owner__username")
+    by_user = job_selectors.usage(since=since, group="owner__username")
     return {
         "since": since,
-        "by_user": [{**row, "user": row.pop("owner__username")} for row in by_user],
-        "by_token": [row for row in _by_token(jobs, metrics) if row["token"] is not None],
+        "by_user": [_requests(row, group="owner__username", as_name="user") for row in by_user],
+        "by_token": [row for row in _by_token(since=since) if row["token"] is not None],
     }
 
 

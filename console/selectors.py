@@ -12,9 +12,11 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, F, Min, Q, Sum
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
+from api.models import ApiToken
+from inference import selectors as job_selectors
 from inference.capacity import (
     GIB,
     SHAPE_FIELDS,
@@ -28,7 +30,7 @@ from inference.capacity import (
     shape_of_model_dir,
 )
 from inference.engine.protocol import EngineStats
-from inference.models import Job, Queue, RequestMetrics
+from inference.models import Job, Queue
 
 logger = logging.getLogger(__name__)
 
@@ -322,41 +324,27 @@ def failure_reasons(since=None) -> list[dict]:
 
 
 def usage_per_user(since=None) -> list[dict]:
-    """Per user over the window: jobs, engine requests, tokens in and out."""
+    """Per user over the window: jobs asked for, engine requests, tokens in and out (the meaning
+    of ``inference.selectors.usage``, which the API's usage shares)."""
     since = since or timezone.now() - USAGE_WINDOW
-    return list(
-        RequestMetrics.objects.filter(created_at__gte=since)
-        .values("job__owner__username")
-        .annotate(
-            jobs=Count("pk"),
-            engine_requests=Sum("engine_requests"),
-            prompt_tokens=Sum("prompt_tokens"),
-            output_tokens=Sum("output_tokens"),
-        )
-        .order_by("-output_tokens")
-    )
+    rows = job_selectors.usage(since=since, group="owner__username")
+    return [{"user": row.pop("owner__username"), **row} for row in rows]
 
 
 def usage_per_token(since=None) -> list[dict]:
-    """Per API token over the window: its name, prefix and owner, jobs, engine requests, tokens in
-    and out. Jobs started without a token (the web UI) are not counted."""
+    """Per API token over the window: its name, prefix and owner, jobs asked for with it, engine
+    requests, tokens in and out. Jobs started without a token (the web UI) are not counted."""
     since = since or timezone.now() - USAGE_WINDOW
-    return list(
-        RequestMetrics.objects.filter(created_at__gte=since, job__api_token__isnull=False)
-        .values(
-            token_id=F("job__api_token"),
-            name=F("job__api_token__name"),
-            prefix=F("job__api_token__prefix"),
-            username=F("job__api_token__user__username"),
+    rows = [row for row in job_selectors.usage(since=since, group="api_token") if row["api_token"] is not None]
+    chosen = ApiToken.objects.filter(pk__in=[row["api_token"] for row in rows]).select_related("user")
+    tokens = {token.pk: token for token in chosen}
+    out = []
+    for row in rows:
+        token = tokens[row.pop("api_token")]
+        out.append(
+            {"token_id": token.pk, "name": token.name, "prefix": token.prefix, "username": token.user.username, **row}
         )
-        .annotate(
-            jobs=Count("pk"),
-            engine_requests=Sum("engine_requests"),
-            prompt_tokens=Sum("prompt_tokens"),
-            output_tokens=Sum("output_tokens"),
-        )
-        .order_by("-output_tokens", "token_id")
-    )
+    return out
 
 
 def chart(series: dict[str, list[tuple[float, float, float]]], *, width: int = 640, height: int = 180) -> dict:

@@ -7,12 +7,12 @@ from datetime import timedelta
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Q
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
 from django.utils import timezone
 
 from documents.selectors import readable_filter
 from inference.fairshare import Waiting, claim_order
-from inference.models import Job, Queue
+from inference.models import Job, Queue, RequestMetrics
 
 ETA_WINDOW = timedelta(hours=1)
 
@@ -122,3 +122,29 @@ def ajob_queue_status(*, job_id) -> dict | None:
     if job is None:
         return None
     return {"state": job.state, **job_queue_status(job)}
+
+
+# --- usage ---------------------------------------------------------------------------------------
+
+USAGE_TOKENS = ("engine_requests", "prompt_tokens", "output_tokens")
+
+
+def usage(*, since, owner: AbstractBaseUser | None = None, group: str | None = None) -> dict | list[dict]:
+    """Usage over a window, with one meaning wherever it is shown (the API, the console): ``jobs``
+    are the jobs asked for since ``since`` (created then, chat completions included, whatever
+    became of them), and the engine requests and tokens are those their runs used. ``owner``:
+    one person's only. ``group``: a Job field path (``kind``, ``api_token``,
+    ``owner__username``), one row per value, most output tokens first; else one total."""
+    jobs = Job.objects.filter(created_at__gte=since)
+    if owner is not None:
+        jobs = jobs.filter(owner=owner)
+    metrics = RequestMetrics.objects.filter(job__in=jobs)
+    tokens = {name: Sum(name) for name in USAGE_TOKENS}
+    if group is None:
+        row = jobs.aggregate(jobs=Count("pk"))
+        row.update({name: value or 0 for name, value in metrics.aggregate(**tokens).items()})
+        return row
+    counted = {r[group]: {**r, **dict.fromkeys(USAGE_TOKENS, 0)} for r in jobs.values(group).annotate(jobs=Count("pk"))}
+    for r in metrics.values(f"job__{group}").annotate(**tokens):
+        counted[r[f"job__{group}"]].update({name: r[name] or 0 for name in USAGE_TOKENS})
+    return sorted(counted.values(), key=lambda r: (-r["output_tokens"], str(r[group])))

@@ -68,8 +68,9 @@ def test_the_console_shows_queues_latency_failures_and_usage(people):
     assert latency["decode"]["itl_p50"] == 40
     queues = {row["name"]: row for row in response.context["queues"]}
     assert queues["prefill"]["queued"] == 1 and queues["prefill"]["oldest_wait_s"] >= 0
-    usage = {row["job__owner__username"]: row for row in response.context["usage"]}
+    usage = {row["user"]: row for row in response.context["usage"]}
     assert usage["gina"]["output_tokens"] == 300 and usage["root"]["prompt_tokens"] == 50
+    assert usage["gina"]["jobs"] == 5  # jobs asked for: the three that ran, the queued one, the failed one
     page = response.content.decode()
     assert "The engine refused this job: too long." in page
     assert "<polyline" in page  # the TTFT chart

@@ -1,4 +1,5 @@
-"""Usage per API token on ``/console``: each token's own jobs over the usage window, nothing else."""
+"""Usage per API token on ``/console``: each token's own jobs over the usage window, nothing else,
+with the meaning the API's usage has (jobs asked for in the window, tokens their runs used)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def _finished_job(owner, *, token=None, prompt=50, output=100, engine_requests=1
         engine_requests=engine_requests,
     )  # fmt: skip
     if days_ago:
-        RequestMetrics.objects.filter(pk=metrics.pk).update(created_at=timezone.now() - timedelta(days=days_ago))
+        then = timezone.now() - timedelta(days=days_ago)
+        Job.objects.filter(pk=job.pk).update(created_at=then)
+        RequestMetrics.objects.filter(pk=metrics.pk).update(created_at=then)
     return job
 
 
@@ -44,10 +47,11 @@ def test_usage_per_token_counts_only_that_tokens_jobs_in_the_window():
     _finished_job(gina, token=case_system, prompt=999, output=999, days_ago=40)  # outside the window
     _finished_job(gina, token=mail, prompt=7, output=5)
     _finished_job(gina, prompt=1000, output=1000)  # the web UI: no token
-    Job.objects.create(owner=root, kind=JobKind.CHAT, queue=Queue.DECODE, api_token=report)  # no metrics yet
+    Job.objects.create(owner=root, kind=JobKind.CHAT, queue=Queue.DECODE, api_token=report)  # queued: no tokens yet
 
     rows = {row["name"]: row for row in selectors.usage_per_token()}
-    assert set(rows) == {"Case system", "Mail plug-in"}
+    assert set(rows) == {"Case system", "Mail plug-in", "Report"}
+    assert (rows["Report"]["jobs"], rows["Report"]["prompt_tokens"], rows["Report"]["output_tokens"]) == (1, 0, 0)
     assert rows["Case system"] == {
         "token_id": case_system.pk,
         "name": "Case system",
@@ -59,11 +63,15 @@ def test_usage_per_token_counts_only_that_tokens_jobs_in_the_window():
         "output_tokens": 320,
     }
     assert (rows["Mail plug-in"]["jobs"], rows["Mail plug-in"]["output_tokens"]) == (1, 5)
-    assert [row["name"] for row in selectors.usage_per_token()] == ["Case system", "Mail plug-in"]  # most out first
+    assert [row["name"] for row in selectors.usage_per_token()] == [
+        "Case system",
+        "Mail plug-in",
+        "Report",
+    ]  # most out first
     since = timezone.now() - timedelta(days=60)
     assert {row["name"]: row["jobs"] for row in selectors.usage_per_token(since=since)}["Case system"] == 3
     # The per-user table still counts every job, with or without a token.
-    assert {row["job__owner__username"]: row["jobs"] for row in selectors.usage_per_user()}["gina"] == 4
+    assert {row["user"]: row["jobs"] for row in selectors.usage_per_user()}["gina"] == 4
 
     client = Client()
     client.force_login(root)
@@ -71,7 +79,7 @@ def test_usage_per_token_counts_only_that_tokens_jobs_in_the_window():
     assert response.context["usage_per_token"] == selectors.usage_per_token()
     table = response.content.decode().split('id="token-usage-table"', 1)[1].split("</table>", 1)[0]
     assert "Case system" in table and f"{case_system.prefix}…" in table and "Mail plug-in" in table
-    assert "<td>320</td>" in table and "Report" not in table
+    assert "<td>320</td>" in table and "Report" in table
     assert f"/admin/api/apitoken/{case_system.pk}/change/" in table
 
 
