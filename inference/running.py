@@ -30,9 +30,9 @@ from inference.clauses import clause_schema, parse_answer, quote_choices, verify
 from inference.drafting import DRAFT_MAX_TOKENS, check_support, support_summary
 from inference.engine.client import EngineClient
 from inference.engine.protocol import GenerateRequest, Priority
+from inference.job_options import ChatOptions, ClauseOptions, DraftOptions, Sampling, SummaryOptions
 from inference.models import Job, JobKind, Queue
 from inference.prompts import (
-    DEFAULT_SUMMARY_LENGTH,
     PageText,
     clause_instruction,
     combine_messages,
@@ -228,7 +228,7 @@ def engine_request(
 ) -> GenerateRequest:
     """One request of ``job``: for its owner (the engine takes turns between users), and marked
     ``suspect`` once the engine has died with the job in it (the host runs suspects apart)."""
-    options = job.options
+    sampling = Sampling.from_json(job.options)
     free_text = json_schema is None and job.kind in (JobKind.SUMMARISE, JobKind.DRAFT)
     return GenerateRequest(
         request_id=f"{job.pk}-{job.attempts}-{part}",
@@ -236,14 +236,18 @@ def engine_request(
         max_tokens=max_tokens,
         priority=PRIORITY_FOR_QUEUE[Queue(job.queue)],
         queue=job.queue,
-        temperature=float(options.get("temperature", 0.0)),
-        top_p=float(options.get("top_p", 1.0)),
-        seed=None if options.get("seed") is None else int(options["seed"]),
-        stop=[str(s) for s in options.get("stop", ())],
-        frequency_penalty=float(
-            options.get("frequency_penalty", settings.APPLIANCE_FREQUENCY_PENALTY if free_text else 0.0)
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop),
+        frequency_penalty=(
+            sampling.frequency_penalty
+            if sampling.frequency_penalty is not None
+            else settings.APPLIANCE_FREQUENCY_PENALTY
+            if free_text
+            else 0.0
         ),
-        ignore_eos=bool(options.get("ignore_eos", False)),
+        ignore_eos=sampling.ignore_eos,
         json_schema=json_schema,
         user=str(job.owner_id),
         suspect=job.engine_crashes >= 1,
@@ -387,9 +391,9 @@ def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     finishes, so that an attempt after a lost worker or a dead engine starts where this one
     stopped (``TaskResult.run_hidden``)."""
     title = job.document.title
-    length = job.options.get("length", DEFAULT_SUMMARY_LENGTH)
-    focus = job.options.get("focus", "")
-    max_tokens = int(job.options.get("max_tokens") or settings.APPLIANCE_SUMMARY_MAX_TOKENS)
+    options = SummaryOptions.from_json(job.options)
+    length, focus = options.length, options.focus
+    max_tokens = options.max_tokens or settings.APPLIANCE_SUMMARY_MAX_TOKENS
     pages, sections = _document_sections(job, client, attempt)
     result = TaskResult(data={"sections": [s.page_label for s in sections]})
     if len(sections) == 1:
@@ -484,7 +488,8 @@ def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     (each answer kept as it finishes, like a summary's partials); every quote is then looked for
     in the stored page text, and what is not found is dropped."""
     title = job.document.title
-    categories = tuple(job.options["categories"])
+    options = ClauseOptions.from_json(job.options)
+    categories = options.categories
     pages, sections = _document_sections(job, client, attempt)
     stored = {page.number: page.text for page in pages}
     result = TaskResult()
@@ -518,7 +523,7 @@ def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     verified = verify_clauses(raw, stored, categories, offered)
     clauses = [asdict(clause) for clause in verified.clauses]
     result.data = {
-        "taxonomy": job.options.get("taxonomy"),
+        "taxonomy": options.taxonomy,
         "categories": list(categories),
         "clauses": clauses,
         "proposed": len(raw),
@@ -557,19 +562,17 @@ def run_draft(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     passages it cites."""
     from documents.embeddings import get_embedder
 
-    options = job.options
-    scope = grounding.Scope(document_ids=tuple(options.get("document_ids") or ()), group_id=options.get("group_id"))
+    options = DraftOptions.from_json(job.options)
+    scope = grounding.Scope(document_ids=options.document_ids, group_id=options.group_id)
     embedder = get_embedder()
     _progress(attempt, "Finding the passages that answer the message")
-    passages = grounding.retrieve(user=job.owner, message=options["message"], scope=scope, embedder=embedder)
+    passages = grounding.retrieve(user=job.owner, message=options.message, scope=scope, embedder=embedder)
     attempt.check()
     shown = grounding.numbered(passages)
-    max_tokens = DRAFT_MAX_TOKENS[options["length"]]
+    max_tokens = DRAFT_MAX_TOKENS[options.length]
     context = int(client.stats()["max_model_len"])
     while True:  # the best passages that fit beside the message and the answer
-        messages = draft_messages(
-            message=options["message"], passages=shown, tone=options["tone"], length=options["length"]
-        )
+        messages = draft_messages(message=options.message, passages=shown, tone=options.tone, length=options.length)
         prompt_tokens = client.count_tokens([messages])[0]
         attempt.check()
         if prompt_tokens + max_tokens <= context or not shown:
@@ -586,7 +589,7 @@ def run_draft(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     checks = check_support(run.text, shown, embed=embedder.encode)
     support = support_summary(checks)
     result.data = {
-        "message": options["message"],
+        "message": options.message,
         "scope": scope.describe(),
         "passages": [grounding.passage_record(p.number, passage) for p, passage in zip(shown, passages, strict=False)],
         "sentences": [asdict(check) for check in checks],
@@ -624,8 +627,8 @@ def draft_note(support: dict, *, passages: int, left_out: int = 0) -> str:
 
 
 def run_chat(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
-    options = job.options
-    request = engine_request(job, options["messages"], int(options["max_tokens"]), part="chat")
+    options = ChatOptions.from_json(job.options)
+    request = engine_request(job, list(options.messages), options.max_tokens, part="chat")
     run = run_engine(job, request, client, attempt)
     return TaskResult(text=run.text, runs=[run], visible=run)
 

@@ -43,6 +43,7 @@ PURE = {
     "measure.evaluation.metrics",
     "measure.evaluation.retrieval",
     "inference.facts",
+    "inference.job_options",
     "inference.fairshare",
     "inference.capacity",
     "measure.intervals",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.problems import ApiProblem, bad_field
+from inference.job_options import ChatOptions
 from inference.models import Job
 from inference.openai_api.schemas import JOB_ID_HEADER, STOP_SEQUENCES_MAX, ChatCompletionRequest, ChatMessageIn
 
@@ -116,7 +117,7 @@ def stop_sequences(stop: Any) -> list[str]:
 def finish_reason(job: Job) -> str:
     metrics = getattr(job, "metrics", None)
     written = metrics.output_tokens if metrics else 0
-    return "length" if written >= int(job.options["max_tokens"]) else "stop"
+    return "length" if written >= ChatOptions.from_json(job.options).max_tokens else "stop"
 
 
 def usage(job: Job) -> dict[str, int]:

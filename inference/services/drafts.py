@@ -13,6 +13,7 @@ from django.utils import timezone
 from appliance.broker import PUBLISH_ERRORS
 from inference.drafting import MESSAGE_MAX_CHARS, check_support, support_summary
 from inference.grounding import ScopeRejected, draft_scope, passages_from_records
+from inference.job_options import DraftOptions
 from inference.lifecycle import celery_queue_for
 from inference.models import Job, JobKind, Queue
 from inference.prompts import (
@@ -75,19 +76,18 @@ def job_create_draft(
         scope = draft_scope(user=owner, document_ids=document_ids, group_id=group_id)
     except ScopeRejected as exc:
         raise JobRejected(str(exc), field=exc.field) from None
-    options = {
-        "message": message,
-        "document_ids": list(scope.document_ids),
-        "group_id": scope.group_id,
-        "tone": tone,
-        "length": length,
-        "temperature": float(temperature),
-    }
-    if regenerated_from is not None:
-        options["regenerated_from"] = str(regenerated_from.pk)
+    options = DraftOptions(
+        message=message,
+        document_ids=tuple(scope.document_ids),
+        group_id=scope.group_id,
+        tone=tone,
+        length=length,
+        temperature=float(temperature),
+        regenerated_from=None if regenerated_from is None else str(regenerated_from.pk),
+    )
     # No ``document``: a draft rests on a scope, and deleting one of its documents must not delete
     # the reply (the passages it kept say which documents they came from).
-    return _job_create(owner=owner, document=None, kind=JobKind.DRAFT, options=options, api_token=api_token)
+    return _job_create(owner=owner, document=None, kind=JobKind.DRAFT, options=options.to_json(), api_token=api_token)
 
 
 def job_regenerate_draft(
@@ -100,8 +100,8 @@ def job_regenerate_draft(
     return _draft_again(
         job,
         owner=user,
-        tone=tone or job.options["tone"],
-        length=length or job.options["length"],
+        tone=tone or DraftOptions.from_json(job.options).tone,
+        length=length or DraftOptions.from_json(job.options).length,
         temperature=REGENERATE_TEMPERATURE,
         regenerated_from=job,
     )
@@ -109,14 +109,14 @@ def job_regenerate_draft(
 
 def _draft_again(job: Job, *, owner: AbstractBaseUser, **changes) -> Job:
     """A new draft with ``job``'s message, scope, tone, length and temperature, except ``changes``."""
-    options = job.options
+    options = DraftOptions.from_json(job.options)
     request = {
-        "message": options["message"],
-        "document_ids": options.get("document_ids") or (),
-        "group_id": options.get("group_id"),
-        "tone": options["tone"],
-        "length": options["length"],
-        "temperature": float(options.get("temperature", 0.0)),
+        "message": options.message,
+        "document_ids": options.document_ids,
+        "group_id": options.group_id,
+        "tone": options.tone,
+        "length": options.length,
+        "temperature": options.temperature,
     }
     return job_create_draft(owner=owner, **{**request, **changes})
 

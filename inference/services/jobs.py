@@ -14,6 +14,7 @@ from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
 from documents.models import Document
 from inference import streaming
 from inference.clauses import DEFAULT_TAXONOMY, categories_for
+from inference.job_options import ChatOptions, ClauseOptions, SummaryOptions
 from inference.lifecycle import celery_queue_for, job_dispatch
 from inference.models import QUEUE_FOR_KIND, Job, JobKind
 from inference.prompts import (
@@ -69,20 +70,16 @@ def job_create_summary(
         raise JobRejected(
             f"Unknown summary length {length!r}; choose one of {', '.join(SUMMARY_LENGTHS)}.", field="length"
         )
-    options: dict = {"length": length, "focus": focus[:500]}
-    if max_tokens is not None:
-        if not 1 <= max_tokens <= settings.APPLIANCE_SUMMARY_MAX_TOKENS:
-            raise JobRejected(
-                f"max_tokens must be between 1 and {settings.APPLIANCE_SUMMARY_MAX_TOKENS}.", field="max_tokens"
-            )
-        options["max_tokens"] = max_tokens
-    if ignore_eos:
-        options["ignore_eos"] = True
+    if max_tokens is not None and not 1 <= max_tokens <= settings.APPLIANCE_SUMMARY_MAX_TOKENS:
+        raise JobRejected(
+            f"max_tokens must be between 1 and {settings.APPLIANCE_SUMMARY_MAX_TOKENS}.", field="max_tokens"
+        )
+    options = SummaryOptions(length=length, focus=focus[:500], max_tokens=max_tokens, ignore_eos=bool(ignore_eos))
     return _job_create(
         owner=owner,
         document=document,
         kind=JobKind.SUMMARISE,
-        options=options,
+        options=options.to_json(),
         api_token=api_token,
         checkpoint=checkpoint,
     )
@@ -108,12 +105,12 @@ def job_create_clauses(
         chosen = categories_for(taxonomy, categories)
     except ValueError as exc:
         raise JobRejected(f"{exc}.", field="categories") from None
-    options = {"taxonomy": taxonomy, "categories": list(chosen)}
+    options = ClauseOptions(taxonomy=taxonomy, categories=tuple(chosen))
     return _job_create(
         owner=owner,
         document=document,
         kind=JobKind.EXTRACT_CLAUSES,
-        options=options,
+        options=options.to_json(),
         api_token=api_token,
         checkpoint=checkpoint,
     )
@@ -155,23 +152,17 @@ def job_create_chat(
         raise JobRejected("stop may hold at most 4 sequences.", field="stop")
     if not -2.0 <= frequency_penalty <= 2.0:
         raise JobRejected("frequency_penalty must be between -2 and 2.", field="frequency_penalty")
-    options = {
-        "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
-        "max_tokens": int(max_tokens),
-        "temperature": float(temperature),
-        "ignore_eos": bool(ignore_eos),
-    }
-    # Only what differs from the engine's defaults, so that the jobs of the browser and the
-    # benchmarks keep the options they always had.
-    if top_p != 1.0:
-        options["top_p"] = float(top_p)
-    if seed is not None:
-        options["seed"] = int(seed)
-    if stop:
-        options["stop"] = list(stop)
-    if frequency_penalty:
-        options["frequency_penalty"] = float(frequency_penalty)
-    return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options, api_token=api_token)
+    options = ChatOptions(
+        messages=tuple({"role": str(m["role"]), "content": str(m["content"])} for m in messages),
+        max_tokens=int(max_tokens),
+        temperature=float(temperature),
+        ignore_eos=bool(ignore_eos),
+        top_p=float(top_p),
+        seed=None if seed is None else int(seed),
+        stop=tuple(stop),
+        frequency_penalty=float(frequency_penalty),
+    )
+    return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options.to_json(), api_token=api_token)
 
 
 def _job_create(

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from inference.job_options import ChatOptions, ClauseOptions, SummaryOptions
 from inference.models import Job, JobKind
-from inference.prompts import (
-    DEFAULT_SUMMARY_LENGTH,
-)
 from inference.services.drafts import _draft_again
 from inference.services.jobs import JobRejected, job_create_chat, job_create_clauses, job_create_summary
 
@@ -20,20 +18,20 @@ def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
     same text of the same section, the same options) to the same model."""
     if job.state not in (Job.State.FAILED, Job.State.CANCELLED):
         raise JobRejected("Only a failed or cancelled job can be tried again.")
-    options = job.options
     if job.kind == JobKind.DRAFT:
         return _draft_again(job, owner=user)
     if job.kind == JobKind.CHAT:
+        chat = ChatOptions.from_json(job.options)
         return job_create_chat(
             owner=user,
-            messages=options["messages"],
-            max_tokens=int(options["max_tokens"]),
-            temperature=float(options.get("temperature", 0.0)),
-            top_p=float(options.get("top_p", 1.0)),
-            seed=options.get("seed"),
-            stop=options.get("stop", ()),
-            frequency_penalty=float(options.get("frequency_penalty", 0.0)),
-            ignore_eos=bool(options.get("ignore_eos", False)),
+            messages=list(chat.messages),
+            max_tokens=chat.max_tokens,
+            temperature=chat.temperature,
+            top_p=chat.top_p,
+            seed=chat.seed,
+            stop=chat.stop,
+            frequency_penalty=chat.frequency_penalty,
+            ignore_eos=chat.ignore_eos,
         )
     from documents.selectors import document_for_user
 
@@ -41,19 +39,21 @@ def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
     if document is None:
         raise JobRejected("The document of this job is no longer there for you.")
     if job.kind == JobKind.SUMMARISE:
+        summary = SummaryOptions.from_json(job.options)
         return job_create_summary(
             owner=user,
             document=document,
-            length=options.get("length", DEFAULT_SUMMARY_LENGTH),
-            focus=options.get("focus", ""),
-            max_tokens=options.get("max_tokens"),
-            ignore_eos=bool(options.get("ignore_eos", False)),
+            length=summary.length,
+            focus=summary.focus,
+            max_tokens=summary.max_tokens,
+            ignore_eos=summary.ignore_eos,
             checkpoint=job.checkpoint,
         )
+    clauses = ClauseOptions.from_json(job.options)
     return job_create_clauses(
         owner=user,
         document=document,
-        taxonomy=options["taxonomy"],
-        categories=options.get("categories"),
+        taxonomy=clauses.taxonomy,
+        categories=list(clauses.categories) or None,
         checkpoint=job.checkpoint,
     )
