@@ -138,7 +138,8 @@ def test_a_restarted_job_resends_nothing_it_already_sent_unless_it_differs():
 
 
 def _finished(state=Job.State.SUCCEEDED, *, output_tokens=16, max_tokens=16, error="") -> Job:
-    job = Job(kind=JobKind.CHAT, queue=Queue.DECODE, state=state, options={"max_tokens": max_tokens}, error=error)
+    options = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": max_tokens}  # as a chat job's row
+    job = Job(kind=JobKind.CHAT, queue=Queue.DECODE, state=state, options=options, error=error)
     job.created_at = timezone.now()
     job.result_text = "Dear Sir, thank you."
     job.metrics = RequestMetrics(
