@@ -46,7 +46,9 @@ class TokenAuth(HttpBearer):
             )
         services.token_mark_used(token=api_token)
         request.user = api_token.user
-        request.api_token = api_token
+        # The appliance's own attribute: the token that signed the request (None for a session),
+        # for the jobs it makes to carry.
+        request.api_token = api_token  # type: ignore[attr-defined]
         return api_token.user
 
 
@@ -71,7 +73,7 @@ class SessionScope(APIKeyCookie):
         return "session"
 
     def authenticate(self, request: HttpRequest, key):
-        if key is None:
+        if key is None or not request.user.is_authenticated:  # _get_key gives a key only to a user
             return None
         if self.scope == Scope.ADMIN and not request.user.is_staff:
             raise _insufficient(self.scope, "your account")
@@ -84,7 +86,7 @@ class SessionScope(APIKeyCookie):
                 f"try again in {retry_after_s} s.",
                 headers={"Retry-After": str(retry_after_s)},
             )
-        request.api_token = None
+        request.api_token = None  # type: ignore[attr-defined]
         return request.user
 
 

@@ -16,7 +16,6 @@ from api.problems import ApiProblem, responses
 from console import selectors as console_selectors
 from inference import selectors as job_selectors
 from inference.capacity import (
-    DTYPE_BYTES,
     GIB,
     MAX_CONTEXT_TOKENS,
     MAX_HEAD_DIM,
@@ -176,8 +175,12 @@ def engine(request):
     return out
 
 
-Dtype = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
-KvDtype = Literal[("auto", *DTYPE_BYTES)]  # type: ignore[valid-type]
+# Written out so that a type checker reads them; tests/api/test_api_types.py keeps them equal to
+# inference.capacity.DTYPE_BYTES.
+Dtype = Literal[
+    "float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4"
+]
+KvDtype = Literal["auto", Dtype]
 
 
 class CapacityShape(Schema):

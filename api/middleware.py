@@ -30,12 +30,12 @@ def _as_problem(request, response):
 def method_not_allowed_as_problem(get_response):
     if iscoroutinefunction(get_response):
 
-        async def middleware(request):
+        async def async_middleware(request):
             return _as_problem(request, await get_response(request))
 
-    else:
+        return async_middleware
 
-        def middleware(request):
-            return _as_problem(request, get_response(request))
+    def middleware(request):
+        return _as_problem(request, get_response(request))
 
     return middleware

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import F, QuerySet
 
 from api.models import ApiToken
@@ -19,6 +19,6 @@ def token_for(raw: str) -> ApiToken | None:
     return token
 
 
-def tokens_of(user: AbstractBaseUser) -> QuerySet[ApiToken]:
+def tokens_of(user: User) -> QuerySet[ApiToken]:
     """Active and expired tokens first (not revoked), newest first; then the revoked ones."""
     return ApiToken.objects.filter(user=user).order_by(F("revoked_at").desc(nulls_first=True), "-created_at")

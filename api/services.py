@@ -6,7 +6,7 @@ import hashlib
 import secrets
 from datetime import datetime, timedelta
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -32,7 +32,7 @@ def new_raw_token() -> tuple[str, str]:
 
 def token_create(
     *,
-    user: AbstractBaseUser,
+    user: User,
     name: str,
     scopes: list[str],
     expires_at: datetime | None = None,

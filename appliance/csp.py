@@ -45,12 +45,12 @@ def content_security_policy(get_response):
     thread for each of them)."""
     if iscoroutinefunction(get_response):
 
-        async def middleware(request):
+        async def async_middleware(request):
             return _with_policy(request, await get_response(request))
 
-    else:
+        return async_middleware
 
-        def middleware(request):
-            return _with_policy(request, get_response(request))
+    def middleware(request):
+        return _with_policy(request, get_response(request))
 
     return middleware

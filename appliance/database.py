@@ -49,5 +49,6 @@ def close_pool() -> None:
 
     for connection in connections.all(initialized_only=True):
         connection.close()
-        if getattr(connection, "pool", None) is not None:
-            connection.close_pool()
+        close = getattr(connection, "close_pool", None)  # the psycopg backend's, when pooled
+        if close is not None and getattr(connection, "pool", None) is not None:
+            close()

@@ -12,6 +12,8 @@ is all a load balancer needs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 from django.conf import settings
 from django.db import connection
@@ -92,7 +94,7 @@ def check_engine() -> dict:
         return {"ok": False, "detail": str(exc)}
     engine = EngineStats.from_message(stats)
     state = engine.state
-    result = {
+    result: dict[str, Any] = {
         "ok": state == EngineState.READY,
         "state": state,
         "restarts": engine.restarts,  # engine-core restarts since the host started, if it counts them

@@ -9,6 +9,7 @@ import logging
 import re
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -234,15 +235,15 @@ def queues() -> list[dict]:
         Queue.PREFILL: settings.APPLIANCE_PREFILL_CONCURRENCY,
         Queue.DECODE: settings.APPLIANCE_DECODE_CONCURRENCY,
     }
-    jobs = {
-        row["queue"]: row
+    jobs: dict[str, dict[str, Any]] = {
+        row["queue"]: dict(row)
         for row in Job.objects.values("queue").annotate(
             queued=Count("pk", filter=Q(state=Job.State.QUEUED)),
             running=Count("pk", filter=Q(state=Job.State.RUNNING)),
             oldest=Min("created_at", filter=Q(state=Job.State.QUEUED)),
         )
     }
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, cap in caps.items():
         row = jobs.get(str(name), {})
         oldest = row.get("oldest")
@@ -297,7 +298,7 @@ def latency_series(since=None) -> dict[str, list[tuple[float, float, float]]]:
             "percentile_cont(0.5) WITHIN GROUP (ORDER BY ttft_ms), "
             "percentile_cont(0.95) WITHIN GROUP (ORDER BY ttft_ms) "
             "FROM inference_requestmetrics WHERE created_at >= %s GROUP BY queue, bucket ORDER BY queue, bucket",
-            [CHART_BUCKET, since, since],
+            [CHART_BUCKET, since, since],  # type: ignore[list-item]  # psycopg sends a timedelta as an interval
         )
         rows = cursor.fetchall()
     series: dict[str, list[tuple[float, float, float]]] = {}
@@ -312,15 +313,16 @@ def failures(limit: int = 20):
     )
 
 
-def failure_reasons(since=None) -> list[dict]:
+def failure_reasons(since=None) -> list[dict[str, Any]]:
     """Failed jobs in the window grouped by their reason, most frequent first."""
     since = since or timezone.now() - timedelta(days=1)
-    return list(
-        Job.objects.filter(state=Job.State.FAILED, finished_at__gte=since)
+    return [
+        dict(row)
+        for row in Job.objects.filter(state=Job.State.FAILED, finished_at__gte=since)
         .values("error")
         .annotate(n=Count("pk"))
         .order_by("-n")[:10]
-    )
+    ]
 
 
 def usage_per_user(since=None) -> list[dict]:

@@ -114,11 +114,13 @@ def _load() -> Embedder:
     if isinstance(warnings_shown, dict):
         warnings_shown["sequence-length-is-longer-than-the-specified-maximum"] = True
     dimension_of = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-    dimensions = dimension_of()
+    dimensions, max_seq_tokens = dimension_of(), model.max_seq_length
+    if dimensions is None or max_seq_tokens is None:
+        raise ValueError(f"the embedding model {name} does not say its dimensions and its longest input")
     return Embedder(
         model_name=name,
         dimensions=int(dimensions),
-        max_seq_tokens=int(model.max_seq_length),
+        max_seq_tokens=int(max_seq_tokens),
         tokenizer=tokenizer,
         model=model,
     )

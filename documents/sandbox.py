@@ -188,14 +188,17 @@ class _ChildGone(Exception):
 
 
 class _Child:
-    def __init__(self, process: subprocess.Popen, memory_bytes: int, temp_dir: str):
+    def __init__(self, process: subprocess.Popen[bytes], memory_bytes: int, temp_dir: str):
+        if process.stdin is None or process.stdout is None or process.stderr is None:
+            raise ValueError("a sandbox child talks over pipes: start it with stdin, stdout and stderr=PIPE")
         self.process = process
+        self.stdin, self.stdout, self.stderr = process.stdin, process.stdout, process.stderr
         self.memory_bytes = memory_bytes
         self.temp_dir = temp_dir  # the only place the child may write; removed with it
         self.executable = sys.executable
         self.owner_pid = os.getpid()
         self.files_served = 0
-        for stream in (process.stdin, process.stdout, process.stderr):
+        for stream in (self.stdin, self.stdout, self.stderr):
             os.set_blocking(stream.fileno(), False)
 
     def usable_for(self, sandbox: SandboxLimits) -> bool:
@@ -211,7 +214,7 @@ class _Child:
     def exchange(self, request: bytes, deadline: float) -> tuple[bytes, bytes]:
         """Send one request, return (answer, the child's stderr meanwhile). Raises _TimedOut at
         the deadline, _ChildGone when the child closes its stdout, _ProtocolError on a bad frame."""
-        stdin, stdout, stderr = (s.fileno() for s in (self.process.stdin, self.process.stdout, self.process.stderr))
+        stdin, stdout, stderr = (s.fileno() for s in (self.stdin, self.stdout, self.stderr))
         _read_available(stderr)  # what the child printed between files (at start-up) is not this file's
         stderr_tail = bytearray()
         reply = bytearray()
@@ -289,13 +292,13 @@ class _Child:
 
     def rest_of_stderr(self) -> bytes:
         """What the child wrote to stderr before it died (a trace): call after kill_group."""
-        return _read_until_eof(self.process.stderr.fileno(), time.monotonic() + 1.0)
+        return _read_until_eof(self.stderr.fileno(), time.monotonic() + 1.0)
 
     def stop(self) -> None:
         """Kill the child's process group and reap the child."""
         process = self.process
         self.kill_group()
-        for stream in (process.stdin, process.stdout, process.stderr):
+        for stream in (self.stdin, self.stdout, self.stderr):
             try:
                 stream.close()
             except OSError:
@@ -305,7 +308,7 @@ class _Child:
 
     def forget(self) -> None:
         """In a forked copy of the owner: close our copies of the pipes, leave the child alone."""
-        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+        for stream in (self.stdin, self.stdout, self.stderr):
             try:
                 stream.close()  # unbuffered: closes our copy of the descriptor, nothing else
             except OSError:

@@ -30,10 +30,11 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.contrib.postgres.search import SearchQuery, SearchRank
 from django.db import connection, transaction
 from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
@@ -70,7 +71,7 @@ class Passage:
     char_end: int
 
 
-def readable_documents(user: AbstractBaseUser | None, *, ready_only: bool = False) -> QuerySet[Document]:
+def readable_documents(user: User | None, *, ready_only: bool = False) -> QuerySet[Document]:
     """Documents ``user`` may read: their own, and those shared with a group they are in (the
     rule of ``selectors.documents_readable_by``; one row per document). ``ready_only`` keeps
     those whose indexing is finished, as search wants."""
@@ -82,7 +83,7 @@ def readable_documents(user: AbstractBaseUser | None, *, ready_only: bool = Fals
     return documents
 
 
-def searchable_document_ids(user: AbstractBaseUser | None, document_ids: Sequence[int] | None = None) -> list[int]:
+def searchable_document_ids(user: User | None, document_ids: Sequence[int] | None = None) -> list[int]:
     """Ids of the ready documents ``user`` may read, limited to ``document_ids`` if given."""
     documents = readable_documents(user, ready_only=True)
     if document_ids is not None:
@@ -92,7 +93,7 @@ def searchable_document_ids(user: AbstractBaseUser | None, document_ids: Sequenc
 
 def search_passages(
     *,
-    user: AbstractBaseUser,
+    user: User,
     query: str,
     limit: int = 10,
     document_ids: list[int] | None = None,
@@ -190,7 +191,7 @@ def vector_search(
     query_vector: np.ndarray | Sequence[float],
     *,
     limit: int,
-    user: AbstractBaseUser | None,
+    user: User | None,
     document_ids: Sequence[int] | None = None,
     ef_search: int | None = None,
 ) -> list[tuple[int, float]]:
@@ -203,7 +204,7 @@ def vector_search(
 
 
 def text_search(
-    query: str, *, limit: int, user: AbstractBaseUser | None, document_ids: Sequence[int] | None = None
+    query: str, *, limit: int, user: User | None, document_ids: Sequence[int] | None = None
 ) -> list[tuple[int, float]]:
     """(chunk id, weighed terms matched + ts_rank_cd) of the chunks the user may read that match
     any significant term of ``query``, best first: the words arm on its own."""
@@ -216,7 +217,7 @@ def text_search(
 def exact_vector_search(
     query_vector: np.ndarray | Sequence[float],
     limit: int,
-    user: AbstractBaseUser | None = None,
+    user: User | None = None,
     document_ids: Sequence[int] | None = None,
 ) -> list[tuple[int, float]]:
     """The true nearest chunks (a sequential scan, no index): the reference the benchmark
@@ -239,7 +240,7 @@ def uses_exact_search(document_ids: Sequence[int]) -> bool:
     return few.count() <= threshold
 
 
-def nearest_queryset(document_ids: Sequence[int], query_vector, limit: int) -> QuerySet[Chunk]:
+def nearest_queryset(document_ids: Sequence[int], query_vector, limit: int) -> QuerySet[Any, tuple[int, float]]:
     """The meaning arm's index query: (id, distance) of the nearest chunks of these documents.
     Ordered by distance alone: a second sort key would keep Postgres off the HNSW index."""
     return _nearest_queryset(
@@ -247,9 +248,7 @@ def nearest_queryset(document_ids: Sequence[int], query_vector, limit: int) -> Q
     )
 
 
-def explain_vector_search(
-    query_vector: np.ndarray | Sequence[float], *, limit: int, user: AbstractBaseUser | None
-) -> str:
+def explain_vector_search(query_vector: np.ndarray | Sequence[float], *, limit: int, user: User | None) -> str:
     """Postgres's plan for the meaning arm's query for this user (for benchmarks and support)."""
     readable = searchable_document_ids(user)
     if uses_exact_search(readable):
@@ -343,7 +342,9 @@ def term_weights(document_ids: Sequence[int], queries: Sequence[SearchQuery]) ->
     return weights
 
 
-def _nearest_queryset(chunks: QuerySet[Chunk], query_vector, limit: int, *, tie_break: bool = True) -> QuerySet[Chunk]:
+def _nearest_queryset(
+    chunks: QuerySet[Chunk], query_vector, limit: int, *, tie_break: bool = True
+) -> QuerySet[Any, tuple[int, float]]:
     vector = np.asarray(query_vector, dtype=np.float32)
     ordering = ("distance", "pk") if tie_break else ("distance",)
     return (

@@ -6,38 +6,38 @@ attachments follow their e-mail's sharing, since they are shared with it).
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from documents.models import Document, Page
 
 
-def readable_filter(user: AbstractBaseUser, *, document_field: str = "pk", owner_field: str = "owner") -> Q:
+def readable_filter(user: User, *, document_field: str = "pk", owner_field: str = "owner") -> Q:
     """The condition "``user`` may read this document", in SQL. For a model that points at a
     document (a chunk, a job), pass ``document_field="document_id", owner_field="document__owner"``."""
     shares = Document.shared_with.through.objects.filter(document_id=OuterRef(document_field), group__user=user)
     return Q(**{owner_field: user}) | Q(Exists(shares))
 
 
-def documents_readable_by(user: AbstractBaseUser) -> QuerySet[Document]:
+def documents_readable_by(user: User) -> QuerySet[Document]:
     if not user.is_authenticated:
         return Document.objects.none()
     return Document.objects.filter(readable_filter(user))
 
 
-def documents_owned_by(user: AbstractBaseUser) -> QuerySet[Document]:
+def documents_owned_by(user: User) -> QuerySet[Document]:
     if not user.is_authenticated:
         return Document.objects.none()
     return Document.objects.filter(owner=user)
 
 
-def document_for_user(*, user: AbstractBaseUser, document_id: int) -> Document | None:
+def document_for_user(*, user: User, document_id: int) -> Document | None:
     return documents_readable_by(user).select_related("owner", "parent").filter(pk=document_id).first()
 
 
 def library_for_user(
     *,
-    user: AbstractBaseUser,
+    user: User,
     owner: str = "",
     state: str = "",
     kind: str = "",

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import PurePath
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, Group
+from django.contrib.auth.models import Group, User
 from django.contrib.postgres.search import SearchVector
 from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import UploadedFile
@@ -80,7 +80,7 @@ def max_upload_bytes() -> int:
     return settings.APPLIANCE_MAX_UPLOAD_MB * 1024 * 1024
 
 
-def _check_owner_limits(owner: AbstractBaseUser, upload: UploadedFile) -> None:
+def _check_owner_limits(owner: User, upload: UploadedFile) -> None:
     """One person's storage (``APPLIANCE_MAX_STORAGE_MB_PER_USER``, 413) and documents waiting
     to be read (``APPLIANCE_MAX_INGESTING_PER_USER``, 429): one person cannot fill the disk or
     the ingest queue for everyone."""
@@ -110,7 +110,7 @@ def _check_owner_limits(owner: AbstractBaseUser, upload: UploadedFile) -> None:
 
 
 def document_create(
-    *, owner: AbstractBaseUser, upload: UploadedFile, groups: Iterable[Group] = (), ingest_here: bool = False
+    *, owner: User, upload: UploadedFile, groups: Iterable[Group] = (), ingest_here: bool = False
 ) -> tuple[Document, bool]:
     """Store an upload and queue its ingestion. Returns (document, created): the same bytes
     uploaded again by the same owner return the existing document and do no work.
@@ -429,7 +429,7 @@ def document_reembed_stale(*, model_name: str) -> int:
     return len(ids)
 
 
-def document_share(*, document: Document, user: AbstractBaseUser, groups: Iterable[Group]) -> None:
+def document_share(*, document: Document, user: User, groups: Iterable[Group]) -> None:
     """Share with exactly these groups (an empty list makes it private). Owner only; the user
     must belong to every group named. Attachments follow their e-mail."""
     if document.owner_id != user.pk:
@@ -453,7 +453,7 @@ def _document_tree(document: Document) -> list[Document]:
     return tree
 
 
-def document_delete(*, document: Document, user: AbstractBaseUser | None = None) -> None:
+def document_delete(*, document: Document, user: User | None = None) -> None:
     """Delete a document with its pages, chunks, attachments and stored files."""
     if user is not None and document.owner_id != user.pk:
         raise NotAllowed("Only the owner can delete a document.")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any, overload
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Max, Q, Sum
 from django.utils import timezone
 
@@ -17,7 +18,7 @@ from inference.models import Job, Queue, RequestMetrics
 ETA_WINDOW = timedelta(hours=1)
 
 
-def _visible_jobs(user: AbstractBaseUser):
+def _visible_jobs(user: User):
     """The user's jobs whose document, if they have one, the user may still read: once a share is
     withdrawn, a summary's text and a clause job's quotes are the document's words, and are
     withheld with it (the job is kept, and shown again if the document is shared again)."""
@@ -25,20 +26,20 @@ def _visible_jobs(user: AbstractBaseUser):
     return Job.objects.filter(owner=user).filter(Q(document__isnull=True) | readable)
 
 
-def job_for_user(*, user: AbstractBaseUser, job_id) -> Job | None:
+def job_for_user(*, user: User, job_id) -> Job | None:
     if not user.is_authenticated:
         return None
     return _visible_jobs(user).select_related("document", "metrics").filter(pk=job_id).first()
 
 
-def jobs_of(*, user: AbstractBaseUser):
+def jobs_of(*, user: User):
     """The user's jobs, newest first."""
     if not user.is_authenticated:
         return Job.objects.none()
     return _visible_jobs(user).select_related("document", "metrics").order_by("-created_at")
 
 
-async def ajob_for_user(*, user: AbstractBaseUser, job_id) -> Job | None:
+async def ajob_for_user(*, user: User, job_id) -> Job | None:
     if not user.is_authenticated:
         return None
     return await _visible_jobs(user).select_related("document").filter(pk=job_id).afirst()
@@ -129,7 +130,13 @@ def ajob_queue_status(*, job_id) -> dict | None:
 USAGE_TOKENS = ("engine_requests", "prompt_tokens", "output_tokens")
 
 
-def usage(*, since, owner: AbstractBaseUser | None = None, group: str | None = None) -> dict | list[dict]:
+@overload
+def usage(*, since: datetime, owner: User | None = None, group: None = None) -> dict[str, Any]: ...
+@overload
+def usage(*, since: datetime, owner: User | None = None, group: str) -> list[dict[str, Any]]: ...
+def usage(
+    *, since: datetime, owner: User | None = None, group: str | None = None
+) -> dict[str, Any] | list[dict[str, Any]]:
     """Usage over a window, with one meaning wherever it is shown (the API, the console): ``jobs``
     are the jobs asked for since ``since`` (created then, chat completions included, whatever
     became of them), and the engine requests and tokens are those their runs used. ``owner``:

@@ -1,35 +1,75 @@
-"""mypy, strict, over the pure modules ([tool.mypy] in pyproject.toml): the decisions of the
-appliance are typed, and the list mypy checks is the list the layer test holds pure."""
+"""mypy ([tool.mypy] in pyproject.toml): the Django packages checked with django-stubs, the pure
+modules strictly; and the modules held strict are exactly the ones the layer test holds pure."""
 
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.test_layers import PURE
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+(STRICT,) = [override for override in CONFIG["overrides"] if override.get("disallow_untyped_defs")]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One mypy cache for this file's runs: the second reads what the first already analysed."""
+    return str(tmp_path_factory.mktemp("mypy") / "cache")
 
 
 def mypy(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mypy", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "mypy", *args], cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
-def test_the_pure_modules_type_check_strictly(tmp_path):
-    assert CONFIG["strict"] is True
-    result = mypy("--cache-dir", str(tmp_path / "cache"))
+def test_the_appliance_type_checks(cache):
+    result = mypy("--cache-dir", cache)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert f"no issues found in {len(CONFIG['files'])} source files" in result.stdout
+    assert "Success: no issues found" in result.stdout
+    assert "mypy_django_plugin.main" in CONFIG["plugins"]  # querysets and models read with django-stubs
 
 
-def test_mypy_checks_exactly_the_modules_held_pure():
-    checked = {file.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for file in CONFIG["files"]}
-    assert checked == PURE
+def test_the_strict_modules_are_exactly_the_modules_held_pure():
+    assert set(STRICT["module"]) == PURE
+    checked = [Path(ROOT, *module.split(".")) for module in PURE]
+    listed = [ROOT / entry for entry in CONFIG["files"]]
+    for path in checked:  # each pure module is among the files mypy reads
+        file = path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py"
+        assert any(file == entry or entry in file.parents for entry in listed), f"mypy does not read {file}"
 
 
-def test_mypy_would_report_a_wrong_type(tmp_path):
-    # The check is about something: a strict mypy fails a str returned as an int.
-    (tmp_path / "bad.py").write_text('def f() -> int:\n    return "one"\n', encoding="utf-8")
-    result = mypy("--strict", "--cache-dir", str(tmp_path / "cache"), "bad.py", cwd=tmp_path)
-    assert result.returncode == 1 and "Incompatible return value type" in result.stdout
+def test_the_strict_override_sets_every_per_module_flag_of_strict():
+    flags = {
+        "disallow_subclassing_any",
+        "disallow_untyped_calls",
+        "disallow_untyped_defs",
+        "disallow_incomplete_defs",
+        "check_untyped_defs",
+        "disallow_untyped_decorators",
+        "disallow_any_generics",
+        "warn_return_any",
+        "no_implicit_reexport",
+    }
+    assert {flag for flag in flags if STRICT.get(flag) is True} == flags
+
+
+def test_mypy_would_report_an_untyped_function_in_a_pure_module_and_a_wrong_type_anywhere(tmp_path, cache):
+    # The check is about something: run on a copy of the tree with one pure module and one Django
+    # module spoiled, mypy (this configuration) fails both.
+    for entry in ("pyproject.toml", *{entry.split("/")[0] for entry in CONFIG["files"]}):
+        source = ROOT / entry
+        if source.is_dir():
+            subprocess.run(["cp", "-r", str(source), str(tmp_path / entry)], check=True)
+        else:
+            (tmp_path / entry).write_bytes(source.read_bytes())
+    with (tmp_path / "inference" / "timing.py").open("a", encoding="utf-8") as pure:
+        pure.write("\n\ndef _untyped(x):\n    return x\n")
+    with (tmp_path / "documents" / "selectors.py").open("a", encoding="utf-8") as django_module:
+        django_module.write('\n\ndef _wrong() -> int:\n    return "one"\n')
+    result = mypy("--cache-dir", cache, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "inference/timing.py" in result.stdout and "no-untyped-def" in result.stdout
+    assert "documents/selectors.py" in result.stdout and "Incompatible return value type" in result.stdout
