@@ -16,7 +16,6 @@ noticed dying meanwhile.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -27,21 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-logger = logging.getLogger("appliance.supervisor")
+from appliance.processes import signal_group, start, stop_groups
 
-_PR_SET_PDEATHSIG = 1
+logger = logging.getLogger("appliance.supervisor")
 
 # A process or service that dies sooner than this after starting waits longer each time before
 # it is started again (2, 4, 8, ... s, up to ``max_backoff_s``); one that ran longer, half a second.
 QUICK_DEATH_S = 60.0
-
-
-def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Ask Linux to send SIGTERM to the child if the supervisor itself is killed."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 # The roles a node of the appliance can run (``manage.py serve --roles``): each is one process of
@@ -223,13 +214,8 @@ class Supervisor:
 
     def _spawn(self, spec: ProcessSpec) -> subprocess.Popen:
         logger.info("starting %s", spec.name)
-        return subprocess.Popen(
-            spec.argv,
-            cwd=self.cwd,
-            env={**os.environ, **spec.env},
-            start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops children in order
-            preexec_fn=die_with_parent,
-        )
+        # Its own group: Ctrl-C reaches the supervisor only, which stops the children in order.
+        return start(spec.argv, cwd=self.cwd, env={**os.environ, **spec.env}, tie_to_parent=True)
 
     def start_all(self) -> None:
         for spec in self.specs:
@@ -253,7 +239,7 @@ class Supervisor:
             code = entry.process.poll()
             if code is None or self.stopping:
                 continue
-            _signal_group(entry.process, signal.SIGKILL)  # what it left behind (vLLM's engine core)
+            signal_group(entry.process, signal.SIGKILL)  # what it left behind (vLLM's engine core)
             lived = now - entry.started_at
             pause = self._pause_after_death(entry, lived)
             logger.error(
@@ -314,21 +300,7 @@ class Supervisor:
         entries = [e for e in reversed(list(self.running.values())) if e.process.poll() is None]
         for entry in entries:
             logger.info("stopping %s", entry.spec.name)
-            _signal_group(entry.process, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for entry in entries:
-            try:
-                entry.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop in time; killing it", entry.spec.name)
-                _signal_group(entry.process, signal.SIGKILL)
-                entry.process.wait()
-            # Whatever the process left behind in its group (vLLM's engine core, pool children).
-            _signal_group(entry.process, signal.SIGKILL)
-
-
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        # No grace: what a process left behind in its group once it has exited (vLLM's engine
+        # core, pool children) is killed at once.
+        names = [entry.spec.name for entry in entries]
+        stop_groups([entry.process for entry in entries], timeout_s=timeout_s, grace_s=0, names=names)

@@ -65,6 +65,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.test import override_settings
 
+from appliance.processes import start_appliance_processes, stop_groups
 from inference.timing import percentile
 from measure.benchmarking import (
     Progress,
@@ -73,9 +74,7 @@ from measure.benchmarking import (
     ensure_embedded_broker,
     ensure_embedded_database,
     machine,
-    start_appliance_processes,
     start_logged,
-    stop_groups,
     synthetic_rng,
     synthetic_sentence,
     wait_for_engine,
@@ -439,7 +438,7 @@ class _Bench:
         )
         wanted = {"prefill-worker"} if layout == "fifo" else {"prefill-worker", "decode-worker"}
         env = self._env(APPLIANCE_SCHEDULING="fifo" if layout == "fifo" else "appliance")
-        self.workers += start_appliance_processes(wanted, tag="bench", env=env, log_dir=self.log_dir, caps=caps)
+        self.workers += start_appliance_processes(wanted, settings=caps, tag="bench", env=env, log_dir=self.log_dir)
         wait_for_queues({"prefill"} if layout == "fifo" else {"prefill", "decode"}, log_dir=self.log_dir)
         self.worker_layout = key
         self.progress(

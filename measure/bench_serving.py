@@ -48,6 +48,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from appliance.processes import start_appliance_processes, stop_groups
 from measure.benchmarking import (
     Progress,
     check_migrated,
@@ -55,9 +56,7 @@ from measure.benchmarking import (
     ensure_embedded_database,
     machine,
     served_queues,
-    start_appliance_processes,
     start_logged,
-    stop_groups,
     wait_for_engine,
     wait_for_queues,
 )
@@ -467,7 +466,12 @@ class _Bench:
         self.web_url = f"http://127.0.0.1:{port}"
         self.progress(f"starting a decode worker (pool {pool}) and a web server on {self.web_url}")
         processes = start_appliance_processes(
-            {"decode-worker", "web"}, tag="bench-serving", env=self._env(), log_dir=self.log_dir, port=port, caps=caps
+            {"decode-worker", "web"},
+            settings=caps,
+            tag="bench-serving",
+            env=self._env(),
+            log_dir=self.log_dir,
+            port=port,
         )
         self.started += zip(("the decode worker", "the web server"), processes, strict=True)
         wait_for_queues({"decode"}, log_dir=self.log_dir)

@@ -9,7 +9,6 @@ import platform
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import CommandError
+
+from appliance.processes import start
 
 
 @dataclass
@@ -195,30 +196,8 @@ def synthetic_text(rng: random.Random, words: int) -> str:
 
 
 def start_logged(argv: list[str], *, env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    """A process in its own group (so that stopping it stops its children), its output appended
-    to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            argv, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def start_appliance_processes(
-    names: set[str], *, tag: str, env: dict[str, str], log_dir: Path, port: int = 0, caps=None
-) -> list[subprocess.Popen]:
-    """The processes of `make run` called ``names``, with its command lines (and ``caps``' pool
-    sizes, default the settings'), each worker named ``<queue>-<tag>@host`` so that it is told
-    apart from the appliance's own, each logging to ``log_dir/<name>.log``."""
-    from appliance.supervisor import appliance_processes
-
-    return [
-        start_logged(
-            [a.replace("@%h", f"-{tag}@%h") for a in spec.argv], env=env, log_path=log_dir / f"{spec.name}.log"
-        )
-        for spec in appliance_processes(python=sys.executable, port=port, settings=caps or settings)
-        if spec.name in names
-    ]
+    """A process of the benchmark's (in its own group), its output appended to ``log_path``."""
+    return start(argv, cwd=settings.BASE_DIR, env=env, log_path=log_path)
 
 
 def wait_for_engine(socket: Path, *, process: subprocess.Popen | None, log_path: Path, timeout_s: float = 900) -> dict:
@@ -251,39 +230,3 @@ def wait_for_queues(wanted: set[str], *, log_dir: Path, timeout_s: float = 120) 
         if time.monotonic() > deadline:
             raise CommandError(f"workers did not start; see {log_dir}")
         time.sleep(0.5)
-
-
-def stop_groups(processes: list[subprocess.Popen], *, timeout_s: float = 30, grace_s: float = 10) -> None:
-    """SIGTERM each process group, then SIGKILL what is still there after ``timeout_s``. A
-    group outlives its leader when a child ignores the signal (vLLM's engine core while it
-    compiles, when an engine host is stopped during its start): it is given ``grace_s`` more,
-    then killed, so that no engine is left holding the device."""
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        while _group_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _group_alive(process.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            # A killed orphan is gone once init has reaped it: wait for that, a few seconds at most.
-            gone_by = time.monotonic() + 5
-            while _group_alive(process.pid) and time.monotonic() < gone_by:
-                time.sleep(0.05)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 from django.conf import settings
 
 from appliance.embedded import embedded_services
-from appliance.supervisor import appliance_processes, die_with_parent
+from appliance.processes import start_appliance_processes, stop_groups
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 ENGINE_START_TIMEOUT_S = 900  # a fresh machine compiles the model's graphs once (~2-3 min here)
@@ -77,17 +75,8 @@ def _child_env(**extra: str) -> dict[str, str]:
 
 
 def _stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+    """Stop ``process`` and whatever it left in its group, at once (the tests' processes)."""
+    stop_groups([process], timeout_s=timeout_s, grace_s=0)
 
 
 class EngineHosts:
@@ -99,7 +88,7 @@ class EngineHosts:
 
         self.client = EngineClient.from_settings()
         self.process: subprocess.Popen | None = None
-        self.log_path = Path(settings.VAR_DIR) / "engine-host.log"
+        self.log_path = Path(settings.VAR_DIR) / "logs" / "engine.log"
 
     def answers(self) -> bool:
         from inference.engine.client import EngineUnavailable
@@ -113,18 +102,15 @@ class EngineHosts:
     def ensure_running(self) -> None:
         if self.answers():
             return  # one is running already (a developer's earlier session, or started here)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, str(BASE_DIR / "manage.py"), "engine_host"],
-                cwd=BASE_DIR,
-                # The suite's tests switch the scheduling policy as the benchmarks do.
-                env=_child_env(APPLIANCE_ENGINE_BENCHMARK_OPS="1"),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent,  # no stray processes if the test run is killed
-            )
+        # The declared engine host (as `make run` starts it); the suite's tests switch the
+        # scheduling policy as the benchmarks do. Tied to this session: no stray engine if it is killed.
+        (self.process,) = start_appliance_processes(
+            {"engine"},
+            settings=settings,
+            env=_child_env(APPLIANCE_ENGINE_BENCHMARK_OPS="1"),
+            log_dir=self.log_path.parent,
+            tie_to_parent=True,
+        )
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
         while not self.answers():
             if self.process.poll() is not None:
@@ -217,24 +203,15 @@ def _wait_for_other_sessions_to_close(timeout_s: float = 15) -> None:
 
 def _start_appliance_processes(names: set[str], *, port: int = 0) -> list[subprocess.Popen]:
     """Processes of `make run` (same command lines), pointed at the test database."""
-    specs = [s for s in appliance_processes(python=sys.executable, port=port, settings=settings) if s.name in names]
-    log_dir = Path(settings.VAR_DIR) / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    processes = []
-    for spec in specs:
-        with (log_dir / f"{spec.name}.log").open("wb") as log:
-            processes.append(
-                subprocess.Popen(
-                    spec.argv,
-                    cwd=BASE_DIR,
-                    env=_child_env(DATABASE_URL=_test_database_url()),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent,
-                )
-            )
-    return processes
+    return start_appliance_processes(
+        names,
+        settings=settings,
+        env=_child_env(DATABASE_URL=_test_database_url()),
+        log_dir=Path(settings.VAR_DIR) / "logs",
+        port=port,
+        fresh_log=True,
+        tie_to_parent=True,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,7 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management.base import CommandError
 
+from appliance.processes import start_appliance_processes, stop_groups
 from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
 from measure.benchmarking import (
     Progress,
@@ -56,8 +57,6 @@ from measure.benchmarking import (
     ensure_embedded_database,
     machine,
     served_queues,
-    start_appliance_processes,
-    stop_groups,
     wait_for_engine,
     wait_for_queues,
 )
@@ -527,6 +526,7 @@ class _Processes:
         self.progress("starting an engine host and workers of the evaluation's own; the engine takes a minute or two")
         self.started = start_appliance_processes(
             {"engine", "ingest-worker", "prefill-worker", "decode-worker"},
+            settings=settings,
             tag="evaluate",
             env=env,
             log_dir=self.log_dir,

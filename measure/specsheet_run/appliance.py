@@ -13,11 +13,10 @@ from django.conf import settings
 from django.core.management.base import CommandError
 
 from appliance.env import env_int
+from appliance.processes import start_appliance_processes, stop_groups
 from measure.benchmarking import (
     Progress,
     served_queues,
-    start_appliance_processes,
-    stop_groups,
     wait_for_engine,
     wait_for_queues,
 )
@@ -56,7 +55,7 @@ class _Appliance:
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE}
         self.started = start_appliance_processes(
             {"engine", "ingest-worker", "prefill-worker", "decode-worker", "web"},
-            tag="specsheet", env=env, log_dir=self.log_dir, port=port,
+            settings=settings, tag="specsheet", env=env, log_dir=self.log_dir, port=port,
         )  # fmt: skip
         engine = wait_for_engine(socket_path, process=self.started[0], log_path=self.log_dir / "engine.log")
         wait_for_queues(QUEUES, log_dir=self.log_dir)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
 
+from appliance.processes import start
 from inference import services, streaming
 from inference.models import Job, Queue
 from tests.conftest import BASE_DIR, _child_env, _stop, _test_database_url, wait_until
@@ -58,12 +58,11 @@ def victim_decode_worker(workers):
         if name.startswith("decode@")
     ]
     app.control.cancel_consumer("decode", destination=session_decode, reply=True)
-    log = (settings.VAR_DIR / "logs" / "victim-worker.log").open("wb")
-    process = subprocess.Popen(
+    process = start(
         [sys.executable, "-m", "celery", "-A", "appliance", "worker", "-Q", "decode", "-n", "decode@victim.%h",
          "--pool", "threads", "-c", "2", "--without-gossip", "--without-mingle"],
-        cwd=BASE_DIR, env=_child_env(DATABASE_URL=_test_database_url()), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        cwd=BASE_DIR, env=_child_env(DATABASE_URL=_test_database_url()),
+        log_path=settings.VAR_DIR / "logs" / "victim-worker.log", fresh_log=True,
     )  # fmt: skip
 
     def victim_serves():
@@ -75,7 +74,6 @@ def victim_decode_worker(workers):
         yield SimpleNamespace(process=process, session_decode=session_decode)
     finally:
         _stop(process)  # already dead after the test, or stopped here if it failed early
-        log.close()
         app.control.add_consumer("decode", destination=session_decode, reply=True)
 
 

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -21,6 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from api.services import token_create
+from appliance.processes import start
 from appliance.supervisor import appliance_processes
 from inference import services, streaming
 from inference.models import Job, JobKind, Queue
@@ -65,12 +65,10 @@ def solo_worker(queue: str, name: str, *, concurrency: int = 1, **env: str):
     session = [n for n, queues in _serving().items() if queue in queues]
     app.control.cancel_consumer(queue, destination=session, reply=True)
     log_path = settings.VAR_DIR / "logs" / f"{name}-worker.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen(
+    process = start(
         [sys.executable, "-m", "celery", "-A", "appliance", "worker", "-Q", queue, "-n", f"{queue}@{name}.%h",
          "--pool", "threads", "-c", str(concurrency), "--without-gossip", "--without-mingle"],
-        cwd=BASE_DIR, env=_child_env(DATABASE_URL=_test_database_url(), **env), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        cwd=BASE_DIR, env=_child_env(DATABASE_URL=_test_database_url(), **env), log_path=log_path, fresh_log=True,
     )  # fmt: skip
     hostname = wait_until(
         lambda: next((n for n in _serving() if n.startswith(f"{queue}@{name}.")), None),
@@ -81,7 +79,6 @@ def solo_worker(queue: str, name: str, *, concurrency: int = 1, **env: str):
         yield SimpleNamespace(process=process, session=session, hostname=hostname, log_path=log_path)
     finally:
         _stop(process)
-        log.close()
         app.control.add_consumer(queue, destination=session, reply=True)
 
 
@@ -159,20 +156,17 @@ def web_with_dead_broker(django_db_setup):
         sock.bind(("127.0.0.1", 0))
         dead = sock.getsockname()[1]  # bound and closed: nothing listens there now
     (spec,) = [s for s in appliance_processes(python=sys.executable, port=port, settings=settings) if s.name == "web"]
-    log = (settings.VAR_DIR / "logs" / "web-dead-broker.log").open("wb")
+    log_path = settings.VAR_DIR / "logs" / "web-dead-broker.log"
     env = _child_env(
         DATABASE_URL=_test_database_url(), REDIS_URL=f"redis://127.0.0.1:{dead}/0", APPLIANCE_MAX_QUEUED_PER_USER="2"
     )
-    process = subprocess.Popen(
-        spec.argv, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    process = start(spec.argv, cwd=BASE_DIR, env=env, log_path=log_path, fresh_log=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_web_server(url)
         yield url
     finally:
         _stop(process)
-        log.close()
 
 
 def _post(url: str, token: str, body: dict):

@@ -1,0 +1,99 @@
+"""Starting and stopping the appliance's processes (``appliance/processes.py``), the one way the
+supervisor, the test fixtures, the benchmarks and the evaluation do it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from appliance.processes import start, start_appliance_processes, stop_groups
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_group_whose_child_ignores_the_signal_is_killed_after_its_leader_exits():
+    # The leader exits on SIGTERM; its child ignores it, as vLLM's engine core does while it
+    # compiles the model when an engine host is stopped during its start.
+    leader = subprocess.Popen(
+        ["sh", "-c", "(trap '' TERM; sleep 60) & sleep 60"], start_new_session=True, stdout=subprocess.DEVNULL
+    )
+    try:
+        stop_groups([leader], timeout_s=10, grace_s=0.5)
+        assert leader.returncode is not None
+        assert not _group_alive(leader.pid)
+    finally:
+        if _group_alive(leader.pid):
+            os.killpg(leader.pid, 9)
+
+
+def test_stopping_a_process_that_has_already_exited_is_quiet():
+    done = subprocess.Popen(["true"], start_new_session=True)
+    done.wait()
+    stop_groups([done], timeout_s=1, grace_s=0.1)
+    assert done.returncode == 0
+
+
+def test_a_started_process_leads_its_own_group_and_writes_its_log(tmp_path):
+    log = tmp_path / "logs" / "echo.log"
+    log.parent.mkdir()
+    log.write_bytes(b"before\n")
+    process = start(["sh", "-c", "echo one; echo two >&2"], cwd=tmp_path, env=os.environ, log_path=log)
+    assert process.wait(timeout=10) == 0
+    assert os.getpgid(os.getpid()) != process.pid  # its own group, not the caller's
+    assert log.read_text() == "before\none\ntwo\n"  # appended, stderr with stdout
+    process = start(["echo", "three"], cwd=tmp_path, env=os.environ, log_path=log, fresh_log=True)
+    process.wait(timeout=10)
+    assert log.read_text() == "three\n"
+
+
+def _settings(tmp_path):
+    return SimpleNamespace(
+        BASE_DIR=ROOT,
+        APPLIANCE_INGEST_CONCURRENCY=1,
+        APPLIANCE_PREFILL_CONCURRENCY=1,
+        APPLIANCE_DECODE_CONCURRENCY=1,
+    )
+
+
+def test_an_unknown_process_name_is_refused_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match="no such appliance process: decoder"):
+        start_appliance_processes({"decoder"}, settings=_settings(tmp_path), env=os.environ, log_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_appliances_processes_start_with_make_runs_command_lines_and_a_tag(tmp_path, monkeypatch):
+    # A fake Popen records what would start: the command lines are the declaration's.
+    started = []
+
+    class FakePopen:
+        def __init__(self, argv, **options):
+            started.append((argv, options))
+            self.pid = 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    from appliance.supervisor import appliance_processes
+
+    declared = {
+        s.name: s.argv for s in appliance_processes(python=sys.executable, port=0, settings=_settings(tmp_path))
+    }
+    start_appliance_processes(
+        {"decode-worker"}, settings=_settings(tmp_path), env={"A": "1"}, log_dir=tmp_path, tag="bench"
+    )
+    ((argv, options),) = started
+    assert argv == [a.replace("@%h", "-bench@%h") for a in declared["decode-worker"]]
+    assert any("-bench@%h" in a for a in argv)  # told apart from the appliance's own worker
+    assert options["env"] == {"A": "1"} and options["start_new_session"] and options["cwd"] == ROOT
+    assert (tmp_path / "decode-worker.log").exists()
