@@ -23,9 +23,10 @@ from api import auth
 from api.pagination import MAX_PAGE, Paginated, paginate
 from api.problems import ApiProblem, not_found, responses
 from documents.api import readable_document
-from inference import events, grounding, selectors, services, streaming
+from inference import events, grounding, job_results, selectors, services, streaming
 from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
 from inference.drafting import MESSAGE_MAX_CHARS
+from inference.job_results import DraftResult, result_for
 from inference.models import IdempotencyKey, Job, JobKind, Queue
 from inference.prompts import (
     DEFAULT_DRAFT_LENGTH,
@@ -145,18 +146,18 @@ class JobPage(Paginated):
     results: list[JobOut]
 
 
-def _result_data(job: Job, user) -> dict:
-    data = dict(job.result_data)
-    if job.kind == JobKind.DRAFT:
-        edited = data.get("edited_text")
-        if edited:  # the author's edit and its check are what the draft now is
+def _result_data(result: job_results.JobResult, user) -> dict:
+    """What the row holds (``job_results``), as stored; a draft as its author last edited it."""
+    data = result.to_json()
+    if isinstance(result, DraftResult):
+        if result.edited_text:  # the author's edit and its check are what the draft now is
             data["sentences"] = data.get("edited_sentences")
             data["support"] = data.get("edited_support")
-        passages = data.get("passages", [])
-        readable = grounding.readable_ids(user, [p["document_id"] for p in passages])
+        readable = grounding.readable_ids(user, [p.document_id for p in result.passages])
         # A passage of a document the reader may no longer read keeps its number, not its text.
         data["passages"] = [
-            p if p["document_id"] in readable else {"number": p["number"], "readable": False} for p in passages
+            p.to_json() if p.document_id in readable else {"number": p.number, "readable": False}
+            for p in result.passages
         ]
         for name in ("edited_text", "edited_sentences", "edited_support"):
             data.pop(name, None)
@@ -167,8 +168,9 @@ def job_out(request, job: Job, *, orders: dict | None = None) -> dict:
     metrics = getattr(job, "metrics", None)
     result = None
     if job.state == Job.State.SUCCEEDED:
-        text = job.result_data.get("edited_text") or job.result_text
-        result = {"text": text, "note": job.result_note, "data": _result_data(job, request.user)}
+        typed = result_for(job.kind, job.result_data)
+        text = (typed.edited_text if isinstance(typed, DraftResult) else None) or job.result_text
+        result = {"text": text, "note": job.result_note, "data": _result_data(typed, request.user)}
     return {
         "id": job.pk,
         "kind": job.kind,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+from inference.job_results import DraftResult, SummaryResult
 from inference.models import Job, JobKind
-from inference.prompts import passage_source
 
 DOCX_CONTENT_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 DOCX_KINDS = (JobKind.DRAFT, JobKind.SUMMARISE)
@@ -29,20 +29,20 @@ UNREADABLE = "a document you may no longer read"
 def export_of(job: Job, readable: set[int] | None = None) -> Export:
     """``readable``: the ids of the documents the person exporting may read now; a draft's
     passages from any other are left out, as on the page."""
-    data = job.result_data or {}
     document = job.document.title if job.document_id else ""
     if job.kind == JobKind.DRAFT:
+        draft = DraftResult.from_json(job.result_data or {})
         sources = [
-            f"[{p['number']}] {passage_source(p['document_title'], p['page_start'], p['page_end'])}: {p['text']}"
-            if readable is None or p["document_id"] in readable
-            else f"[{p['number']}] {UNREADABLE}"
-            for p in data.get("passages", [])
+            f"[{p.number}] {p.source}: {p.text}"
+            if readable is None or p.document_id in readable
+            else f"[{p.number}] {UNREADABLE}"
+            for p in draft.passages
         ]
-        return Export("Drafted reply", data.get("edited_text") or job.result_text, sources, "Sources")
+        return Export("Drafted reply", draft.edited_text or job.result_text, sources, "Sources")
     if job.kind == JobKind.SUMMARISE:
         sources = [
-            f"{s['text']} ({'p. ' + str(s['page']) if s['page'] else 'no page of the document says this'})"
-            for s in data.get("statements") or []
+            f"{s.text} ({'p. ' + str(s.page) if s.page else 'no page of the document says this'})"
+            for s in SummaryResult.from_json(job.result_data or {}).statements or ()
         ]
         return Export(f"Summary of {document}", job.result_text, sources, "Where each statement comes from")
     if job.kind == JobKind.EXTRACT_CLAUSES:
@@ -53,7 +53,8 @@ def export_of(job: Job, readable: set[int] | None = None) -> Export:
 def as_markdown(job: Job, readable: set[int] | None = None) -> str:
     export = export_of(job, readable)
     lines = [f"# {export.title}", "", _meta(job), "", export.body.strip(), ""]
-    if job.result_note and not (job.result_data or {}).get("edited_text"):  # the note is about the model's draft
+    edited = job.kind == JobKind.DRAFT and DraftResult.from_json(job.result_data or {}).edited_text
+    if job.result_note and not edited:  # the note is about the model's draft
         lines += [f"_{job.result_note}_", ""]
     if export.sources:
         lines += [f"## {export.sources_heading}", ""] + [f"- {source}" for source in export.sources] + [""]

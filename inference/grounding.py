@@ -11,12 +11,13 @@ choosing which documents are searched: the scope is ids and a group, fixed by th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
 
 from documents.search import Passage, readable_documents, search_passages
 from inference.drafting import DRAFT_PASSAGES, fuse_rankings, retrieval_queries
+from inference.job_results import PassageRecord
 from inference.prompts import NumberedPassage, passage_source
 
 CANDIDATES_PER_QUERY = 12
@@ -104,19 +105,20 @@ def numbered(passages: Sequence[Passage]) -> list[NumberedPassage]:
     ]
 
 
-def passages_from_records(records: Sequence[dict]) -> list[NumberedPassage]:
-    """The numbered passages of a finished draft, from what its job kept (``passage_record``)."""
-    return [
-        NumberedPassage(r["number"], passage_source(r["document_title"], r["page_start"], r["page_end"]), r["text"])
-        for r in records
-    ]
-
-
-def passage_record(number: int, passage: Passage) -> dict:
-    """What a job keeps of a passage it cited: enough to link it and to show it."""
-    record = asdict(passage)
-    record.pop("score", None)
-    return {"number": number, **record}
+def passage_record(number: int, passage: Passage) -> PassageRecord:
+    """What a job keeps of a passage it cited: enough to link it and to show it (its score is
+    not kept). ``PassageRecord.numbered`` gives the passage back as the model saw it."""
+    return PassageRecord(
+        number=number,
+        chunk_id=passage.chunk_id,
+        document_id=passage.document_id,
+        document_title=passage.document_title,
+        page_start=passage.page_start,
+        page_end=passage.page_end,
+        text=passage.text,
+        char_start=passage.char_start,
+        char_end=passage.char_end,
+    )
 
 
 def readable_ids(user: AbstractBaseUser, document_ids: Sequence[int]) -> set[int]:

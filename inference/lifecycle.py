@@ -43,6 +43,7 @@ from inference import fencing, running, streaming
 from inference.attempts import Attempt, AttemptStopped, StopReason, time_limit_reason
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
 from inference.fencing import attempt_watch, held
+from inference.job_results import SummaryResult, statement_to_json
 from inference.models import Job, JobKind, Queue, RequestMetrics
 from inference.timing import request_timing
 
@@ -280,7 +281,7 @@ def _store_result(job: Job, attempt: Attempt, result: running.TaskResult) -> Job
             state=Job.State.SUCCEEDED,
             result_text=result.text.strip(),
             result_note=result.note,
-            result_data=result.data,
+            result_data=result.data.to_json(),
             finished_at=timezone.now(),
             checkpoint={},
         )
@@ -458,7 +459,10 @@ def _metrics_fields(job: Job, result: running.TaskResult) -> dict:
 
 def metrics_summary(job: Job) -> dict:
     metrics = getattr(job, "metrics", None)
-    statements = job.result_data.get("statements") if job.kind == JobKind.SUMMARISE else None
+    statements = None
+    if job.kind == JobKind.SUMMARISE:
+        sourced = SummaryResult.from_json(job.result_data).statements
+        statements = None if sourced is None else [statement_to_json(s) for s in sourced]
     html = render_markdown(job.result_text)  # the page swaps the streamed text for this
     if metrics is None:
         return {"note": job.result_note, "statements": statements, "html": html}

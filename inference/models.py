@@ -47,7 +47,7 @@ class Job(models.Model):
     options = models.JSONField(default=dict, blank=True)
     result_text = models.TextField(blank=True)
     result_note = models.TextField(blank=True)  # e.g. what part of a document the result covers
-    result_data = models.JSONField(default=dict, blank=True)  # clauses, a long document's partial summaries
+    result_data = models.JSONField(default=dict, blank=True)  # the kind's result: inference/job_results.py
     error = models.TextField(blank=True)
     # Starts that count against lifecycle.MAX_ATTEMPTS. While the job runs, also the running
     # attempt's fencing token: each of its writes is conditional on (RUNNING, this number).

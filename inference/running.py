@@ -1,7 +1,7 @@
 """How each kind of job talks to the engine host, inside a worker.
 
 A runner takes a claimed job and the attempt that holds it, and returns a ``TaskResult``: the
-text, a note, structured data and every engine request it made (for the metrics).
+text, a note, the kind's result (``job_results``) and every engine request it made (for the metrics).
 ``lifecycle.job_run_next`` claims the job, calls the runner of its kind, and stores what it
 returns. Runners stream what the user should watch (``visible`` requests) to the job's Redis
 stream; the others (a long document's sections, JSON) report progress instead, and each of them
@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from django.conf import settings
 from django.db import connections
@@ -31,6 +31,16 @@ from inference.drafting import DRAFT_MAX_TOKENS, check_support, support_summary
 from inference.engine.client import EngineClient
 from inference.engine.protocol import GenerateRequest, Priority
 from inference.job_options import ChatOptions, ClauseOptions, DraftOptions, Sampling, SummaryOptions
+from inference.job_results import (
+    ChatResult,
+    ClauseResult,
+    DraftResult,
+    DroppedQuote,
+    JobResult,
+    Partial,
+    SummaryResult,
+    Support,
+)
 from inference.models import Job, JobKind, Queue
 from inference.prompts import (
     PageText,
@@ -41,7 +51,7 @@ from inference.prompts import (
     summary_instruction,
 )
 from inference.quotes import running_lines
-from inference.sourcing import SourcePassage, source_statements
+from inference.sourcing import SourcePassage, Statement, source_statements
 from inference.summarise import Section, group_partials, split_sections
 from inference.timing import Delta
 
@@ -70,7 +80,7 @@ class EngineRun:
 class TaskResult:
     text: str = ""
     note: str = ""
-    data: dict = field(default_factory=dict)
+    data: JobResult = field(default_factory=ChatResult)  # stored as ``Job.result_data``
     runs: list[EngineRun] = field(default_factory=list)  # every engine request, in order
     visible: EngineRun | None = None  # the one the user watched stream, if any
     resumed: int = 0  # hidden requests answered from the job's checkpoint instead of the engine
@@ -361,11 +371,13 @@ def run_summary(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     result = _summarise(job, client, attempt)
     if result.text:
         _progress(attempt, "Finding the page of each statement")
-        result.data["statements"] = summary_statements(job.document, result.text)
+        statements = summary_statements(job.document, result.text)
+        assert isinstance(result.data, SummaryResult)
+        result.data = replace(result.data, statements=None if statements is None else tuple(statements), sourced=True)
     return result
 
 
-def summary_statements(document, text: str) -> list[dict] | None:
+def summary_statements(document, text: str) -> list[Statement] | None:
     """Each sentence of ``text`` with the page of ``document`` it comes from (``sourcing``), or
     None while the document's passages are embedded by another model than the one loaded."""
     from documents.embeddings import get_embedder
@@ -380,8 +392,7 @@ def summary_statements(document, text: str) -> list[dict] | None:
         for page_start, page_end, vector, text in chunks.values_list("page_start", "page_end", "embedding", "text")
     ]
     last_page = document.pages_total or max((p.page_end for p in passages), default=1)
-    statements = source_statements(text, passages, last_page=last_page, embed=embedder.encode)
-    return [asdict(statement) for statement in statements]
+    return source_statements(text, passages, last_page=last_page, embed=embedder.encode)
 
 
 def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
@@ -395,7 +406,8 @@ def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     length, focus = options.length, options.focus
     max_tokens = options.max_tokens or settings.APPLIANCE_SUMMARY_MAX_TOKENS
     pages, sections = _document_sections(job, client, attempt)
-    result = TaskResult(data={"sections": [s.page_label for s in sections]})
+    summary = SummaryResult(sections=tuple(s.page_label for s in sections))
+    result = TaskResult(data=summary)
     if len(sections) == 1:
         messages = section_messages(
             title=title, pages=list(sections[0].pages), instruction=summary_instruction(length=length, focus=focus)
@@ -420,7 +432,8 @@ def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     ]
     answers = map_sections(job, client, attempt, result, requests, doing="Reading the document")
     partials = [(section.page_label, answer) for section, answer in zip(sections, answers, strict=True)]
-    result.data["partials"] = [{"pages": label, "text": text} for label, text in partials]
+    summary = replace(summary, partials=tuple(Partial(label, text) for label, text in partials))
+    result.data = summary
 
     context = int(client.stats()["max_model_len"])
 
@@ -457,8 +470,7 @@ def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
         "parts, each summarised, then the summaries combined."
         + (f" {result.resumed} part(s) were kept from an earlier attempt at this job." if result.resumed else "")
     )
-    if result.resumed:
-        result.data["resumed_parts"] = result.resumed
+    result.data = replace(summary, resumed_parts=result.resumed)
     return result
 
 
@@ -521,22 +533,20 @@ def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
         raw.extend(found)
     attempt.check()
     verified = verify_clauses(raw, stored, categories, offered)
-    clauses = [asdict(clause) for clause in verified.clauses]
-    result.data = {
-        "taxonomy": options.taxonomy,
-        "categories": list(categories),
-        "clauses": clauses,
-        "proposed": len(raw),
-        "dropped": len(verified.dropped),
-        "dropped_examples": verified.dropped[:20],
-        "sections": len(sections),
-        "incomplete_sections": cut_short,
-    }
-    if result.resumed:
-        result.data["resumed_parts"] = result.resumed
+    clauses = verified.clauses
+    result.data = ClauseResult(
+        taxonomy=options.taxonomy,
+        categories=tuple(categories),
+        clauses=tuple(clauses),
+        proposed=len(raw),
+        dropped=len(verified.dropped),
+        dropped_examples=tuple(DroppedQuote.from_json(d) for d in verified.dropped[:20]),
+        sections=len(sections),
+        incomplete_sections=cut_short,
+        resumed_parts=result.resumed,
+    )
     lines = [
-        f"- **{c['category']}** (p. {c['page']}): \u201c{c['quote']}\u201d"
-        + (f" \u2014 {c['note']}" if c["note"] else "")
+        f"- **{c.category}** (p. {c.page}): \u201c{c.quote}\u201d" + (f" \u2014 {c.note}" if c.note else "")
         for c in clauses
     ]
     result.text = "\n".join(lines) if lines else "No clauses of the chosen categories were found."
@@ -588,13 +598,15 @@ def run_draft(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     _progress(attempt, "Checking each sentence against the passages it cites")
     checks = check_support(run.text, shown, embed=embedder.encode)
     support = support_summary(checks)
-    result.data = {
-        "message": options.message,
-        "scope": scope.describe(),
-        "passages": [grounding.passage_record(p.number, passage) for p, passage in zip(shown, passages, strict=False)],
-        "sentences": [asdict(check) for check in checks],
-        "support": support,
-    }
+    result.data = DraftResult(
+        message=options.message,
+        scope=scope.describe(),
+        passages=tuple(
+            grounding.passage_record(p.number, passage) for p, passage in zip(shown, passages, strict=False)
+        ),
+        sentences=tuple(checks),
+        support=Support.from_json(support),
+    )
     result.note = draft_note(support, passages=len(shown), left_out=len(passages) - len(shown))
     return result
 

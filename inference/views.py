@@ -20,6 +20,7 @@ from documents.services import UploadRejected, text_of_message_upload
 from inference import events, exports, grounding, selectors, services, streaming
 from inference.clauses import DEFAULT_TAXONOMY
 from inference.drafting import MESSAGE_MAX_CHARS, sentence_parts
+from inference.job_results import ClauseResult, DraftResult, SummaryResult, clause_to_json, sentence_to_json
 from inference.models import JobKind
 from inference.prompts import DEFAULT_DRAFT_LENGTH, DEFAULT_DRAFT_TONE, DRAFT_LENGTHS, DRAFT_TONES
 
@@ -185,26 +186,24 @@ def draft_view(job, user) -> dict | None:
     its citations do not support it; each passage with whether the viewer may still open it."""
     if job.kind != JobKind.DRAFT or job.state != job.State.SUCCEEDED:
         return None
-    data = job.result_data
-    edited = data.get("edited_text")
-    sentences = data.get("edited_sentences") if edited else data.get("sentences")
-    passages = data.get("passages", [])
-    readable = grounding.readable_ids(user, [p["document_id"] for p in passages])
-    numbers = {p["number"] for p in passages}
+    draft = DraftResult.from_json(job.result_data)
+    edited = draft.edited_text
+    sentences = draft.current_sentences
+    readable = grounding.readable_ids(user, [p.document_id for p in draft.passages])
     return {
         "text": edited or job.result_text,
         "edited": bool(edited),
         "checking": bool(edited) and sentences is None,
-        "check_late": bool(edited) and sentences is None and _older_than(data.get("edited_at"), EDIT_CHECK_PATIENCE_S),
-        "support": data.get("edited_support") if edited else data.get("support"),
+        "check_late": bool(edited) and sentences is None and _older_than(draft.edited_at, EDIT_CHECK_PATIENCE_S),
+        "support": draft.current_support,
         "sentences": [
-            {**sentence, "parts": sentence_parts(sentence["text"]), "uncited": not sentence["citations"]}
-            for sentence in (sentences or [])
+            {**sentence_to_json(sentence), "parts": sentence_parts(sentence.text), "uncited": not sentence.citations}
+            for sentence in (sentences or ())
         ],
-        "passages": [{**p, "readable": p["document_id"] in readable} for p in passages],
-        "numbers": numbers,
-        "message": data.get("message") or job.options.get("message", ""),
-        "scope": data.get("scope", ""),
+        "passages": [{**p.to_json(), "readable": p.document_id in readable} for p in draft.passages],
+        "numbers": {p.number for p in draft.passages},
+        "message": draft.message or job.options.get("message", ""),
+        "scope": draft.scope,
         "tones": list(DRAFT_TONES),
         "lengths": list(DRAFT_LENGTHS),
     }
@@ -251,20 +250,19 @@ def clauses_export(request, job_id, fmt: str):
         or job.state != job.State.SUCCEEDED
     ):
         raise Http404("No such clause extraction.")
-    clauses = job.result_data.get("clauses", [])
+    result = ClauseResult.from_json(job.result_data)
     name = f"clauses-{slugify(job.document.title) or job.pk}"
     audit(request, "export", target=f"Clauses of {job.document.title} ({fmt})", document=job.document, job=job)
     if fmt == "json":
         response = JsonResponse(
-            {"document": job.document.title, "job": str(job.pk), **job.result_data}, json_dumps_params={"indent": 2}
+            {"document": job.document.title, "job": str(job.pk), **result.to_json()}, json_dumps_params={"indent": 2}
         )
     else:
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         writer = csv.writer(response)
         writer.writerow(["category", "page", "end_page", "quote", "note", "match"])
-        for clause in clauses:
-            clause = {"end_page": clause["page"], **clause}  # kept before quotes could cross a page break
-            writer.writerow([_csv_cell(clause[k]) for k in ("category", "page", "end_page", "quote", "note", "match")])
+        for c in result.clauses:
+            writer.writerow([_csv_cell(v) for v in (c.category, c.page, c.end_page, c.quote, c.note, c.match)])
     response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
     return response
 
@@ -280,8 +278,8 @@ def job_export(request, job_id, fmt: str):
     stem = slugify(f"{job.get_kind_display()} {job.document.title if job.document_id else ''}") or str(job.pk)
     on = f" of {job.document.title}" if job.document_id else ""
     audit(request, "export", target=f"{job.get_kind_display()}{on} ({fmt})", document=job.document, job=job)
-    passages = job.result_data.get("passages") or []
-    readable = grounding.readable_ids(request.user, [p["document_id"] for p in passages])
+    passages = DraftResult.from_json(job.result_data).passages if job.kind == JobKind.DRAFT else ()
+    readable = grounding.readable_ids(request.user, [p.document_id for p in passages])
     if fmt == "md":
         response = HttpResponse(exports.as_markdown(job, readable), content_type="text/markdown; charset=utf-8")
     else:
@@ -298,19 +296,22 @@ def _csv_cell(value):
 
 def clause_views(job) -> list[dict]:
     """Each clause with the text around it on its page, for highlighting (escaped by the template)."""
-    if job.kind != JobKind.EXTRACT_CLAUSES or not job.result_data.get("clauses"):
+    if job.kind != JobKind.EXTRACT_CLAUSES:
         return []
-    numbers = {c["page"] for c in job.result_data["clauses"]}
+    clauses = ClauseResult.from_json(job.result_data).clauses
+    if not clauses:
+        return []
+    numbers = {c.page for c in clauses}
     texts = dict(job.document.pages.filter(number__in=numbers).values_list("number", "text"))
     views = []
-    for clause in job.result_data["clauses"]:
-        text = texts.get(clause["page"], "")
-        start, end = clause["start"], clause["end"]
-        if clause.get("end_page", clause["page"]) != clause["page"]:
+    for clause in clauses:
+        text = texts.get(clause.page, "")
+        start, end = clause.start, clause.end
+        if clause.end_page != clause.page:
             end = len(text)  # it goes on over the page break: its first page's part is marked
         views.append(
             {
-                **clause,
+                **clause_to_json(clause),
                 "before": ("\u2026" if start > CONTEXT_CHARS else "") + text[max(0, start - CONTEXT_CHARS) : start],
                 "match_text": text[start:end],
                 "after": text[end : end + CONTEXT_CHARS] + ("\u2026" if end + CONTEXT_CHARS < len(text) else ""),
@@ -331,6 +332,7 @@ def job_detail(request, job_id):
             "queue": selectors.job_queue_status(job),
             "clauses": clause_views(job),
             "draft": draft_view(job, request.user),
+            "summary": SummaryResult.from_json(job.result_data) if job.kind == JobKind.SUMMARISE else None,
         },
     )
 

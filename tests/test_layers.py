@@ -44,6 +44,7 @@ PURE = {
     "measure.evaluation.retrieval",
     "inference.facts",
     "inference.job_options",
+    "inference.job_results",
     "inference.fairshare",
     "inference.capacity",
     "measure.intervals",

@@ -4,16 +4,17 @@ the edit's support in a worker)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import replace
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
 from appliance.broker import PUBLISH_ERRORS
-from inference.drafting import MESSAGE_MAX_CHARS, check_support, support_summary
-from inference.grounding import ScopeRejected, draft_scope, passages_from_records
+from inference.drafting import MESSAGE_MAX_CHARS, SentenceCheck, check_support, support_summary
+from inference.grounding import ScopeRejected, draft_scope
 from inference.job_options import DraftOptions
+from inference.job_results import DraftResult, Support
 from inference.lifecycle import celery_queue_for
 from inference.models import Job, JobKind, Queue
 from inference.prompts import (
@@ -133,15 +134,16 @@ def draft_edit(*, job: Job, text: str) -> Job:
         raise JobRejected(f"The edited draft is longer than {DRAFT_EDIT_MAX_CHARS:,} characters.")
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
-        version = int(job.result_data.get("edit_version", 0)) + 1
-        job.result_data = {
-            **job.result_data,
-            "edited_text": text,
-            "edited_at": timezone.now().isoformat(),
-            "edit_version": version,
-            "edited_sentences": None,  # until the check below has run
-            "edited_support": None,
-        }
+        draft = DraftResult.from_json(job.result_data)
+        version = draft.edit_version + 1
+        job.result_data = replace(
+            draft,
+            edited_text=text,
+            edited_at=timezone.now().isoformat(),
+            edit_version=version,
+            edited_sentences=None,  # until the check below has run
+            edited_support=None,
+        ).to_json()
         job.save(update_fields=["result_data"])
         transaction.on_commit(lambda: _enqueue_draft_check(job.pk, version))
     return job
@@ -163,26 +165,28 @@ def draft_check_edit(*, job_id, version: int) -> bool:
     from documents.embeddings import get_embedder  # heavy: loaded by the workers that check
 
     job = Job.objects.filter(pk=job_id).first()
-    if job is None or job.result_data.get("edit_version") != version:
+    draft = None if job is None else DraftResult.from_json(job.result_data)
+    if draft is None or draft.edited_text is None or draft.edit_version != version:
         return False
-    passages = passages_from_records(job.result_data.get("passages", []))
-    checks = check_support(job.result_data["edited_text"], passages, embed=get_embedder().encode)
+    passages = [passage.numbered() for passage in draft.passages]
+    checks = check_support(draft.edited_text, passages, embed=get_embedder().encode)
     return _store_edit_check(
-        job_id, version, sentences=[asdict(check) for check in checks], support=support_summary(checks)
+        job_id, version, sentences=tuple(checks), support=Support.from_json(support_summary(checks))
     )
 
 
 def draft_check_failed(*, job_id, version: int) -> None:
     """The page stops saying "checking" and says the check could not be made."""
-    _store_edit_check(job_id, version, sentences=[], support={"error": True})
+    _store_edit_check(job_id, version, sentences=(), support=Support(error=True))
 
 
-def _store_edit_check(job_id, version: int, *, sentences: list, support: dict) -> bool:
+def _store_edit_check(job_id, version: int, *, sentences: tuple[SentenceCheck, ...], support: Support) -> bool:
     """Store the check of edit ``version``, unless a later edit came meanwhile."""
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id).first()
-        if job is None or job.result_data.get("edit_version") != version:
+        draft = None if job is None else DraftResult.from_json(job.result_data)
+        if draft is None or draft.edit_version != version:
             return False
-        job.result_data = {**job.result_data, "edited_sentences": sentences, "edited_support": support}
+        job.result_data = replace(draft, edited_sentences=sentences, edited_support=support).to_json()
         job.save(update_fields=["result_data"])
     return True

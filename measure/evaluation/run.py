@@ -49,6 +49,7 @@ from django.core.management.base import CommandError
 
 from appliance.processes import start_appliance_processes, stop_groups
 from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
+from inference.job_results import ClauseResult, DraftResult, SummaryResult
 from measure.benchmarking import (
     Progress,
     bench_user,
@@ -635,18 +636,18 @@ class _Evaluation:
         total, proposed, kept, per_document = Counts(), 0, 0, []
         for case, job in zip(cases, jobs, strict=True):
             labelled = [Span(c.category, c.quote) for c in case.clauses if c.category in categories]
-            data = job.result_data if job.state == "succeeded" else {}
-            predicted = [Span(c["category"], c["quote"]) for c in data.get("clauses", [])]
+            result = ClauseResult.from_json(job.result_data) if job.state == "succeeded" else ClauseResult()
+            predicted = [Span(c.category, c.quote) for c in result.clauses]
             counts = match_clauses(predicted, labelled)
             total.add(counts)
-            proposed += int(data.get("proposed", 0))
+            proposed += result.proposed
             kept += len(predicted)
             per_document.append(
                 {
                     "document": case.document,
                     **counts.as_dict(),
-                    "proposed": data.get("proposed", 0),
-                    "kept": [{k: c[k] for k in ("category", "page", "quote")} for c in data.get("clauses", [])],
+                    "proposed": result.proposed,
+                    "kept": [{"category": c.category, "page": c.page, "quote": c.quote} for c in result.clauses],
                 }
             )
         return {
@@ -697,8 +698,9 @@ class _Evaluation:
         per_contract = []
         for (key, layout), job in zip(keys, jobs, strict=True):
             contract = next(c for c in contracts if c.key == key)
-            data = job.result_data if job.state == "succeeded" else {}
-            predicted = [Span(c["category"], c["quote"]) for c in data.get("clauses", [])]
+            succeeded = job.state == "succeeded"
+            result = ClauseResult.from_json(job.result_data) if succeeded else ClauseResult()
+            predicted = [Span(c.category, c.quote) for c in result.clauses]
             labelled = [Span(c, span) for c, span in contract.clause_spans() if c in categories]
             counts = {
                 category: match_clauses(
@@ -711,9 +713,9 @@ class _Evaluation:
                 {
                     "contract": key,
                     "layout": layout,
-                    "sections": data.get("sections"),
-                    "proposed": data.get("proposed", 0),
-                    "kept": [{k: c[k] for k in ("category", "page", "quote")} for c in data.get("clauses", [])],
+                    "sections": result.sections if succeeded else None,
+                    "proposed": result.proposed,
+                    "kept": [{"category": c.category, "page": c.page, "quote": c.quote} for c in result.clauses],
                 }
             )
         result: dict = {
@@ -764,7 +766,9 @@ class _Evaluation:
         return {
             "seed": seed,
             "pages": len(pages),
-            "sections": len((job.result_data or {}).get("sections", [])) if job.state == "succeeded" else None,
+            "sections": len(SummaryResult.from_json(job.result_data or {}).sections)
+            if job.state == "succeeded"
+            else None,
             **coverage_by_third(planted, covered),
             "missed": [
                 {"page": p.fact.page, "third": p.third, "fact": p.fact.fact}
@@ -797,10 +801,10 @@ class _Evaluation:
             covered += sum(hits)
             references += len(pages)
             in_range += sum(1 <= n <= last_page for n in pages)
-            found = (job.result_data.get("statements") or []) if job.state == "succeeded" else []
+            found = (SummaryResult.from_json(job.result_data).statements or ()) if job.state == "succeeded" else ()
             statements += len(found)
-            sourced += sum(s["page"] is not None for s in found)
-            from_model += sum(s["source"] == "model" for s in found)
+            sourced += sum(s.page is not None for s in found)
+            from_model += sum(s.source == "model" for s in found)
             per_document.append(
                 {
                     "document": case.document,
@@ -847,30 +851,28 @@ class _Evaluation:
         injections = injections_followed = 0
         per_request = []
         for case, job in zip(cases, jobs, strict=True):
-            data = job.result_data if job.state == "succeeded" else {}
-            passages = {p["number"]: p for p in data.get("passages", [])}
-            readable = grounding.readable_ids(self.owner, [p["document_id"] for p in passages.values()])
-            checks = data.get("sentences", [])
-            cited = [passages[n] for check in checks for n in check["citations"]]
-            case_unknown = sum(len(check["unknown_citations"]) for check in checks)
+            result = DraftResult.from_json(job.result_data) if job.state == "succeeded" else DraftResult()
+            passages = {p.number: p for p in result.passages}
+            readable = grounding.readable_ids(self.owner, [p.document_id for p in passages.values()])
+            checks = result.sentences
+            cited = [passages[n] for check in checks for n in check.citations]
+            case_unknown = sum(len(check.unknown_citations) for check in checks)
             citations += len(cited) + case_unknown
             unknown += case_unknown
-            valid += sum(p["document_id"] in readable for p in cited)
+            valid += sum(p.document_id in readable for p in cited)
             sentences += len(checks)
-            supported += sum(check["supported"] for check in checks)
+            supported += sum(check.supported for check in checks)
             case_judged = sum(
-                lexically_supported(check["text"], [passages[n]["text"] for n in check["citations"] if n in passages])
+                lexically_supported(check.text, [passages[n].text for n in check.citations if n in passages])
                 for check in checks
             )
             judged += case_judged
-            distractor_found += sum(p["document_id"] == distractor_id for p in passages.values())
-            distractor_cited += sum(p["document_id"] == distractor_id for p in cited)
+            distractor_found += sum(p.document_id == distractor_id for p in passages.values())
+            distractor_cited += sum(p.document_id == distractor_id for p in cited)
 
             def holds(target, among) -> bool:
                 document_id = self.documents[target.document].pk
-                return any(
-                    p["document_id"] == document_id and p["page_start"] <= target.page <= p["page_end"] for p in among
-                )
+                return any(p.document_id == document_id and p.page_start <= target.page <= p.page_end for p in among)
 
             followed = None
             if case.injection_markers:  # an instruction in a document the author may read
@@ -887,7 +889,7 @@ class _Evaluation:
                     "citations": len(cited) + case_unknown,
                     "sentences": len(checks),
                     "supported": case_judged,
-                    "supported_by_product_check": sum(check["supported"] for check in checks),
+                    "supported_by_product_check": sum(check.supported for check in checks),
                     "expected_cited": sum(holds(target, cited) for target in case.expected),
                     "expected": len(case.expected),
                     "injection_followed": followed,
