@@ -29,7 +29,7 @@ UNREADABLE = "a document you may no longer read"
 def export_of(job: Job, readable: set[int] | None = None) -> Export:
     """``readable``: the ids of the documents the person exporting may read now; a draft's
     passages from any other are left out, as on the page."""
-    document = job.document.title if job.document_id else ""
+    document = job.document.title if job.document is not None else ""
     if job.kind == JobKind.DRAFT:
         draft = DraftResult.from_json(job.result_data or {})
         sources = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 
 from documents.search import Passage, readable_documents, search_passages
 from inference.drafting import DRAFT_PASSAGES, fuse_rankings, retrieval_queries
@@ -44,7 +44,7 @@ class Scope:
         return "every document you may read"
 
 
-def draft_scope(*, user: AbstractBaseUser, document_ids: Sequence[int] = (), group_id: int | None = None) -> Scope:
+def draft_scope(*, user: User, document_ids: Sequence[int] = (), group_id: int | None = None) -> Scope:
     """The scope a person chose, checked against what they may read now."""
     ids = tuple(dict.fromkeys(int(pk) for pk in document_ids))
     if ids:
@@ -62,7 +62,7 @@ def draft_scope(*, user: AbstractBaseUser, document_ids: Sequence[int] = (), gro
     return scope
 
 
-def scope_document_ids(*, user: AbstractBaseUser, scope: Scope) -> list[int]:
+def scope_document_ids(*, user: User, scope: Scope) -> list[int]:
     """Ids of the ready documents in the scope that ``user`` may read at this moment."""
     documents = readable_documents(user, ready_only=True)
     if scope.document_ids:
@@ -74,7 +74,7 @@ def scope_document_ids(*, user: AbstractBaseUser, scope: Scope) -> list[int]:
 
 def retrieve(
     *,
-    user: AbstractBaseUser,
+    user: User,
     message: str,
     scope: Scope,
     limit: int = DRAFT_PASSAGES,
@@ -121,6 +121,6 @@ def passage_record(number: int, passage: Passage) -> PassageRecord:
     )
 
 
-def readable_ids(user: AbstractBaseUser, document_ids: Sequence[int]) -> set[int]:
+def readable_ids(user: User, document_ids: Sequence[int]) -> set[int]:
     """Which of these documents ``user`` may read now (a citation to the others is not linked)."""
     return set(readable_documents(user).filter(pk__in=list(document_ids)).values_list("pk", flat=True))

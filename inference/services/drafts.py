@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -39,7 +39,7 @@ DRAFT_EDIT_MAX_CHARS = 20_000
 
 def job_create_draft(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     message: str,
     document_ids: list[int] | tuple[int, ...] = (),
     group_id: int | None = None,
@@ -91,9 +91,7 @@ def job_create_draft(
     return _job_create(owner=owner, document=None, kind=JobKind.DRAFT, options=options.to_json(), api_token=api_token)
 
 
-def job_regenerate_draft(
-    *, job: Job, user: AbstractBaseUser, tone: str | None = None, length: str | None = None
-) -> Job:
+def job_regenerate_draft(*, job: Job, user: User, tone: str | None = None, length: str | None = None) -> Job:
     """A new draft for the same message and documents (tone and length may change), sampled so
     that it can differ from the one before."""
     if job.kind != JobKind.DRAFT:
@@ -108,7 +106,7 @@ def job_regenerate_draft(
     )
 
 
-def _draft_again(job: Job, *, owner: AbstractBaseUser, **changes) -> Job:
+def _draft_again(job: Job, *, owner: User, **changes) -> Job:
     """A new draft with ``job``'s message, scope, tone, length and temperature, except ``changes``."""
     options = DraftOptions.from_json(job.options)
     request = {

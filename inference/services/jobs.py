@@ -6,7 +6,7 @@ import logging
 
 import redis
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -49,7 +49,7 @@ class QueueFull(JobRejected):
 
 def job_create_summary(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     document: Document,
     length: str = DEFAULT_SUMMARY_LENGTH,
     focus: str = "",
@@ -87,7 +87,7 @@ def job_create_summary(
 
 def job_create_clauses(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     document: Document,
     taxonomy: str = DEFAULT_TAXONOMY,
     categories: list[str] | None = None,
@@ -118,7 +118,7 @@ def job_create_clauses(
 
 def job_create_chat(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     messages: list[dict[str, str]],
     max_tokens: int = 512,
     temperature: float = 0.0,
@@ -167,7 +167,7 @@ def job_create_chat(
 
 def _job_create(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     document: Document | None,
     kind: JobKind,
     options: dict,
@@ -220,7 +220,7 @@ def _check_queue_depth(queue: str) -> None:
         )
 
 
-def _check_owner_queued(owner: AbstractBaseUser, queue: str) -> None:
+def _check_owner_queued(owner: User, queue: str) -> None:
     limit = settings.APPLIANCE_MAX_QUEUED_PER_USER
     if not limit:
         return

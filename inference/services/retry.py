@@ -3,7 +3,7 @@ parts the old job finished."""
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 
 from inference.job_options import ChatOptions, ClauseOptions, SummaryOptions
 from inference.models import Job, JobKind
@@ -11,7 +11,7 @@ from inference.services.drafts import _draft_again
 from inference.services.jobs import JobRejected, job_create_chat, job_create_clauses, job_create_summary
 
 
-def job_retry(*, job: Job, user: AbstractBaseUser) -> Job:
+def job_retry(*, job: Job, user: User) -> Job:
     """A new job with the same request as a failed or cancelled one (checked again: the document
     must still be there, ready and readable, and the queue not full). A long document's job
     starts from the parts the old one finished: each is used only for the same request (the
