@@ -21,7 +21,7 @@ import enum
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from functools import lru_cache
 from typing import Any
 
@@ -147,7 +147,9 @@ def format_sse(event: str, data: dict[str, Any], event_id: str | None = None) ->
     return "\n".join(lines) + "\n\n"
 
 
-async def read_events(job_id: Any, *, after: str = "0", block_ms: int = 15_000) -> AsyncIterator[tuple[str, str, dict]]:
+async def read_events(
+    job_id: Any, *, after: str = "0", block_ms: int = 15_000
+) -> AsyncGenerator[tuple[str, str, dict], None]:
     """Yield (stream id, event, data) after ``after``, waiting for new ones, until a final event.
     Yields ("", "keepalive", {}) when nothing arrived for ``block_ms``."""
     # The read waits up to ``block_ms`` by design: its socket timeout must be longer (redis-py's

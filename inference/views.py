@@ -248,14 +248,17 @@ def clauses_export(request, job_id, fmt: str):
         or job is None
         or job.kind != JobKind.EXTRACT_CLAUSES
         or job.state != job.State.SUCCEEDED
+        or job.document is None  # an extraction is always of a document
     ):
         raise Http404("No such clause extraction.")
     result = ClauseResult.from_json(job.result_data)
-    name = f"clauses-{slugify(job.document.title) or job.pk}"
-    audit(request, "export", target=f"Clauses of {job.document.title} ({fmt})", document=job.document, job=job)
+    title = job.document.title
+    name = f"clauses-{slugify(title) or job.pk}"
+    audit(request, "export", target=f"Clauses of {title} ({fmt})", document=job.document, job=job)
+    response: HttpResponse
     if fmt == "json":
         response = JsonResponse(
-            {"document": job.document.title, "job": str(job.pk), **result.to_json()}, json_dumps_params={"indent": 2}
+            {"document": title, "job": str(job.pk), **result.to_json()}, json_dumps_params={"indent": 2}
         )
     else:
         response = HttpResponse(content_type="text/csv; charset=utf-8")
@@ -275,8 +278,9 @@ def job_export(request, job_id, fmt: str):
         raise Http404("No such result.")
     if fmt == "docx" and job.kind not in exports.DOCX_KINDS:
         raise Http404("Only drafted replies and summaries export as Word documents.")
-    stem = slugify(f"{job.get_kind_display()} {job.document.title if job.document_id else ''}") or str(job.pk)
-    on = f" of {job.document.title}" if job.document_id else ""
+    title = job.document.title if job.document is not None else ""
+    stem = slugify(f"{job.get_kind_display()} {title}") or str(job.pk)
+    on = f" of {title}" if title else ""
     audit(request, "export", target=f"{job.get_kind_display()}{on} ({fmt})", document=job.document, job=job)
     passages = DraftResult.from_json(job.result_data).passages if job.kind == JobKind.DRAFT else ()
     readable = grounding.readable_ids(request.user, [p.document_id for p in passages])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 
 from asgiref.sync import sync_to_async
@@ -90,7 +90,7 @@ async def _cancel(job: Job) -> None:
         logger.exception("job %s: the client went away, and the job could not be cancelled", job.pk)
 
 
-async def _job_events(job: Job) -> AsyncIterator[tuple[str, dict]]:
+async def _job_events(job: Job) -> AsyncGenerator[tuple[str, dict], None]:
     """The job's events until it finishes. The row is checked while nothing arrives, so that a
     final event the broker lost cannot leave the request waiting for ever."""
     async with aclosing(streaming.read_events(job.pk, after="0", block_ms=KEEPALIVE_MS)) as events:

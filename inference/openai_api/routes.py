@@ -80,10 +80,14 @@ async def chat_completions(request: HttpRequest, response: HttpResponse, payload
     model = model_or_404(payload.model)["id"]
     chat = chat_request(payload)
     # A stream's slot is taken before its job is queued: at the limit, nothing is queued.
-    slot = await streaming.take_stream_slot(request.user.pk, api_token=request.api_token) if chat.stream else None
+    slot = (
+        await streaming.take_stream_slot(request.user.pk, api_token=getattr(request, "api_token", None))
+        if chat.stream
+        else None
+    )
     try:
         job = await sync_to_async(services.job_create_chat)(
-            owner=request.user, api_token=request.api_token, **chat.job_options
+            owner=request.user, api_token=getattr(request, "api_token", None), **chat.job_options
         )
     except BaseException:
         await streaming.release_stream_slot(request.user.pk, slot)  # nothing will stream on it
