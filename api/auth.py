@@ -11,7 +11,9 @@ browser's session. Each operation names the scope it needs:
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.http import HttpRequest
+from ninja.errors import AuthenticationError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
@@ -97,3 +99,12 @@ def auth_for(scope: str) -> list:
 READ = auth_for(Scope.READ)
 WRITE = auth_for(Scope.WRITE)
 ADMIN = auth_for(Scope.ADMIN)
+
+
+def signed_in_user(request: HttpRequest) -> User:
+    """The user a request to an operation with ``auth`` signed in as (a token's or the session's).
+    Authentication has run by then; a request with no user is refused as authentication would."""
+    user = request.user
+    if not isinstance(user, User):
+        raise AuthenticationError()
+    return user

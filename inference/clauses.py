@@ -16,7 +16,7 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from inference.quotes import Candidate, quote_candidates
 
@@ -39,7 +39,7 @@ TAXONOMIES: dict[str, tuple[str, ...]] = {
     "cuad": CUAD_CATEGORIES + OFFICE_CATEGORIES,
     "office": OFFICE_CATEGORIES,
 }
-DEFAULT_TAXONOMY = "office"
+DEFAULT_TAXONOMY: Final = "office"
 
 FUZZY_MIN_RATIO = 0.9
 # Bounds that keep a whole answer inside the request's token limit, whatever the model does

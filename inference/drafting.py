@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from inference.facts import missing_facts
 from inference.prompts import NumberedPassage
@@ -109,6 +109,14 @@ class SentenceCheck:
     missing_facts: list[str] = field(default_factory=list)
 
 
+class Vectors(Protocol):
+    """One row of numbers per text, as an embedder gives them: a list of lists, or a numpy array."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, rows: slice, /) -> Vectors: ...
+    def __iter__(self) -> Iterator[Sequence[float]]: ...
+
+
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b, strict=True))
     norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
@@ -119,7 +127,7 @@ def check_support(
     text: str,
     passages: Sequence[NumberedPassage],
     *,
-    embed: Callable[[list[str]], list[Sequence[float]]],
+    embed: Callable[[list[str]], Vectors],
     min_similarity: float = SUPPORT_MIN_SIMILARITY,
 ) -> list[SentenceCheck]:
     """Each sentence of a draft, with what it cites and whether the cited passages support it.

@@ -422,6 +422,8 @@ def _metrics_fields(job: Job, result: running.TaskResult) -> dict:
     prefill time summed over every engine request this attempt made (parts kept from an earlier
     attempt are not counted again)."""
     source = running.timing_source(result) or running.EngineRun()
+    if job.started_at is None:  # set when its attempt began, before any result
+        raise ValueError(f"job {job.pk} has a result but no start time")
     timing = request_timing(
         created_at=job.created_at.timestamp(), started_at=job.started_at.timestamp(), deltas=source.deltas
     )

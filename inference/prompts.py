@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 SYSTEM = (
     "You are a careful assistant inside an organisation's document appliance. "
@@ -23,7 +24,7 @@ SUMMARY_LENGTHS = {
     "standard": "in one paragraph of about 5 sentences",
     "detailed": "as 5 to 8 bullet points covering every main point",
 }
-DEFAULT_SUMMARY_LENGTH = "standard"
+DEFAULT_SUMMARY_LENGTH: Final = "standard"
 
 
 DRAFT_TONES = {
@@ -37,8 +38,8 @@ DRAFT_LENGTHS = {
     "standard": "in one or two short paragraphs",
     "detailed": "in as many paragraphs as the question needs, covering each point raised",
 }
-DEFAULT_DRAFT_TONE = "neutral"
-DEFAULT_DRAFT_LENGTH = "standard"
+DEFAULT_DRAFT_TONE: Final = "neutral"
+DEFAULT_DRAFT_LENGTH: Final = "standard"
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from inference.prompts import PageText, render_document, section_messages
+
+T = TypeVar("T")  # a partial summary: its text, or its text with the pages it covers
 
 Messages = list[dict[str, str]]
 CountMany = Callable[[list[Messages]], list[int]]
@@ -147,10 +150,10 @@ def _natural_break(text: str, limit: int) -> int:
     return limit
 
 
-def group_partials(partials: list[str], *, fits: Callable[[list[str]], bool]) -> list[list[str]]:
+def group_partials(partials: list[T], *, fits: Callable[[list[T]], bool]) -> list[list[T]]:
     """Consecutive groups of partial summaries, each as large as ``fits`` allows (at least one)."""
-    groups: list[list[str]] = []
-    current: list[str] = []
+    groups: list[list[T]] = []
+    current: list[T] = []
     for partial in partials:
         if current and not fits([*current, partial]):
             groups.append(current)

@@ -6,7 +6,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
-from api.auth import READ, WRITE
+from api.auth import READ, WRITE, signed_in_user
 from api.problems import responses
 from inference import services, streaming
 from inference.models import Job
@@ -87,7 +87,7 @@ async def chat_completions(request: HttpRequest, response: HttpResponse, payload
     )
     try:
         job = await sync_to_async(services.job_create_chat)(
-            owner=request.user, api_token=getattr(request, "api_token", None), **chat.job_options
+            owner=signed_in_user(request), api_token=getattr(request, "api_token", None), **chat.job_options
         )
     except BaseException:
         await streaming.release_stream_slot(request.user.pk, slot)  # nothing will stream on it

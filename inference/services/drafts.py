@@ -182,8 +182,10 @@ def _store_edit_check(job_id, version: int, *, sentences: tuple[SentenceCheck, .
     """Store the check of edit ``version``, unless a later edit came meanwhile."""
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id).first()
-        draft = None if job is None else DraftResult.from_json(job.result_data)
-        if draft is None or draft.edit_version != version:
+        if job is None:
+            return False
+        draft = DraftResult.from_json(job.result_data)
+        if draft.edit_version != version:
             return False
         job.result_data = replace(draft, edited_sentences=sentences, edited_support=support).to_json()
         job.save(update_fields=["result_data"])
