@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import connections
@@ -54,6 +55,9 @@ from inference.quotes import running_lines
 from inference.sourcing import SourcePassage, Statement, source_statements
 from inference.summarise import Section, group_partials, split_sections
 from inference.timing import Delta
+
+if TYPE_CHECKING:
+    from documents.models import Document
 
 logger = logging.getLogger(__name__)
 
@@ -349,13 +353,20 @@ def run_engine(
     return run
 
 
+def _document_of(job: Job) -> Document:
+    """The document a summary or a clause extraction is of (a job of those kinds always has one)."""
+    if job.document is None:
+        raise ValueError(f"a {job.kind} job has no document")
+    return job.document
+
+
 def _progress(attempt: Attempt, step: str) -> None:
     fencing.publish(attempt, "progress", {"step": step})
 
 
 def _document_sections(job: Job, client: EngineClient, attempt: Attempt) -> tuple[list[PageText], list[Section]]:
     _progress(attempt, "Cutting the document into parts the model can read")
-    document = job.document
+    document = _document_of(job)
     pages = [PageText(p.number, p.text) for p in document.pages.order_by("number").only("number", "text")]
     context = int(client.stats()["max_model_len"])
     sections = split_sections(title=document.title, pages=pages, context_tokens=context, count_many=client.count_tokens)
@@ -390,6 +401,7 @@ def summary_statements(document, text: str) -> list[Statement] | None:
     passages = [
         SourcePassage(page_start, page_end, vector, text)
         for page_start, page_end, vector, text in chunks.values_list("page_start", "page_end", "embedding", "text")
+        if vector is not None  # none is: the query keeps embedded chunks only
     ]
     last_page = document.pages_total or max((p.page_end for p in passages), default=1)
     return source_statements(text, passages, last_page=last_page, embed=embedder.encode)
@@ -401,7 +413,7 @@ def _summarise(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     and the last combination streams to the user. Each partial and combination is kept as it
     finishes, so that an attempt after a lost worker or a dead engine starts where this one
     stopped (``TaskResult.run_hidden``)."""
-    title = job.document.title
+    title = _document_of(job).title
     options = SummaryOptions.from_json(job.options)
     length, focus = options.length, options.focus
     max_tokens = options.max_tokens or settings.APPLIANCE_SUMMARY_MAX_TOKENS
@@ -499,7 +511,7 @@ def run_clauses(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     """Each section answers in JSON held to the clause schema by the engine's guided decoding
     (each answer kept as it finishes, like a summary's partials); every quote is then looked for
     in the stored page text, and what is not found is dropped."""
-    title = job.document.title
+    title = _document_of(job).title
     options = ClauseOptions.from_json(job.options)
     categories = options.categories
     pages, sections = _document_sections(job, client, attempt)

@@ -163,7 +163,7 @@ async def read_events(
             if not response:
                 yield "", "keepalive", {}
                 continue
-            for entry_id, fields in response[0][1]:
+            for entry_id, fields in _entries(response):
                 last = entry_id.decode()
                 event = fields[b"event"].decode()
                 yield last, event, json.loads(fields[b"data"])
@@ -171,6 +171,12 @@ async def read_events(
                     return
     finally:
         await client.aclose()
+
+
+def _entries(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """XREAD's answer for the one stream read, as its entries: redis-py types the answer as any
+    reply of any protocol; over RESP2 (this client's) it is ``[[key, [(id, fields), ...]]]``."""
+    return list(response[0][1])
 
 
 async def stream_exists(job_id: Any) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,7 +145,7 @@ class EngineClient:
         *,
         idle_timeout_s: float | None = None,
         opened: Callable[[Callable[[], None]], None] | None = None,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """Stream the events of one request. Closing the iterator (or leaving a ``for`` loop
         early) closes the connection, and the engine host then aborts the request.
 

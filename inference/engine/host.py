@@ -254,7 +254,9 @@ class EngineHost:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.policy = config.policy()
-        self.engine = None
+        # vLLM's AsyncLLM while one runs, None while it is (re)started. Typed Any: the host uses
+        # what the pinned vLLM release has (pyproject holds it to 0.32.x), not a stable interface.
+        self.engine: Any = None
         self.tokenizer = None
         self.state = EngineState.RESTARTING  # until the first engine core is ready
         self.restarts = 0
@@ -723,6 +725,7 @@ class EngineHost:
             await asyncio.sleep(WAITING_REPORT_INTERVAL_S)
             state = self.scheduler_state
             waiting = [rid for rid, _ in state.get("waiting", [])]
+            message: dict[str, Any]
             if run.isolated_wait:
                 message = {"type": "waiting", "reason": "engine_recovery", "position": None}
             elif request_id in waiting:
