@@ -560,8 +560,8 @@ def _load_corpus(progress, owner, n_chunks: int, seed: int, dimensions: int, n_q
             cursor.execute("TRUNCATE bench_chunk_load")
             progress(f"search: loaded {first + size:,}/{n_chunks:,} chunks")
     # Queries: corpus vectors moved a little, as a question is near, not on, its passage.
-    sources = np.asarray(sources, dtype=np.float32)
-    queries = _unit(sources + np_rng.standard_normal(sources.shape) * (0.15 / np.sqrt(dimensions)))
+    vectors = np.asarray(sources, dtype=np.float32)
+    queries = _unit(vectors + np_rng.standard_normal(vectors.shape) * (0.15 / np.sqrt(dimensions)))
     return corpus, queries
 
 

@@ -42,6 +42,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 from django.conf import settings
@@ -213,7 +214,7 @@ def bench_figures(result: dict) -> dict:
     """The figures of one ``vllm bench serve`` result (its ``--save-result`` JSON, saved with
     ``--save-detailed``): the metrics compared, what completed and failed, and how many tokens a
     chunk carried on average (chunks are the client's ITL samples plus each request's first)."""
-    figures = {name: _number(result.get(key)) for name, (key, _, _) in METRICS.items()}
+    figures: dict[str, Any] = {name: _number(result.get(key)) for name, (key, _, _) in METRICS.items()}
     figures.update(
         {
             "completed": int(result.get("completed") or 0),
@@ -256,7 +257,7 @@ def summarise(repeats: list[dict]) -> dict:
     summary = {}
     for name, (_, target, below) in METRICS.items():
         value = interval([repeat["ratios"].get(name) for repeat in counted])
-        entry = {"ratio": value.to_dict() if value else None}
+        entry: dict[str, Any] = {"ratio": value.to_dict() if value else None}
         for server in SERVERS:
             side = interval([repeat[server].get(name) for repeat in counted])
             entry[server] = side.to_dict(1) if side else None

@@ -186,7 +186,7 @@ def synthetic_sentence(rng: random.Random) -> str:
 
 
 def synthetic_text(rng: random.Random, words: int) -> str:
-    sentences = []
+    sentences: list[str] = []
     while sum(len(s.split()) for s in sentences) < words:
         sentences.append(synthetic_sentence(rng))
     return " ".join(sentences)

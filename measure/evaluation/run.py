@@ -235,8 +235,9 @@ def _run_tasks(evaluation, tasks: list[str]) -> dict:
         futures = {task: pool.submit(one, task) for task in tasks}
         done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
         for future in done:
-            if future.exception() is not None:
-                raise future.exception()  # the first failure: the others stop waiting (below)
+            failure = future.exception()
+            if failure is not None:
+                raise failure  # the first failure: the others stop waiting (below)
         return {task: futures[task].result() for task in tasks}
     except BaseException:  # a task failed, or the command was stopped (Ctrl-C, SIGTERM): the others end
         evaluation.stopping.set()
@@ -359,10 +360,11 @@ def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) 
             """The first rank holding a target, as the product searches (``APPLIANCE_SEARCH_RERANK``)
             and the other way."""
             product = settings.APPLIANCE_SEARCH_RERANK
-            return tuple(
+            as_product, other = (
                 measure.first_rank(ranked(message, scope, rerank), document_id, targets)
                 for rerank in (product, not product)
             )
+            return as_product, other
 
         reply_ranks = []
         replies = gold.replies[:limit] if limit else gold.replies
@@ -380,7 +382,8 @@ def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) 
             layout = "pdf"
             progress(f"retrieval: ingesting {len(contracts)} contracts of {folder} ({layout}) and asking one question "
                      "per labelled category in each")  # fmt: skip
-            ranks, per_contract, per_category, unplaced = [], [], {}, 0
+            ranks, per_contract, unplaced = [], [], 0
+            per_category: dict[str, list] = {}
             for contract in contracts:
                 path = contract.files.get(layout) or contract.files["txt"]
                 document, pages = upload(owner, path.name, path.read_bytes())
@@ -699,8 +702,8 @@ class _Evaluation:
         for (key, layout), job in zip(keys, jobs, strict=True):
             contract = next(c for c in contracts if c.key == key)
             succeeded = job.state == "succeeded"
-            result = ClauseResult.from_json(job.result_data) if succeeded else ClauseResult()
-            predicted = [Span(c.category, c.quote) for c in result.clauses]
+            found = ClauseResult.from_json(job.result_data) if succeeded else ClauseResult()
+            predicted = [Span(c.category, c.quote) for c in found.clauses]
             labelled = [Span(c, span) for c, span in contract.clause_spans() if c in categories]
             counts = {
                 category: match_clauses(
@@ -713,9 +716,9 @@ class _Evaluation:
                 {
                     "contract": key,
                     "layout": layout,
-                    "sections": result.sections if succeeded else None,
-                    "proposed": result.proposed,
-                    "kept": [{"category": c.category, "page": c.page, "quote": c.quote} for c in result.clauses],
+                    "sections": found.sections if succeeded else None,
+                    "proposed": found.proposed,
+                    "kept": [{"category": c.category, "page": c.page, "quote": c.quote} for c in found.clauses],
                 }
             )
         result: dict = {
@@ -726,8 +729,8 @@ class _Evaluation:
             "ceiling": quote_ceiling_of(folder, self.progress, limit=self.limit),
             "per_contract": per_contract,
         }
-        for layout, counts in by_layout.items():
-            result[layout] = clause_scores(counts)
+        for layout, layout_counts in by_layout.items():
+            result[layout] = clause_scores(layout_counts)
         if "pdf" in result and "txt" in result:
             result["pdf_minus_txt"] = {
                 name: None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.management.base import CommandError
@@ -10,9 +11,20 @@ from django.core.management.base import CommandError
 from inference.specsheet import PROFILES, Targets
 
 
+@dataclass
 class _Plan:
-    def __init__(self, **values) -> None:
-        self.__dict__.update(values)
+    quick: bool
+    profiles: list[str]
+    levels: list[int] | None  # None: the ladder of users from the engine's capacity
+    max_concurrency: int | None
+    requests_per_user: int
+    document_input: int
+    document_output: int
+    drafting_input: int
+    drafting_output: int
+    targets: Targets
+    budget_s: float
+    deadline: float | None = None  # set when the clock starts
 
     @classmethod
     def from_options(cls, options: dict) -> _Plan:
@@ -65,7 +77,6 @@ class _Plan:
             drafting_output=tokens("drafting_output", 500, 64),
             targets=targets,
             budget_s=60 * (options["max_minutes"] or (10 if quick else 90)),
-            deadline=None,
         )
 
     def start_clock(self) -> None:

@@ -69,6 +69,6 @@ class Command(BaseCommand):
         }
         out_dir = Path(settings.VAR_DIR) / "bench"
         out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"{benchmark}-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-        path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
-        self.stdout.write(f"\nresults saved to {path}")
+        saved = out_dir / f"{benchmark}-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+        saved.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
+        self.stdout.write(f"\nresults saved to {saved}")
