@@ -76,7 +76,7 @@ def start_appliance_processes(
     ``<queue>-<tag>@host``, told apart from the appliance's own."""
     from appliance.supervisor import appliance_processes
 
-    specs = [spec for spec in appliance_processes(python=sys.executable, port=port, settings=settings)]
+    specs = appliance_processes(python=sys.executable, port=port, settings=settings)
     unknown = set(names) - {spec.name for spec in specs}
     if unknown:
         raise ValueError(f"no such appliance process: {', '.join(sorted(unknown))}")
