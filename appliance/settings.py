@@ -287,6 +287,9 @@ if 0.0 < APPLIANCE_IDLE_RAMP_FACTOR <= 1.0:
 # Beside drafting, documents save up each step's spare time and spend it in one chunk when what
 # holding any prefill costs a step is more than this share of that spare time (a CPU); 0: never.
 APPLIANCE_CHUNK_FIXED_COST_SHARE = env_float("APPLIANCE_CHUNK_FIXED_COST_SHARE", 0.0, minimum=0.0, maximum=0.99)
+# While documents wait for prefill, their share of the engine's time is kept at least this when
+# drafting fills the engine (an overloaded office); 0: drafting may starve documents.
+APPLIANCE_DOCUMENT_MIN_SHARE = env_float("APPLIANCE_DOCUMENT_MIN_SHARE", 0.2, minimum=0.0, maximum=0.5)
 # Past this many waiting jobs in a queue, new jobs are refused with 429 and Retry-After.
 APPLIANCE_MAX_QUEUE_DEPTH = env_int("APPLIANCE_MAX_QUEUE_DEPTH", 1000, minimum=1)
 # Past this many waiting jobs of one person in a queue, that person's new jobs are refused with

@@ -82,6 +82,7 @@ class EngineConfig:
     gap_step_ms: float = 250.0
     idle_ramp_factor: float = 2.0
     chunk_fixed_cost_share: float = 0.0
+    document_min_share: float = 0.2
     enforce_eager: bool = False
     token: str = ""  # every request must carry it ("": none asked, for hosts made by unit tests)
     benchmark_ops: bool = False  # serve BENCHMARK_OPS (a host a benchmark started)
@@ -115,6 +116,7 @@ class EngineConfig:
             gap_step_ms=settings.APPLIANCE_DRAFTING_GAP_STEP_MS,
             idle_ramp_factor=settings.APPLIANCE_IDLE_RAMP_FACTOR,
             chunk_fixed_cost_share=settings.APPLIANCE_CHUNK_FIXED_COST_SHARE,
+            document_min_share=settings.APPLIANCE_DOCUMENT_MIN_SHARE,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
             token=settings.APPLIANCE_ENGINE_TOKEN,
             benchmark_ops=settings.APPLIANCE_ENGINE_BENCHMARK_OPS,
@@ -131,6 +133,7 @@ class EngineConfig:
             gap_step_ms=self.gap_step_ms,
             idle_ramp_factor=self.idle_ramp_factor,
             chunk_fixed_cost_share=self.chunk_fixed_cost_share,
+            document_min_share=self.document_min_share,
             kv_safety_factor=self.kv_safety_factor,
             kv_decode_reserve_fraction=self.kv_decode_reserve_fraction,
             drafting_priority=Priority.DECODE,
@@ -495,6 +498,7 @@ class EngineHost:
             ),
             "documents_held": int(state.get("plan", {}).get("held", 0)),
             "document_budget_tokens": state.get("plan", {}).get("document_budget_tokens"),
+            "document_share": state.get("document_share"),
             "target_step_ms": state.get("target_step_ms"),
             "scheduler": {k: v for k, v in state.items() if k not in ("waiting", "prefill", "reservations")},
         }

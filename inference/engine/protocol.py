@@ -113,6 +113,9 @@ class EngineStats:
     drafting_requests: int | None = None
     documents_held: int | None = None
     document_budget_tokens: int | None = None  # known only while drafting runs
+    # Documents' share of the engine's time lately, while they wanted prefill (the scheduler's
+    # estimate; its floor is APPLIANCE_DOCUMENT_MIN_SHARE). None: no document is prefilling.
+    document_share: float | None = None
     target_step_ms: float | None = None  # known only while drafting runs
     scheduler: dict[str, Any] | None = None  # the scheduler's own snapshot (its plan, costs)
 

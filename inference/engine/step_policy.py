@@ -19,6 +19,13 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   fixed cost is large beside a step's spare time (a CPU), documents save the spare time up and
   spend it in one chunk the size of a drafter's first step (``pooled_document_budget``).
   Never less than ``min_chunk_tokens`` (4) a step on average: documents always progress.
+- **A floor for documents.** When drafting fills the engine (more drafters than the ITL target
+  leaves room beside, a stream of them starting), documents would get those 4 tokens a step
+  and little else: while their share of the engine's time over the last steps
+  (``Planner.document_share``, from the cost model) is below ``document_min_share`` (0.2), the
+  steps that would give them less give them 1.5 x that share instead (``document_floor``), and
+  a drafter waiting to start waits for the next step. Drafters then pay up to 1 / (1 - 0.2)
+  on average in ITL, documents keep about a fifth of their speed alone.
 - **Work-conserving.** With no drafting request in the engine, documents run at full speed,
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
@@ -105,6 +112,12 @@ class PolicyConfig:
     # a chunk's fixed cost is more than this share of what a step may spend (0: never save up;
     # off by default: in one steady run on a CPU, 0.1 gave drafters a longer ITL and TTFT tail).
     chunk_fixed_cost_share: float = 0.0
+    # While documents wait for prefill, their share of the engine's time over the last steps
+    # (``Planner.document_share``) is kept at least this: when drafting fills the engine (more
+    # drafters than the ITL target leaves room beside, or a stream of them starting), the steps
+    # that would give documents less give them ``1.5 x`` this share instead, so documents still
+    # progress at about this share of their speed alone. 0: no floor (documents may starve).
+    document_min_share: float = 0.2
     long_prefill_token_threshold: int = 0  # ENGINE mode: vLLM's own per-request chunk cap
     drafting_priority: int = 0  # requests at or below this priority are drafting
 
@@ -129,6 +142,8 @@ class PolicyConfig:
             raise ValueError("gap_step_ms must not be negative")
         if not 0.0 <= self.chunk_fixed_cost_share < 1.0:
             raise ValueError("chunk_fixed_cost_share must be in [0, 1)")
+        if not 0.0 <= self.document_min_share <= 0.5:
+            raise ValueError("document_min_share must be in [0, 0.5]")
         if self.idle_ramp_factor != 0 and self.idle_ramp_factor <= 1.0:
             raise ValueError("idle_ramp_factor must be 0 (off) or above 1")
 
@@ -499,6 +514,21 @@ class Planner:
     max_calibration_steps: int = 64
     _calibration_steps: int = 0
     _step: int = 0
+    # Documents' share of the engine's time (``document_share``): the cost model's estimates of
+    # each step's time and of the documents' part of it, summed over the steps in which
+    # documents wanted prefill, each older step counting ``share_decay`` times less (a memory of
+    # some 30 steps).
+    share_decay: float = 0.97
+    _share_documents_s: float = 0.0
+    _share_steps_s: float = 0.0
+    # What documents are owed of the engine's time: each step adds ``document_min_share`` of its
+    # time and takes away what documents had of it. A floor step comes once that is
+    # ``floor_after_steps`` steps' worth of the floor (a drafter's few steps of starting hold
+    # documents back for it at once, as ever), and what is owed or banked is bounded by about
+    # that, so that neither a long spell of holding nor one of documents alone is paid back in
+    # a long run of floor steps or of starving.
+    floor_after_steps: int = 4
+    _owed_s: float = 0.0
 
     def target_step_s(self, base: StepShape) -> float | None:
         if self.config.itl_target_ms > 0:
@@ -559,6 +589,55 @@ class Planner:
         self._credit_s, self._saved_steps = 0.0, 0
         return min(self.max_budget_tokens, tokens)
 
+    def document_share(self) -> float | None:
+        """Documents' share of the engine's time over the last steps in which they wanted
+        prefill, by the cost model's estimates (None: no such step since documents last had
+        nothing to read, or the model cannot tell yet)."""
+        if self._share_steps_s <= 0:
+            return None
+        return self._share_documents_s / self._share_steps_s
+
+    def _owed_floor(self, base: StepShape) -> bool:
+        """Whether documents are owed ``floor_after_steps`` steps' worth of their floor (steps
+        like ``base``)."""
+        share = self.config.document_min_share
+        step = self.cost.predict(base)
+        return share > 0 and step is not None and self._owed_s >= self.floor_after_steps * share * step
+
+    def floor_budget(self, base: StepShape, position: int) -> int:
+        """Document prefill tokens that take 1.5 x ``document_min_share`` of a step beside
+        ``base`` (more than the floor, so that the recent share climbs back above it and
+        drafting has its steps again): the step then takes ``1 / (1 - that share)`` times as
+        long as ``base`` alone, 1.43x at the default 0.2."""
+        alone = self.cost.predict(base)
+        share = min(0.75, 1.5 * self.config.document_min_share)
+        if alone is None or share <= 0:
+            return self.min_chunk_tokens
+        tokens = self.cost.prefill_budget(base, position=position, target_s=alone / (1.0 - share))
+        return max(self.min_chunk_tokens, min(self.max_budget_tokens, tokens or 0))
+
+    def _note_share(self, base: StepShape, document_tokens: int | None, position: int) -> None:
+        """Adds a step in which documents wanted prefill to ``document_share``: ``base`` (what
+        else the step holds) and the prefill tokens documents get in it (None: vLLM's whole
+        budget). Not counted while the cost model cannot tell what the step costs."""
+        tokens = self.max_budget_tokens if document_tokens is None else document_tokens
+        alone = self.cost.predict(base)
+        if alone is None or not self.cost.prices_prefill:
+            return
+        step = alone
+        if tokens > 0:
+            step = self.cost.predict(
+                StepShape(base.decode_requests, base.decode_context_tokens, base.prefill_tokens + tokens,
+                          base.prefill_attention + tokens * (position + tokens / 2),)
+            ) or alone  # fmt: skip
+        decay = self.share_decay
+        self._share_documents_s = self._share_documents_s * decay + (step - alone)
+        self._share_steps_s = self._share_steps_s * decay + step
+        floor = self.config.document_min_share
+        bound = self.floor_after_steps * floor * step
+        owed = self._owed_s + floor * step - (step - alone)
+        self._owed_s = max(-bound, min(bound + floor * step, owed))
+
     def idle_budget(self, base: StepShape, position: int) -> int | None:
         """Document prefill tokens for a step with nobody drafting: the smallest chunk that keeps
         documents within ``idle_throughput_loss`` of the speed of the step's whole budget (only
@@ -599,11 +678,12 @@ class Planner:
 
     def _first_step_s(self, base: StepShape) -> float | None:
         """How long a step of ``base`` takes with a drafter's prompt read in it."""
+        return self.cost.predict(self._with_draft_prompt(base))
+
+    def _with_draft_prompt(self, base: StepShape) -> StepShape:
         prompt = self.draft_prompt_tokens()
-        return self.cost.predict(
-            StepShape(base.decode_requests, base.decode_context_tokens, base.prefill_tokens + prompt,
-                      base.prefill_attention + prompt * prompt / 2)
-        )  # fmt: skip
+        return StepShape(base.decode_requests, base.decode_context_tokens, base.prefill_tokens + prompt,
+                         base.prefill_attention + prompt * prompt / 2)  # fmt: skip
 
     def gap_budget(self, base: StepShape, position: int) -> int | None:
         """Document prefill tokens for a step in a gap between drafters: what fits in
@@ -673,7 +753,18 @@ class Planner:
         order = tuple(r.request_id for r in [*sorted(drafting, key=lambda r: r.arrival), *doc_decodes, *doc_prefills])
         admitted_set = set(admitted)
         starting = [w.request_id for w in waiting if w.drafting and w.request_id in admitted_set]
-        self._held_for = {rid: self._held_for.get(rid, 0) + 1 for rid in starting}
+        position = doc_prefills[0].context_tokens if doc_prefills else 0
+        # Documents want prefill: in mid-prefill, or waiting to start (and not deferred by admission).
+        prefilling = bool(doc_prefills) or any(not w.drafting for w in waiting if w.request_id not in deferred)
+        if not prefilling:  # documents that come next start with a share of their own
+            self._share_documents_s = self._share_steps_s = self._owed_s = 0.0
+        base = StepShape.of(
+            [r.context_tokens for r in [*drafting, *doc_decodes] if r.prefill_left == 0],
+            [(r.context_tokens, r.need_tokens) for r in drafting if r.prefill_left > 0],
+        )
+        starved = prefilling and bool(drafting or starting) and self._owed_floor(base)
+        # A step given to documents' floor does not count against a drafter waiting to start.
+        self._held_for = {rid: self._held_for.get(rid, 0) + (0 if starved else 1) for rid in starting}
         drafting_waiting = any(n <= self.max_hold_steps for n in self._held_for.values())
         if doc_prefills:
             self._served_at[doc_prefills[0].user] = self._step
@@ -682,37 +773,40 @@ class Planner:
             # start follows it out.
             self._ramp_tokens = None
             self._restart_ramp = True
-        if drafting_waiting:
+        if drafting_waiting and not starved:
             # A drafter can start: documents hold their prefill for this step, and no document
             # starts in it, so the drafter's prompt gets the step.
+            if prefilling:
+                self._note_share(self._with_draft_prompt(base), 0, position)
             hold = frozenset(r.request_id for r in doc_prefills)
             defer = deferred | {w.request_id for w in waiting if not w.drafting}
             return StepPlan(hold=hold, order=order, defer=frozenset(defer), reason="drafting_waiting")
-        if drafting:
-            base = StepShape.of(
-                [r.context_tokens for r in [*drafting, *doc_decodes] if r.prefill_left == 0],
-                [(r.context_tokens, r.need_tokens) for r in drafting if r.prefill_left > 0],
-            )
-            position = doc_prefills[0].context_tokens if doc_prefills else 0
-            if doc_prefills or any(not w.drafting for w in waiting if w.request_id not in deferred):
+        if drafting or drafting_waiting:
+            if prefilling:
                 documents = self.pooled_document_budget(base, position)
             else:
                 documents = self.document_budget(base, position)
+            reason = "drafting_running" if documents else "drafting_saving"
+            if starved and (floor := self.floor_budget(base, position)) > documents:
+                # Drafting has had the engine to itself too long: documents take their floor in
+                # this step, and a drafter waiting to start starts in the next.
+                documents, reason = floor, "document_floor"
+            if prefilling:
+                left = sum(r.prefill_left for r in doc_prefills)
+                waiting_documents = any(not w.drafting for w in waiting if w.request_id not in deferred)
+                self._note_share(base, documents if waiting_documents else min(documents, left), position)
             fixed = sum(r.need_tokens for r in [*drafting, *doc_decodes])
             return StepPlan(
                 order=order,
                 token_budget=max(1, min(self.max_budget_tokens, fixed + documents)),
                 defer=frozenset(deferred),
                 document_budget_tokens=documents,
-                reason="drafting_running" if documents else "drafting_saving",
+                reason=reason,
             )
         self._credit_s, self._saved_steps = 0.0, 0  # nobody drafting: documents go at full speed
-        base = StepShape.of([r.context_tokens for r in doc_decodes], [])
-        position = doc_prefills[0].context_tokens if doc_prefills else 0
         # Documents that wait to start are bounded as those in mid-prefill are: unbounded, a
         # backlog arriving at an idle engine would start with one step of the whole budget
         # (seconds on a CPU) that every drafter arriving just after it waits for.
-        prefilling = bool(doc_prefills) or any(not w.drafting for w in waiting if w.request_id not in deferred)
         idle = self.idle_budget(base, position) if prefilling else None
         reason = "no_drafting"
         if prefilling and not self.cost.prices_prefill and self._calibration_steps < self.max_calibration_steps:
@@ -741,6 +835,8 @@ class Planner:
                                             reason=reason)  # fmt: skip
             self._restart_ramp = False
             self._gap_tokens = idle if drafting_recent else None
+        if prefilling:
+            self._note_share(base, idle, position)
         budget = None if idle is None else min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + idle)
         return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=idle,
                         reason=reason)  # fmt: skip

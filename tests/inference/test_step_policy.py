@@ -68,6 +68,8 @@ def test_config_round_trips_and_refuses_nonsense():
         PolicyConfig(itl_slowdown=0.5)
     with pytest.raises(ValueError):
         PolicyConfig(idle_ramp_factor=0.5)  # a slow start that would shrink its steps
+    with pytest.raises(ValueError):
+        PolicyConfig(document_min_share=0.8)  # documents' floor would leave drafting little
 
 
 # --- KV admission ----------------------------------------------------------------------------
@@ -470,11 +472,80 @@ def test_documents_always_progress_beside_drafting():
     # A target no step can meet: documents still read about min_chunk_tokens a step, every step
     # (chunk_fixed_cost_share 0) or saved up into fewer, larger chunks.
     for share in (0.0, 0.1):
-        p = planner(itl_target_ms=1, chunk_fixed_cost_share=share)
+        p = planner(itl_target_ms=1, chunk_fixed_cost_share=share, document_min_share=0)
         plans = [p.plan([draft("a"), document("d1", left=5000)], [], [], set()) for _ in range(300)]
         tokens = [plan.document_budget_tokens for plan in plans]
         assert sum(tokens) >= 0.9 * 300 * p.min_chunk_tokens > 0  # the last saving may not be spent yet
         assert share or set(tokens) == {p.min_chunk_tokens}
+
+
+def documents_share(plans, running_drafters: int) -> float:
+    """Documents' share of the fake machine's time over ``plans`` (each a step beside
+    ``running_drafters`` decoding)."""
+    steps = [
+        FakeStepCosts.seconds(StepShape(decode_requests=running_drafters, prefill_tokens=p.document_budget_tokens or 0))
+        for p in plans
+    ]
+    alone = FakeStepCosts.seconds(StepShape(decode_requests=running_drafters))
+    return sum(step - alone for step in steps) / sum(steps)
+
+
+def test_when_drafting_fills_the_engine_documents_keep_their_floor():
+    # A target no step beside 24 drafters can meet (an overloaded office): without a floor
+    # documents read 4 tokens a step, a sliver of the engine; with it, about a fifth.
+    running = [draft(f"draft{i}") for i in range(24)] + [document("d1", left=50_000)]
+    starved = planner(itl_target_ms=1, document_min_share=0)
+    floored = planner(itl_target_ms=1)
+    without = [starved.plan(running, [], [], set()) for _ in range(300)]
+    with_floor = [floored.plan(running, [], [], set()) for _ in range(300)]
+    assert documents_share(without, 24) < 0.05
+    assert 0.18 <= documents_share(with_floor, 24) <= 0.3
+    assert floored.document_share() == pytest.approx(0.2, abs=0.03)  # what the planner estimated
+    reasons = {p.reason for p in with_floor}
+    assert reasons == {"drafting_running", "document_floor"}  # the floor in some steps, not all
+    # A floor step takes 1.5 x the floor's share of its step: the ITL the drafters pay for it.
+    floor_steps = [p for p in with_floor if p.reason == "document_floor"]
+    assert 0.2 < documents_share(floor_steps, 24) <= 0.32
+
+
+def test_where_the_itl_target_leaves_documents_more_than_their_floor_the_floor_changes_nothing():
+    running = [draft(f"draft{i}") for i in range(8)] + [document("d1", left=50_000)]
+    p, q = planner(), planner(document_min_share=0)
+    plans = [p.plan(running, [], [], set()) for _ in range(200)]
+    assert [plan.document_budget_tokens for plan in plans] == [
+        q.plan(running, [], [], set()).document_budget_tokens for _ in range(200)
+    ]
+    assert "document_floor" not in {plan.reason for plan in plans}
+
+
+def test_a_stream_of_drafters_starting_does_not_hold_documents_below_their_floor():
+    # A new drafter can start at every step (an office of many drafters, each a few tokens
+    # long): each step would hold documents back for it.
+    def steps(p: Planner) -> list:
+        plans = []
+        for i in range(300):
+            waiting = [WaitingRequest(f"new{i}", drafting=True, user="u2")]
+            plans.append(p.plan([draft("a"), draft("b"), document("d1", left=50_000)], waiting, [f"new{i}"], set()))
+        return plans
+
+    held = steps(planner(document_min_share=0))
+    assert {p.reason for p in held} == {"drafting_waiting"}
+    floored = steps(planner())
+    assert documents_share(floored, 2) >= 0.18
+    # Drafters still start in a third of the steps (all those waiting then start at once):
+    # documents take their floor in the others.
+    assert 0.3 <= sum(p.reason == "drafting_waiting" for p in floored) / len(floored) < 0.5
+
+
+def test_a_drafter_waiting_through_documents_floor_steps_is_not_taken_for_one_vllm_does_not_start():
+    p = planner()
+    running = [draft("a"), document("d1", left=50_000)]
+    waiting = [WaitingRequest("next-draft", drafting=True, user="u2")]
+    p._owed_s = 10.0  # documents have had nothing for a while
+    plans = [p.plan(running, waiting, ["next-draft"], set()) for _ in range(2 * p.max_hold_steps)]
+    assert plans[0].reason == "document_floor" and not plans[0].hold
+    assert "drafting_waiting" in {plan.reason for plan in plans}  # the drafter's turn still comes
+    assert p._held_for["next-draft"] <= p.max_hold_steps
 
 
 def test_before_the_cost_model_is_fitted_documents_take_small_chunks_beside_drafting():
@@ -504,9 +575,12 @@ def test_a_drafter_vllm_does_not_start_holds_documents_only_a_few_steps():
     p = planner()
     running = [document("d1", left=3000)]
     waiting = [WaitingRequest("stuck-draft", drafting=True, user="u")]
-    reasons = [p.plan(running, waiting, ["stuck-draft"], set()).reason for _ in range(p.max_hold_steps + 2)]
+    reasons = [p.plan(running, waiting, ["stuck-draft"], set()).reason for _ in range(p.max_hold_steps + 5)]
     assert reasons[: p.max_hold_steps] == ["drafting_waiting"] * p.max_hold_steps
-    # Documents go on, in steps as short as a drafter's first, while it waits.
+    # Then steps of documents' floor (they were held for four steps), which do not count
+    # against the drafter; then documents go on, in steps as short as a drafter's first.
+    assert reasons[p.max_hold_steps] == "document_floor"
+    assert reasons.count("drafting_waiting") == p.max_hold_steps
     assert reasons[-2:] == ["slow_start", "slow_start"]
     assert (
         len({plan.token_budget for plan in [p.plan(running, waiting, ["stuck-draft"], set()) for _ in range(3)]}) == 1
