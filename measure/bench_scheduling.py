@@ -60,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import CommandError
@@ -638,7 +639,7 @@ class _Bench:
         self._set_mode("appliance")
         self.progress(f"{workload}: drafting alone")
         alone = self._drafting_run(workload, seed, documents=None, eos=eos)
-        result = {"alone": drafting_figures(alone["drafts"]), "modes": {}}
+        result: dict[str, Any] = {"alone": drafting_figures(alone["drafts"]), "modes": {}}
         for mode in self._modes(workload, thresholds):
             self._workers(self._layout(mode))
             self._set_mode(mode)
@@ -681,7 +682,9 @@ class _Bench:
         long as ``min_drafts`` take to arrive)."""
         rng = random.Random(seed)  # noqa: S311 - the same arrivals and prompts for every policy
         if workload == "burst":
-            drafts, docs, episodes = [], [], 0
+            drafts: list = []
+            docs: list = []
+            episodes = 0
             started = time.time()
             while len(drafts) < self.options["min_drafts"]:
                 n = self.options["burst_drafts"]
@@ -759,11 +762,12 @@ class _Bench:
         concurrency = max(1, round(drafting["requests"] / max(episodes_s, 1e-9) * draft_s))
         context = self._tokens(self.options["draft_tokens"]) + self._tokens(self.options["draft_output"]) // 2
         base = StepShape.of([context] * concurrency, [])
+        decode_step_s = model.predict(base) or 0.0  # fitted: a number
         config = scheduler.get("config", {})
         target = (
             config["itl_target_ms"] / 1000
             if config.get("itl_target_ms")
-            else model.predict(base) * float(config.get("itl_slowdown", 1.4))
+            else decode_step_s * float(config.get("itl_slowdown", 1.4))
         )
         position = self._tokens(self.options["document_tokens"]) // 2
         # Saved up into larger chunks (``Planner.pooled_document_budget``, when the scheduler's
@@ -783,7 +787,7 @@ class _Bench:
             "available": True,
             "drafters_in_engine": concurrency,
             "target_step_ms": round(target * 1000, 2),
-            "decode_step_ms": round(model.predict(base) * 1000, 2),
+            "decode_step_ms": round(decode_step_s * 1000, 2),
             "document_tokens_per_step": per_step,
             "document_tokens_per_s": _round(bound_tokens_per_s),
             "drafting_share": round(share, 3),
@@ -853,7 +857,7 @@ class _Bench:
             message = [{"role": "user", "content": f"Draft a reply to this letter. {self._text(prompt, rng)}"}]
             demand += self.client().count_tokens([message])[0] + output
             messages.append(message)
-        result = {
+        result: dict[str, Any] = {
             "requests": len(messages),
             "kv_capacity_tokens": capacity,
             "demand_over_capacity": round(demand / capacity, 2),
@@ -1014,7 +1018,7 @@ def summarise(repeats: list[dict]) -> dict:
         if not runs:
             continue
         modes = sorted({m for r in runs for m in r["modes"]}, key=lambda m: (m != "appliance", m))
-        per_mode = {}
+        per_mode: dict[str, dict[str, Any]] = {}
         for mode in modes:
             present = [r["modes"][mode] for r in runs if mode in r["modes"]]
             per_mode[mode] = {
@@ -1022,7 +1026,7 @@ def summarise(repeats: list[dict]) -> dict:
                 for key in ("ttft_p95_ratio", "itl_p95_ratio", "documents_vs_fifo")
             }
             per_mode[mode]["drafts_measured"] = [f["drafting"]["requests"] for f in present]
-        entry = {"modes": per_mode}
+        entry: dict[str, Any] = {"modes": per_mode}
         documents_target = TARGETS["burst_documents_vs_fifo" if workload == "burst" else "steady_documents_vs_fifo"]
         appliance = [r["modes"]["appliance"] for r in runs if "appliance" in r["modes"]]
         if appliance:

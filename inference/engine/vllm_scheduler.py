@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -66,7 +67,13 @@ def _host_id(request: Request) -> str:
     return str(appliance_args(request).get("id", request.request_id))
 
 
-class ApplianceScheduling:
+if TYPE_CHECKING:  # the mixin reads and overrides vLLM's scheduler, which it is mixed into
+    _SchedulerBase = Scheduler
+else:
+    _SchedulerBase = object
+
+
+class ApplianceScheduling(_SchedulerBase):
     """The mixin; ``ApplianceScheduler`` and ``ApplianceAsyncScheduler`` below are the classes
     vLLM is given (the async one when vLLM schedules asynchronously, as it does on a GPU)."""
 

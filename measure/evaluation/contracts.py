@@ -150,11 +150,14 @@ def clause_scores(per_contract: list[dict[str, Counts]], *, seed: int = 0) -> di
     for contract in per_contract:
         for category, counts in contract.items():
             by_category.setdefault(category, Counts()).add(counts)
+
+    def statistic(name: str) -> Callable[[list], float | None]:
+        return lambda sample: getattr(total(sample), name)
+
     return {
         **overall.as_dict(),
         "interval": {
-            name: bootstrap(per_contract, lambda sample, name=name: getattr(total(sample), name), seed=seed)
-            for name in ("precision", "recall", "f1")
+            name: bootstrap(per_contract, statistic(name), seed=seed) for name in ("precision", "recall", "f1")
         },
         "per_category": {c: by_category[c].as_dict() for c in sorted(by_category)},
     }

@@ -93,7 +93,9 @@ class _Workload:
 
     def _prompt_tokens(self, messages: list[dict]) -> int:
         """Tokens of a chat prompt as the engine host counts them: the chat template, then the text."""
-        return self._count(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert isinstance(text, str)  # tokenize=False: the prompt's text
+        return self._count(text)
 
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -139,7 +141,12 @@ class _Workload:
     def _levels(self) -> list[int]:
         if self.plan.levels:
             return self.plan.levels
-        top = self.plan.max_concurrency or int(self.engine.get("max_num_seqs") or settings.APPLIANCE_MAX_NUM_SEQS)
+        top = self.plan.max_concurrency
+        if not top:
+            seqs = self.engine.get("max_num_seqs") or settings.APPLIANCE_MAX_NUM_SEQS
+            if seqs is None:
+                raise CommandError("the engine did not say how many requests it runs at once: give --max-concurrency")
+            top = int(seqs)
         return sheet_.ladder(top)
 
     def _kinds(self, name: str, users: int) -> list[str]:
@@ -174,7 +181,7 @@ class _Workload:
             if shortfall and not explicit:
                 stopped = f"the KV budget at {sheet_._users(users)}: {shortfall}"
                 break
-            if time.monotonic() > self.plan.deadline:
+            if self.plan.deadline is not None and time.monotonic() > self.plan.deadline:
                 stopped = "the time budget (--max-minutes) ran out"
                 break
             try:
@@ -225,7 +232,7 @@ class _Workload:
             for i, kind in enumerate(kinds)
             if kind == "drafting"
         }
-        work = {
+        work: dict[int, list[int] | list[str]] = {
             i: [next(documents) for _ in range(per_user)] if kind == "document" else prompts[i]
             for i, kind in enumerate(kinds)
         }
@@ -238,7 +245,7 @@ class _Workload:
             for item in work[i]:
                 sample = Sample(kind=kinds[i], sent_at=time.time())
                 try:
-                    if kinds[i] == "document":
+                    if isinstance(item, int):  # a document's id
                         self.client.summary(sample, document_id=item, max_tokens=self.plan.document_output)
                     else:
                         self.client.chat(sample, model=self.model, prompt=item, max_tokens=self.plan.drafting_output)
