@@ -241,6 +241,36 @@ APPLIANCE_ENFORCE_EAGER = env_bool("APPLIANCE_ENFORCE_EAGER", False)
 APPLIANCE_ENGINE_TOKEN = env_str("APPLIANCE_ENGINE_TOKEN") or generated_secret(VAR_DIR, "engine_token")
 APPLIANCE_ENGINE_BENCHMARK_OPS = env_bool("APPLIANCE_ENGINE_BENCHMARK_OPS", False)
 APPLIANCE_ENGINE_CONNECT_TIMEOUT_S = env_float("APPLIANCE_ENGINE_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
+# Nodes without an engine of their own (or with several) reach one by URL: tls://host:port (the
+# host's certificate checked against APPLIANCE_ENGINE_TLS_CA), tcp://127.0.0.1:port, or
+# unix:/path. Empty: this node's engine host, at APPLIANCE_ENGINE_SOCKET.
+APPLIANCE_ENGINE_URL = env_str("APPLIANCE_ENGINE_URL") or ""
+# The engine host also listens on TCP at host:port (empty: its Unix socket only), with TLS when
+# a certificate and key (PEM files) are given; plain TCP only on the loopback address.
+APPLIANCE_ENGINE_LISTEN = env_str("APPLIANCE_ENGINE_LISTEN") or ""
+APPLIANCE_ENGINE_TLS_CERT = env_str("APPLIANCE_ENGINE_TLS_CERT") or ""
+APPLIANCE_ENGINE_TLS_KEY = env_str("APPLIANCE_ENGINE_TLS_KEY") or ""
+# The CA that signed the engine hosts' certificates (PEM), for clients of a tls:// engine; empty:
+# the system's trusted CAs.
+APPLIANCE_ENGINE_TLS_CA = env_str("APPLIANCE_ENGINE_TLS_CA") or ""
+
+
+def _check_engine_addresses() -> None:
+    from inference.engine.address import AddressError, EngineAddress, check_client, check_listen, parse_host_port
+
+    try:
+        if APPLIANCE_ENGINE_URL:
+            check_client(EngineAddress.parse(APPLIANCE_ENGINE_URL))
+        if bool(APPLIANCE_ENGINE_TLS_CERT) != bool(APPLIANCE_ENGINE_TLS_KEY):
+            raise AddressError("set both APPLIANCE_ENGINE_TLS_CERT and APPLIANCE_ENGINE_TLS_KEY, or neither")
+        if APPLIANCE_ENGINE_LISTEN:
+            host, _ = parse_host_port(APPLIANCE_ENGINE_LISTEN, what="APPLIANCE_ENGINE_LISTEN")
+            check_listen(host, tls=bool(APPLIANCE_ENGINE_TLS_CERT), token=APPLIANCE_ENGINE_TOKEN)
+    except AddressError as exc:
+        raise EnvError(str(exc)) from None
+
+
+_check_engine_addresses()
 # KV cache block size in tokens; 0 keeps vLLM's default for the device (128 on a CPU, 16 on a GPU).
 APPLIANCE_KV_BLOCK_SIZE = env_int("APPLIANCE_KV_BLOCK_SIZE", 0, minimum=0) or None
 # Use at most this many tokens of KV cache (0: all that vLLM finds room for). For sharing a

@@ -79,6 +79,28 @@ def _stop(process: subprocess.Popen, timeout_s: float = 30) -> None:
     stop_groups([process], timeout_s=timeout_s, grace_s=0)
 
 
+def _engine_tcp() -> dict[str, str]:
+    """Where the test engine host listens on TCP, with its TLS files: made once per test var
+    directory and kept there, so that a host an earlier session started is found again."""
+    import json
+    import socket
+
+    from tests.tls import make_certificates
+
+    path = Path(settings.VAR_DIR) / "run" / "engine-tcp.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    certificates = make_certificates(Path(settings.VAR_DIR) / "tls", name="engine")
+    tcp = {"listen": f"127.0.0.1:{port}", "url": f"tls://127.0.0.1:{port}", "ca": str(certificates.ca),
+           "cert": str(certificates.cert), "key": str(certificates.key)}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(tcp))
+    return tcp
+
+
 class EngineHosts:
     """Starts the real engine host on the test socket when none answers there, and can kill it
     (with vLLM's engine core) and start it again, as `make run`'s supervisor would."""
@@ -89,6 +111,13 @@ class EngineHosts:
         self.client = EngineClient.from_settings()
         self.process: subprocess.Popen | None = None
         self.log_path = Path(settings.VAR_DIR) / "logs" / "engine.log"
+        self.tcp = _engine_tcp()
+
+    def tls_client(self, **kwargs):
+        """A client of the same engine host over TLS on loopback, as another node's workers reach it."""
+        from inference.engine.client import EngineClient
+
+        return EngineClient(self.tcp["url"], tls_ca=self.tcp["ca"], **kwargs)
 
     def answers(self) -> bool:
         from inference.engine.client import EngineUnavailable
@@ -107,7 +136,13 @@ class EngineHosts:
         (self.process,) = start_appliance_processes(
             {"engine"},
             settings=settings,
-            env=_child_env(APPLIANCE_ENGINE_BENCHMARK_OPS="1"),
+            env=_child_env(
+                APPLIANCE_ENGINE_BENCHMARK_OPS="1",
+                # Also over TLS on loopback, as other nodes' workers reach an engine.
+                APPLIANCE_ENGINE_LISTEN=self.tcp["listen"],
+                APPLIANCE_ENGINE_TLS_CERT=self.tcp["cert"],
+                APPLIANCE_ENGINE_TLS_KEY=self.tcp["key"],
+            ),
             log_dir=self.log_path.parent,
             tie_to_parent=True,
         )

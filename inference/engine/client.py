@@ -1,18 +1,21 @@
 """The client the inference workers and the web process use to reach the engine host.
 
 Blocking sockets, one connection per call, so that it works the same in a Celery thread, a
-management command or a Django view. It imports nothing from vLLM.
+management command or a Django view. The engine host is this node's (its Unix socket) or
+another node's (TLS over TCP; ``address.EngineAddress``). It imports nothing from vLLM.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.engine.address import EngineAddress, check_client
 from inference.engine.protocol import MAX_LINE_BYTES, ErrorCode, GenerateRequest, decode, encode
 
 
@@ -50,32 +53,73 @@ class StreamEvent:
 
 
 class EngineClient:
-    """``token``: the engine host's (``APPLIANCE_ENGINE_TOKEN``, by default generated under
-    ``var/secrets/``), sent on every request; None reads it from the Django settings."""
+    """``address``: a Unix socket's path, or an ``EngineAddress`` URL (``tls://host:port``).
+    ``token``: the engine host's (``APPLIANCE_ENGINE_TOKEN``, by default generated under
+    ``var/secrets/``), sent on every request; None reads it from the Django settings.
+    ``tls_ca``: the CA file a ``tls://`` host's certificate is checked against (None: the
+    settings' ``APPLIANCE_ENGINE_TLS_CA``, else the system's trusted CAs)."""
 
-    def __init__(self, socket_path: Path | str, *, connect_timeout_s: float = 5.0, token: str | None = None) -> None:
-        self.socket_path = str(socket_path)
+    def __init__(
+        self,
+        address: Path | str | EngineAddress,
+        *,
+        connect_timeout_s: float = 5.0,
+        token: str | None = None,
+        tls_ca: str | None = None,
+    ) -> None:
+        self.address = address if isinstance(address, EngineAddress) else EngineAddress.parse(address)
+        check_client(self.address)
         self.connect_timeout_s = connect_timeout_s
-        if token is None:
+        if token is None or (tls_ca is None and self.address.scheme == "tls"):
             from django.conf import settings
 
-            token = settings.APPLIANCE_ENGINE_TOKEN
+            token = settings.APPLIANCE_ENGINE_TOKEN if token is None else token
+            tls_ca = settings.APPLIANCE_ENGINE_TLS_CA if tls_ca is None else tls_ca
         self.token = token
+        self._tls: ssl.SSLContext | None = None
+        if self.address.scheme == "tls":
+            self._tls = ssl.create_default_context(cafile=tls_ca or None)  # checks the certificate and the name
+
+    @property
+    def socket_path(self) -> str:
+        """The Unix socket's path ("" for an engine over TCP)."""
+        return self.address.path
 
     @classmethod
     def from_settings(cls) -> EngineClient:
         from django.conf import settings
 
-        return cls(settings.APPLIANCE_ENGINE_SOCKET, connect_timeout_s=settings.APPLIANCE_ENGINE_CONNECT_TIMEOUT_S)
+        return cls(
+            settings.APPLIANCE_ENGINE_URL or settings.APPLIANCE_ENGINE_SOCKET,
+            connect_timeout_s=settings.APPLIANCE_ENGINE_CONNECT_TIMEOUT_S,
+        )
 
     def _connect(self, read_timeout_s: float | None) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.connect_timeout_s)
+        address = self.address
         try:
-            sock.connect(self.socket_path)
-        except OSError as exc:  # missing socket, refused, timed out, no permission
-            sock.close()
-            raise EngineUnavailable(f"the engine host is not answering at {self.socket_path} ({exc})") from exc
+            if address.scheme == "unix":
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(self.connect_timeout_s)
+                try:
+                    sock.connect(address.path)
+                except OSError:
+                    sock.close()
+                    raise
+            else:
+                sock = socket.create_connection((address.host, address.port), timeout=self.connect_timeout_s)
+                if self._tls is not None:
+                    try:
+                        sock = self._tls.wrap_socket(sock, server_hostname=address.host)
+                    except OSError:
+                        sock.close()
+                        raise
+        except ssl.SSLCertVerificationError as exc:
+            raise EngineUnavailable(
+                f"the engine host at {address} is not the one expected: its certificate failed the check "
+                f"({exc.verify_message}; is APPLIANCE_ENGINE_TLS_CA the CA that signed it?)"
+            ) from exc
+        except OSError as exc:  # missing socket, refused, timed out, no permission, a failed handshake
+            raise EngineUnavailable(f"the engine host is not answering at {address} ({exc})") from exc
         sock.settimeout(read_timeout_s)
         return sock
 

@@ -1,7 +1,8 @@
 """The engine host: one long-lived process per device that embeds vLLM's ``AsyncLLM``.
 
-It owns the device, loads the model once, and serves the thin Celery workers over a Unix socket
-(see ``protocol.py``): ``generate`` streams token deltas, ``abort`` stops a request, ``stats``
+It owns the device, loads the model once, and serves the thin Celery workers over a Unix socket,
+and, with ``APPLIANCE_ENGINE_LISTEN``, over TCP with TLS to other nodes' workers (see ``address.py``,
+``protocol.py``): ``generate`` streams token deltas, ``abort`` stops a request, ``stats``
 reports the engine, ``count_tokens`` measures a prompt. Scheduling happens inside vLLM's engine
 core, at every step, in the appliance's scheduler class (``vllm_scheduler.py``, the policy in
 ``step_policy.py``): drafting first, documents in what is left of each step, KV admission by
@@ -29,11 +30,13 @@ import logging
 import os
 import platform
 import signal
+import ssl
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from inference.engine.address import check_listen, parse_host_port
 from inference.engine.chat_tokens import prompt_token_ids
 from inference.engine.protocol import (
     BENCHMARK_OPS,
@@ -85,6 +88,9 @@ class EngineConfig:
     document_min_share: float = 0.2
     enforce_eager: bool = False
     token: str = ""  # every request must carry it ("": none asked, for hosts made by unit tests)
+    listen: str = ""  # host:port: TCP as well as the Unix socket ("": the socket only)
+    tls_cert: str = ""  # PEM files: TLS on that TCP listener
+    tls_key: str = ""
     benchmark_ops: bool = False  # serve BENCHMARK_OPS (a host a benchmark started)
 
     @classmethod
@@ -119,6 +125,9 @@ class EngineConfig:
             document_min_share=settings.APPLIANCE_DOCUMENT_MIN_SHARE,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
             token=settings.APPLIANCE_ENGINE_TOKEN,
+            listen=settings.APPLIANCE_ENGINE_LISTEN,
+            tls_cert=settings.APPLIANCE_ENGINE_TLS_CERT,
+            tls_key=settings.APPLIANCE_ENGINE_TLS_KEY,
             benchmark_ops=settings.APPLIANCE_ENGINE_BENCHMARK_OPS,
         )
 
@@ -797,6 +806,22 @@ class EngineHost:
 
     # --- serving -----------------------------------------------------------------------------
 
+    async def _tcp_server(self) -> asyncio.Server | None:
+        """The TCP listener of ``listen`` (other nodes' workers), with TLS when a certificate is
+        given; refused without a token, or in clear text beyond the loopback address."""
+        if not self.config.listen:
+            return None
+        host, port = parse_host_port(self.config.listen, what="APPLIANCE_ENGINE_LISTEN")
+        check_listen(host, tls=bool(self.config.tls_cert), token=self.config.token)
+        context = None
+        if self.config.tls_cert:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(self.config.tls_cert, self.config.tls_key or None)
+        server = await asyncio.start_server(self.handle, host, port, ssl=context, limit=MAX_LINE_BYTES)
+        logger.info("engine host listening on %s://%s:%d", "tls" if context else "tcp", host, port)
+        return server
+
     async def serve(self) -> None:
         path = self.config.socket_path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # an existing directory is left as it is
@@ -804,6 +829,7 @@ class EngineHost:
             path.unlink()  # a socket left by a host that died
         server = await asyncio.start_unix_server(self.handle, path=str(path), limit=MAX_LINE_BYTES)
         os.chmod(path, 0o600)  # the appliance's own user only; the token is asked as well
+        tcp = await self._tcp_server()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -812,6 +838,9 @@ class EngineHost:
         logger.info("engine host listening on %s", path)
         async with server:
             await stop.wait()
+        if tcp is not None:
+            tcp.close()
+            await tcp.wait_closed()
         logger.info("engine host stopping")
         for task in background:
             task.cancel()
