@@ -125,7 +125,27 @@ def healthz(request):
         "engine": check_engine(),
     }
     ok = all(part["ok"] for part in parts.values())
-    body = {"status": "ok" if ok else "degraded"}
+    body: dict[str, Any] = {"status": "ok" if ok else "degraded"}
     if may_see_operations(request):
         body.update(parts)
+        # Every node of the cluster, as each last announced itself. Shown, not counted in the
+        # status: a load balancer asks whether *this* node serves, and another node's GPU being
+        # down does not make it stop.
+        body["nodes"] = check_nodes(broker["ok"])
     return JsonResponse(body, status=200 if ok else 503)
+
+
+def check_nodes(broker_ok: bool) -> dict[str, Any]:
+    from appliance.cluster import nodes
+
+    if not broker_ok:
+        return {"ok": False, "detail": "the broker is down: the nodes' reports cannot be read", "nodes": []}
+    try:
+        listed = nodes()
+    except redis.RedisError as exc:
+        return {"ok": False, "detail": f"the nodes' reports cannot be read: {exc}", "nodes": []}
+    down = [node["name"] for node in listed if not node["up"]]
+    result: dict[str, Any] = {"ok": not down, "nodes": listed}
+    if down:
+        result["detail"] = f"down: {', '.join(down)}"
+    return result

@@ -14,6 +14,7 @@ When ``APPLIANCE_METRICS_TOKEN`` is set, scrapes must send it as a bearer token.
 
 from __future__ import annotations
 
+import redis
 from django.db import DatabaseError, connection
 from django.http import HttpResponse
 from django.views.decorators.cache import never_cache
@@ -102,6 +103,40 @@ class ApplianceCollector:
         yield GaugeMetricFamily("appliance_database_up", "1 when the database answers", value=int(bool(database)))
         yield from database
         yield from _engine_metrics()
+        if broker["ok"]:
+            yield from _node_families()
+
+
+# Per node, from each node's last report in the broker (appliance.cluster).
+NODE_ENGINE_GAUGES = {
+    "kv_usage": ("appliance_node_engine_kv_cache_usage_ratio", "Share of the node's engine's KV cache in use"),
+    "kv_capacity_tokens": ("appliance_node_engine_kv_capacity_tokens", "KV cache capacity of the node's engine"),
+    "running": ("appliance_node_engine_running_requests", "Requests the node's engine is running"),
+    "waiting": ("appliance_node_engine_waiting_requests", "Requests waiting inside the node's engine"),
+}
+
+
+def _node_families():
+    from appliance.cluster import nodes
+
+    try:
+        listed = nodes()
+    except redis.RedisError:
+        return
+    up = GaugeMetricFamily("appliance_node_up", "1 while the node reports (manage.py serve)", labels=["node"])
+    age = GaugeMetricFamily("appliance_node_report_age_seconds", "Age of the node's last report", labels=["node"])
+    engine = {key: GaugeMetricFamily(name, doc, labels=["node"]) for key, (name, doc) in NODE_ENGINE_GAUGES.items()}
+    for node in listed:
+        up.add_metric([node["name"]], int(node["up"]))
+        age.add_metric([node["name"]], node["age_s"])
+        if node["up"]:
+            for key, family in engine.items():
+                value = node["engine"].get(key)
+                if value is not None:
+                    family.add_metric([node["name"]], float(value))
+    yield up
+    yield age
+    yield from engine.values()
 
 
 def _database_families():

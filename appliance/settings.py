@@ -7,6 +7,7 @@ Production sets ``DATABASE_URL``, ``REDIS_URL``, ``APPLIANCE_SECRET_KEY`` and ``
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
@@ -241,6 +242,11 @@ APPLIANCE_ENFORCE_EAGER = env_bool("APPLIANCE_ENFORCE_EAGER", False)
 APPLIANCE_ENGINE_TOKEN = env_str("APPLIANCE_ENGINE_TOKEN") or generated_secret(VAR_DIR, "engine_token")
 APPLIANCE_ENGINE_BENCHMARK_OPS = env_bool("APPLIANCE_ENGINE_BENCHMARK_OPS", False)
 APPLIANCE_ENGINE_CONNECT_TIMEOUT_S = env_float("APPLIANCE_ENGINE_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
+# This node in the cluster view (/healthz, /metrics, the console): its name, how often
+# `manage.py serve` announces it in the broker, and how long without a report before it is down.
+APPLIANCE_NODE_NAME = env_str("APPLIANCE_NODE_NAME") or socket.gethostname()
+APPLIANCE_NODE_HEARTBEAT_S = env_float("APPLIANCE_NODE_HEARTBEAT_S", 5.0, minimum=0.5)
+APPLIANCE_NODE_DOWN_AFTER_S = env_float("APPLIANCE_NODE_DOWN_AFTER_S", 20.0, minimum=1.0)
 # Nodes without an engine of their own (or with several) reach one by URL: tls://host:port (the
 # host's certificate checked against APPLIANCE_ENGINE_TLS_CA), tcp://127.0.0.1:port, or
 # unix:/path. Empty: this node's engine host, at APPLIANCE_ENGINE_SOCKET.

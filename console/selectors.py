@@ -223,6 +223,19 @@ def specsheet_file(name: str) -> Path | None:
     return path
 
 
+def cluster_nodes() -> list[dict] | None:
+    """Every node as it last announced itself (``appliance.cluster``); None when the broker cannot
+    be read."""
+    import redis
+
+    from appliance.cluster import nodes
+
+    try:
+        return nodes()
+    except redis.RedisError:
+        return None
+
+
 def queues() -> list[dict]:
     """Per queue: tasks waiting in the broker, jobs queued and running, the cap, the oldest wait."""
     from appliance.health import check_broker

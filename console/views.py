@@ -70,6 +70,7 @@ def overview(request):
         "console/overview.html",
         {
             "engine": selectors.engine(),
+            "nodes": selectors.cluster_nodes(),
             "queues": selectors.queues(),
             "latency": selectors.latency(),
             "chart": selectors.chart(series),

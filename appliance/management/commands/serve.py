@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from appliance.cluster import Announcer
 from appliance.database import close_pool, direct_connection
 from appliance.embedded import embedded_services
 from appliance.env import env_int, env_str
@@ -69,6 +70,7 @@ class Command(BaseCommand):
             raise
 
         supervisor = None
+        announcer: Announcer | None = None
         try:
             if engine:
                 call_command("prepare_model")
@@ -96,6 +98,8 @@ class Command(BaseCommand):
             signal.signal(signal.SIGINT, request_stop)
             signal.signal(signal.SIGTERM, request_stop)
             supervisor.start_all()
+            announcer = Announcer(list(roles))  # this node in the cluster view, every few seconds
+            announcer.start()
             url = f"http://127.0.0.1:{port}/"
             announced_web, announced_engine = not web, not engine
             while not stop["requested"]:
@@ -112,6 +116,8 @@ class Command(BaseCommand):
                 time.sleep(0.5)
             self.stdout.write("stopping the appliance...")
         finally:
+            if announcer is not None:
+                announcer.stop()
             if supervisor is not None:
                 supervisor.stop_all()  # the processes, then the services it watches
             else:
