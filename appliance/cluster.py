@@ -39,8 +39,10 @@ class NodeReport:
     engine_url: str  # the engine this node's workers use ("" for a node without workers or engine)
     announced_at: float  # seconds since the epoch
     pid: int = 0
-    engine: dict[str, Any] = field(default_factory=dict)  # ENGINE_FIELDS of its engine's stats
+    engine: dict[str, Any] = field(default_factory=dict)  # ENGINE_FIELDS of its (first) engine's stats
     engine_error: str = ""  # why its engine did not answer
+    # A node with several engines (APPLIANCE_ENGINES): each one's URL and ENGINE_FIELDS, or its error.
+    engines: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -88,25 +90,32 @@ def _client() -> Any:
     return sync_client()
 
 
-def this_node_report(roles: list[str], *, engine_stats: Any = None) -> NodeReport:
-    """This node's report now. ``engine_stats``: a function returning its engine's stats (the
-    engine client's, by default) for a node with an engine or workers."""
+def _engine_report(client: Any) -> dict[str, Any]:
+    try:
+        stats = client.stats(timeout_s=2.0)
+    except Exception as exc:  # noqa: BLE001 - a report says why its engine is not answering
+        return {"url": str(client.address), "error": f"its engine does not answer: {exc}"}
+    return {"url": str(client.address), **{k: stats.get(k) for k in ENGINE_FIELDS}}
+
+
+def this_node_report(roles: list[str]) -> NodeReport:
+    """This node's report now: for a node with engines or workers, what each engine it uses reports."""
+    from appliance.supervisor import engine_slots
     from inference.engine.client import EngineClient
 
-    uses_engine = bool({"engine", "prefill", "decode"} & set(roles))
-    engine: dict[str, Any] = {}
-    error = ""
-    url = ""
-    if uses_engine:
-        client = EngineClient.from_settings()
-        url = str(client.address)
-        try:
-            stats = (engine_stats or (lambda: client.stats(timeout_s=2.0)))()
-            engine = {k: stats.get(k) for k in ENGINE_FIELDS}
-        except Exception as exc:  # noqa: BLE001 - a report says why its engine is not answering
-            error = f"its engine does not answer: {exc}"
-    return NodeReport(name=settings.APPLIANCE_NODE_NAME, roles=list(roles), engine_url=url, announced_at=time.time(),
-                      pid=os.getpid(), engine=engine, engine_error=error)  # fmt: skip
+    engines: list[dict[str, Any]] = []
+    if "engine" in roles:  # its own engine hosts, at their sockets (the first at APPLIANCE_ENGINE_SOCKET)
+        for slot in engine_slots(settings):
+            socket = slot.get("APPLIANCE_ENGINE_SOCKET", settings.APPLIANCE_ENGINE_SOCKET)
+            engines.append(_engine_report(EngineClient(socket)))
+    elif {"prefill", "decode"} & set(roles):
+        engines.append(_engine_report(EngineClient.from_settings()))
+    head = engines[0] if engines else {}
+    return NodeReport(
+        name=settings.APPLIANCE_NODE_NAME, roles=list(roles), engine_url=head.get("url", ""),
+        announced_at=time.time(), pid=os.getpid(), engine={k: head.get(k) for k in ENGINE_FIELDS} if head else {},
+        engine_error=head.get("error", ""), engines=engines if len(engines) > 1 else [],
+    )  # fmt: skip
 
 
 def announce(report: NodeReport, client: Any = None) -> None:

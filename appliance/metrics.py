@@ -53,7 +53,7 @@ ENGINE_GAUGES = {
     ),
     "document_share": (
         "appliance_engine_document_share_ratio",
-        "Documents' share of the engine's time lately, while they wait for prefill",
+        "Share of the engine's time spent reading documents' prompts lately, while they wait for prefill",
     ),
     "target_step_ms": ("appliance_engine_target_step_milliseconds", "Step duration the drafting ITL target allows"),
     "max_model_len": ("appliance_engine_max_model_len_tokens", "Context length configured"),

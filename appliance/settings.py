@@ -242,6 +242,12 @@ APPLIANCE_ENFORCE_EAGER = env_bool("APPLIANCE_ENFORCE_EAGER", False)
 APPLIANCE_ENGINE_TOKEN = env_str("APPLIANCE_ENGINE_TOKEN") or generated_secret(VAR_DIR, "engine_token")
 APPLIANCE_ENGINE_BENCHMARK_OPS = env_bool("APPLIANCE_ENGINE_BENCHMARK_OPS", False)
 APPLIANCE_ENGINE_CONNECT_TIMEOUT_S = env_float("APPLIANCE_ENGINE_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
+# Engine hosts on this node: one per GPU, or per group of APPLIANCE_TENSOR_PARALLEL_SIZE GPUs
+# (vLLM's tensor parallelism: a model too large for one GPU), each with its own prefill and
+# decode workers. The GPUs, in order: APPLIANCE_ENGINE_GPUS (CUDA device numbers; default 0, 1, ...).
+APPLIANCE_ENGINES = env_int("APPLIANCE_ENGINES", 1, minimum=1, maximum=64)
+APPLIANCE_TENSOR_PARALLEL_SIZE = env_int("APPLIANCE_TENSOR_PARALLEL_SIZE", 1, minimum=1, maximum=64)
+APPLIANCE_ENGINE_GPUS = env_list("APPLIANCE_ENGINE_GPUS", [])
 # This node in the cluster view (/healthz, /metrics, the console): its name, how often
 # `manage.py serve` announces it in the broker, and how long without a report before it is down.
 APPLIANCE_NODE_NAME = env_str("APPLIANCE_NODE_NAME") or socket.gethostname()

@@ -105,10 +105,43 @@ class _Watched:
         return self.next_start_at is None and self.server is not None and self.server.alive()
 
 
+def engine_slots(settings) -> list[dict[str, str]]:
+    """Each engine host of this node (``APPLIANCE_ENGINES``): the environment that sets it apart,
+    its GPUs (``CUDA_VISIBLE_DEVICES``, ``APPLIANCE_TENSOR_PARALLEL_SIZE`` of them) and its socket
+    (the first keeps ``APPLIANCE_ENGINE_SOCKET``, so one engine is declared as it always was), and
+    its TCP port when it listens (the next ports for the next engines). One empty dict for one
+    engine on no GPU named (and for settings that do not say: a benchmark's pool caps)."""
+    count = getattr(settings, "APPLIANCE_ENGINES", 1)
+    tp = getattr(settings, "APPLIANCE_TENSOR_PARALLEL_SIZE", 1)
+    if count == 1 and tp == 1 and not getattr(settings, "APPLIANCE_ENGINE_GPUS", None):
+        return [{}]
+    gpus = list(settings.APPLIANCE_ENGINE_GPUS) or ([str(i) for i in range(count * tp)] if count > 1 or tp > 1 else [])
+    if gpus and len(gpus) < count * tp:
+        raise RolesError(
+            f"APPLIANCE_ENGINES={count} x APPLIANCE_TENSOR_PARALLEL_SIZE={tp} needs {count * tp} GPUs; "
+            f"APPLIANCE_ENGINE_GPUS names {len(gpus)} ({','.join(gpus)})"
+        )
+    socket = Path(settings.APPLIANCE_ENGINE_SOCKET)
+    listen = settings.APPLIANCE_ENGINE_LISTEN
+    slots = []
+    for i in range(count):
+        env: dict[str, str] = {}
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * tp : (i + 1) * tp])
+        if i:
+            env["APPLIANCE_ENGINE_SOCKET"] = str(socket.with_name(f"{socket.stem}-{i}{socket.suffix}"))
+            if listen:
+                host, _, port = listen.rpartition(":")
+                env["APPLIANCE_ENGINE_LISTEN"] = f"{host}:{int(port) + i}"
+        slots.append(env)
+    return slots
+
+
 def appliance_processes(*, python: str, port: int, settings, roles: Sequence[str] = ROLES) -> list[ProcessSpec]:
     """The one declaration of the appliance's processes: for each role its command line (the same
     for ``manage.py serve``, the test fixtures, the benchmarks and the evaluation), in the order
-    they start; only those of ``roles``."""
+    they start; only those of ``roles``. With several engines on the node (``engine_slots``), each
+    has its own engine host and its own prefill and decode workers, which reach it at its socket."""
     manage = [python, str(Path(settings.BASE_DIR) / "manage.py")]
     celery = [
         python,
@@ -189,7 +222,30 @@ def appliance_processes(*, python: str, port: int, settings, roles: Sequence[str
             role="web",
         ),  # fmt: skip
     ]
+    slots = engine_slots(settings)
+    if "engine" in roles and slots != [{}]:  # a node without engines uses APPLIANCE_ENGINE_URL's
+        specs = _per_engine(specs, slots, Path(settings.APPLIANCE_ENGINE_SOCKET))
     return [spec for spec in specs if spec.role in roles]
+
+
+def _per_engine(specs: list[ProcessSpec], slots: list[dict[str, str]], socket: Path) -> list[ProcessSpec]:
+    """The engine host and its prefill and decode workers once per engine slot: ``engine``,
+    ``engine-1``, ...; the workers of each reach their own engine's socket."""
+    out: list[ProcessSpec] = []
+    for spec in specs:
+        if spec.role not in ("engine", "prefill", "decode"):
+            out.append(spec)
+            continue
+        for i, slot in enumerate(slots):
+            name = spec.name if i == 0 else f"{spec.name}-{i}"
+            if spec.role == "engine":
+                out.append(ProcessSpec(name, spec.argv, env={**spec.env, **slot}, role=spec.role))
+                continue
+            engine_socket = slot.get("APPLIANCE_ENGINE_SOCKET", str(socket))
+            argv = [f"{spec.role}-{i}@%h" if arg == f"{spec.role}@%h" and i else arg for arg in spec.argv]
+            out.append(ProcessSpec(name, argv, env={**spec.env, "APPLIANCE_ENGINE_URL": f"unix:{engine_socket}"},
+                                   role=spec.role))  # fmt: skip
+    return out
 
 
 class Supervisor:

@@ -88,6 +88,7 @@ class EngineConfig:
     document_min_share: float = 0.2
     enforce_eager: bool = False
     token: str = ""  # every request must carry it ("": none asked, for hosts made by unit tests)
+    tensor_parallel_size: int = 1  # GPUs this engine spreads the model over (vLLM's tensor parallelism)
     listen: str = ""  # host:port: TCP as well as the Unix socket ("": the socket only)
     tls_cert: str = ""  # PEM files: TLS on that TCP listener
     tls_key: str = ""
@@ -125,6 +126,7 @@ class EngineConfig:
             document_min_share=settings.APPLIANCE_DOCUMENT_MIN_SHARE,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
             token=settings.APPLIANCE_ENGINE_TOKEN,
+            tensor_parallel_size=settings.APPLIANCE_TENSOR_PARALLEL_SIZE,
             listen=settings.APPLIANCE_ENGINE_LISTEN,
             tls_cert=settings.APPLIANCE_ENGINE_TLS_CERT,
             tls_key=settings.APPLIANCE_ENGINE_TLS_KEY,
@@ -301,7 +303,10 @@ class EngineHost:
         from inference.capacity import gpu_engine_defaults, shape_of_model_dir
 
         shape = shape_of_model_dir(cfg.model, weight_dtype=cfg.dtype, kv_dtype=cfg.kv_cache_dtype)
-        defaults = gpu_engine_defaults(shape, device_memory_bytes=int(torch.cuda.get_device_properties(0).total_memory))
+        # Tensor parallel: the model and its KV cache are split over the group's GPUs (the
+        # visible ones, CUDA_VISIBLE_DEVICES), so the planner sees their memory together.
+        memory = int(torch.cuda.get_device_properties(0).total_memory) * cfg.tensor_parallel_size
+        defaults = gpu_engine_defaults(shape, device_memory_bytes=memory)
         logger.info("GPU defaults from the capacity planner: %s", defaults.reason)
         return replace(
             cfg,
@@ -345,6 +350,7 @@ class EngineHost:
             gpu_memory_utilization=cfg.gpu_memory_utilization or 0.9,
             disable_log_stats=False,
             enforce_eager=cfg.enforce_eager,
+            tensor_parallel_size=cfg.tensor_parallel_size,
             **cache_args,
             # Compact JSON: a model may not spend its token budget on whitespace between fields.
             structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
@@ -382,6 +388,7 @@ class EngineHost:
             "kv_block_size": int(cache.block_size),
             "kv_blocks": int(cache.num_gpu_blocks or 0),
             "max_num_seqs": self.config.max_num_seqs,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
             "gpu_memory_utilization": self.config.gpu_memory_utilization if device["device"] == "cuda" else None,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "prefix_caching": True,

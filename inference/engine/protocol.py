@@ -88,7 +88,8 @@ class EngineStats:
     torch_version: str | None = _api(staff=True)
     device: str | None = None  # "cuda" or "cpu"
     device_name: str | None = None
-    device_count: int | None = None
+    device_count: int | None = None  # devices this engine host sees (CUDA_VISIBLE_DEVICES)
+    tensor_parallel_size: int | None = None  # of them, the GPUs the model is spread over
     device_memory_bytes: int | None = None
     cpu_count: int | None = None
     driver: str | None = None
@@ -113,7 +114,7 @@ class EngineStats:
     drafting_requests: int | None = None
     documents_held: int | None = None
     document_budget_tokens: int | None = None  # known only while drafting runs
-    # Documents' share of the engine's time lately, while they wanted prefill (the scheduler's
+    # The engine's time spent reading documents' prompt tokens lately (a share), while they wanted prefill (the scheduler's
     # estimate; its floor is APPLIANCE_DOCUMENT_MIN_SHARE). None: no document is prefilling.
     document_share: float | None = None
     target_step_ms: float | None = None  # known only while drafting runs

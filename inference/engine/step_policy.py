@@ -21,11 +21,12 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   Never less than ``min_chunk_tokens`` (4) a step on average: documents always progress.
 - **A floor for documents.** When drafting fills the engine (more drafters than the ITL target
   leaves room beside, a stream of them starting), documents would get those 4 tokens a step
-  and little else: while their share of the engine's time over the last steps
-  (``Planner.document_share``, from the cost model) is below ``document_min_share`` (0.2), the
-  steps that would give them less give them 1.5 x that share instead (``document_floor``), and
-  a drafter waiting to start waits for the next step. Drafters then pay up to 1 / (1 - 0.2)
-  on average in ITL, documents keep about a fifth of their speed alone.
+  and little else. The planner keeps an account of the engine time documents are owed:
+  ``document_min_share`` (0.2) of each step in which they wait for prefill, less the time their
+  prompt tokens took in it (by the cost model; a step's fixed cost of holding a chunk is not
+  progress). Once they are owed four steps' worth, a step reads 1.5 x that share of documents
+  (``document_floor``), and a drafter waiting to start starts in the next. Documents keep
+  about a fifth of their speed alone; drafters pay for it in ITL under such load.
 - **Work-conserving.** With no drafting request in the engine, documents run at full speed,
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
@@ -605,21 +606,25 @@ class Planner:
         return share > 0 and step is not None and self._owed_s >= self.floor_after_steps * share * step
 
     def floor_budget(self, base: StepShape, position: int) -> int:
-        """Document prefill tokens that take 1.5 x ``document_min_share`` of a step beside
-        ``base`` (more than the floor, so that the recent share climbs back above it and
-        drafting has its steps again): the step then takes ``1 / (1 - that share)`` times as
-        long as ``base`` alone, 1.43x at the default 0.2."""
+        """Document prefill tokens whose reading takes 1.5 x ``document_min_share`` of a step
+        beside ``base`` (more than the floor, so that the owed time is paid back and drafting
+        has its steps again): the step then takes ``1 / (1 - that share)`` times as long as
+        ``base`` and the fixed cost of holding a chunk, 1.43x at the default 0.2."""
         alone = self.cost.predict(base)
         share = min(0.75, 1.5 * self.config.document_min_share)
         if alone is None or share <= 0:
             return self.min_chunk_tokens
-        tokens = self.cost.prefill_budget(base, position=position, target_s=alone / (1.0 - share))
+        fixed = 0.0 if base.prefill_tokens else self.cost.prefill_step_s
+        tokens = self.cost.prefill_budget(base, position=position, target_s=(alone + fixed) / (1.0 - share))
         return max(self.min_chunk_tokens, min(self.max_budget_tokens, tokens or 0))
 
     def _note_share(self, base: StepShape, document_tokens: int | None, position: int) -> None:
         """Adds a step in which documents wanted prefill to ``document_share``: ``base`` (what
         else the step holds) and the prefill tokens documents get in it (None: vLLM's whole
-        budget). Not counted while the cost model cannot tell what the step costs."""
+        budget). What counts for documents is the time their prompt tokens take, not the fixed
+        cost of holding a chunk at all: 4 tokens a step beside 16 drafters on a CPU cost a fifth
+        of the step and read 20 tokens a second (the overloaded run of `bench scheduling`). Not
+        counted while the cost model cannot tell what the step costs."""
         tokens = self.max_budget_tokens if document_tokens is None else document_tokens
         alone = self.cost.predict(base)
         if alone is None or not self.cost.prices_prefill:
@@ -630,12 +635,14 @@ class Planner:
                 StepShape(base.decode_requests, base.decode_context_tokens, base.prefill_tokens + tokens,
                           base.prefill_attention + tokens * (position + tokens / 2),)
             ) or alone  # fmt: skip
+        fixed = self.cost.prefill_step_s if tokens > 0 and not base.prefill_tokens else 0.0
+        reading = max(0.0, step - alone - fixed)
         decay = self.share_decay
-        self._share_documents_s = self._share_documents_s * decay + (step - alone)
+        self._share_documents_s = self._share_documents_s * decay + reading
         self._share_steps_s = self._share_steps_s * decay + step
         floor = self.config.document_min_share
         bound = self.floor_after_steps * floor * step
-        owed = self._owed_s + floor * step - (step - alone)
+        owed = self._owed_s + floor * step - reading
         self._owed_s = max(-bound, min(bound + floor * step, owed))
 
     def idle_budget(self, base: StepShape, position: int) -> int | None:

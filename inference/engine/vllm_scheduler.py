@@ -281,7 +281,7 @@ class ApplianceScheduling(_SchedulerBase):
                 "document_budget_tokens": plan.document_budget_tokens,
             },
             "target_step_ms": round(target * 1000, 3) if target else None,
-            # Documents' share of the engine's time lately (None: none prefilling), and the floor.
+            # The engine's time spent reading documents' prompts lately (None: none prefilling).
             "document_share": None if (share := planner.document_share()) is None else round(share, 4),
             "draft_prompt_tokens": planner.draft_prompt_tokens(),  # a drafter's first step, as the plan assumes
             "cost_model": planner.cost.snapshot(),

@@ -123,3 +123,17 @@ def test_a_serving_node_announces_itself_with_what_its_engine_reports(engine_hos
     finally:
         announcer.stop()
         client.hdel(NODES_KEY, "this-node")
+
+
+def test_a_node_with_two_engines_reports_each(settings, tmp_path):
+    from appliance.cluster import this_node_report
+
+    settings.APPLIANCE_ENGINES = 2
+    settings.APPLIANCE_ENGINE_SOCKET = tmp_path / "engine.sock"  # nothing listens: each says why
+    report = this_node_report(["engine", "prefill", "decode"])
+    assert [e["url"] for e in report.engines] == [
+        f"unix:{tmp_path / 'engine.sock'}",
+        f"unix:{tmp_path / 'engine-1.sock'}",
+    ]
+    assert all("its engine does not answer" in e["error"] for e in report.engines)
+    assert report.engine_url == report.engines[0]["url"] and report.engine_error

@@ -58,3 +58,38 @@ def test_a_node_without_the_web_role_is_told_to_point_at_the_web_nodes_services(
     monkeypatch.setenv("DATABASE_URL", "postgres://elsewhere/db")
     with pytest.raises(CommandError, match="set REDIS_URL$"):
         call_command("serve")
+
+
+def test_a_node_with_four_gpus_runs_an_engine_per_pair_each_with_its_own_workers(settings, tmp_path):
+    settings.APPLIANCE_ENGINES, settings.APPLIANCE_TENSOR_PARALLEL_SIZE = 2, 2
+    settings.APPLIANCE_ENGINE_GPUS = ["0", "1", "2", "3"]
+    settings.APPLIANCE_ENGINE_SOCKET = tmp_path / "engine.sock"
+    settings.APPLIANCE_ENGINE_LISTEN = "0.0.0.0:8470"  # noqa: S104 - a GPU node listens for other nodes
+    specs = {spec.name: spec for spec in appliance_processes(python=sys.executable, port=8123, settings=settings)}
+    assert list(specs) == ["engine", "engine-1", "ingest-worker", "prefill-worker", "prefill-worker-1",
+                           "decode-worker", "decode-worker-1", "web"]  # fmt: skip
+    assert specs["engine"].env == {"CUDA_VISIBLE_DEVICES": "0,1"}  # the first keeps the node's socket and port
+    assert specs["engine-1"].env == {
+        "CUDA_VISIBLE_DEVICES": "2,3",
+        "APPLIANCE_ENGINE_SOCKET": str(tmp_path / "engine-1.sock"),
+        "APPLIANCE_ENGINE_LISTEN": "0.0.0.0:8471",
+    }
+    # Each engine's workers reach their own engine, under a Celery name of their own.
+    assert specs["prefill-worker"].env["APPLIANCE_ENGINE_URL"] == f"unix:{tmp_path / 'engine.sock'}"
+    assert specs["decode-worker-1"].env["APPLIANCE_ENGINE_URL"] == f"unix:{tmp_path / 'engine-1.sock'}"
+    assert "decode-1@%h" in specs["decode-worker-1"].argv and "decode@%h" in specs["decode-worker"].argv
+    assert "ingest-worker-1" not in specs  # ingest does not use the engine: one pool per node
+
+
+def test_more_engines_than_the_gpus_named_is_refused(settings):
+    settings.APPLIANCE_ENGINES, settings.APPLIANCE_TENSOR_PARALLEL_SIZE = 4, 2
+    settings.APPLIANCE_ENGINE_GPUS = ["0", "1", "2", "3"]
+    with pytest.raises(RolesError, match="needs 8 GPUs; APPLIANCE_ENGINE_GPUS names 4"):
+        appliance_processes(python=sys.executable, port=8123, settings=settings)
+
+
+def test_a_node_without_the_engine_role_keeps_one_set_of_workers_for_the_engine_it_is_given(settings):
+    settings.APPLIANCE_ENGINES = 2
+    node = appliance_processes(python=sys.executable, port=8123, settings=settings, roles=("prefill", "decode"))
+    assert [spec.name for spec in node] == ["prefill-worker", "decode-worker"]
+    assert all("APPLIANCE_ENGINE_URL" not in spec.env for spec in node)  # APPLIANCE_ENGINE_URL of the node's own

@@ -777,3 +777,25 @@ def test_where_a_chunk_is_cheap_documents_take_their_share_every_step():
 
     durations, tokens = run_beside_drafters(pooling_planner(GpuLike(), chunk_fixed_cost_share=0.1), GpuLike(), steps=50)
     assert len(set(durations)) == 1 and tokens >= 50 * 300  # the same chunk every step
+
+
+def test_a_chunks_fixed_cost_is_not_counted_as_documents_progress():
+    # Beside 16 drafters on the fake CPU (72 ms a step) an ITL target of 80 ms leaves room for
+    # the floor of 4 tokens only: 22 ms, 10 of them the fixed cost of holding a chunk. By the
+    # share of the step they take, documents would look fed (22 / 94 ms); by what they read
+    # (12 ms) they crawl, and their floor steps read a fifth of the time.
+    machine = FakeSlowPrefillCpu()
+    running = [draft(f"draft{i}", context=60) for i in range(16)] + [document("doc", left=50_000)]
+
+    def reading_share(p: Planner) -> float:
+        steps = [p.plan(running, [], [], set(), now=0.0) for _ in range(300)]
+        tokens = [plan.document_budget_tokens or 0 for plan in steps]
+        durations = [machine.seconds(StepShape(decode_requests=16, prefill_tokens=n)) for n in tokens]
+        return sum(0.003 * n for n in tokens) / sum(durations)
+
+    def planner_on(**config) -> Planner:
+        return Planner(config=PolicyConfig(itl_target_ms=80, **config), max_budget_tokens=2048,
+                       cost=StepCostModel.from_coefficients(FakeSlowPrefillCpu.COEFFICIENTS))  # fmt: skip
+
+    assert reading_share(planner_on(document_min_share=0)) < 0.15
+    assert 0.18 <= reading_share(planner_on()) <= 0.3
