@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "inference",
     "console",
     "api",
+    "directory",  # sign-in with the organisation's directory: LDAP / Active Directory, OpenID Connect
     "measure",  # benchmarks, the spec sheet run and the evaluation (manage.py bench, specsheet, evaluate)
     "ninja",  # its Swagger UI files, served from here: the API docs need no CDN
 ]
@@ -189,6 +190,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "ingest"
 CELERY_TASK_ROUTES = {
     "documents.tasks.*": {"queue": "ingest"},
+    "directory.tasks.*": {"queue": "ingest"},
     # inference.tasks.run_job is sent to the job's own queue (prefill or decode) when enqueued.
 }
 CELERY_WORKER_SEND_TASK_EVENTS = False
@@ -380,6 +382,59 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# --- Directory sign-in (directory/; README, *Sign-in*) -------------------------------------
+# Local accounts (Django's own, the embedded administrator, a break-glass account) always sign in
+# first; then the directory's. Each method is on when its first setting is set.
+from directory.mapping import parse_group_list, parse_group_map  # noqa: E402 (pure: no Django)
+
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+
+# LDAP / Active Directory: search as the service account, then bind as the account found.
+# Several URLs (comma-separated) are tried in turn. ldaps:// or StartTLS verify the server's
+# certificate against APPLIANCE_LDAP_CA_FILE (or the system's CAs).
+APPLIANCE_LDAP_URLS = env_list("APPLIANCE_LDAP_URL", [])
+APPLIANCE_LDAP_BIND_DN = env_str("APPLIANCE_LDAP_BIND_DN") or ""
+APPLIANCE_LDAP_BIND_PASSWORD = env_str("APPLIANCE_LDAP_BIND_PASSWORD") or ""  # or _FILE
+APPLIANCE_LDAP_START_TLS = env_bool("APPLIANCE_LDAP_START_TLS", False)
+APPLIANCE_LDAP_CA_FILE = env_str("APPLIANCE_LDAP_CA_FILE")
+APPLIANCE_LDAP_USER_SEARCH_BASE = env_str("APPLIANCE_LDAP_USER_SEARCH_BASE") or ""
+# Who may sign in: accounts under the base matching this filter (a disabled account left out by
+# it cannot sign in, and the sync deactivates it); the user name is matched in the attribute below.
+APPLIANCE_LDAP_USER_FILTER = env_str("APPLIANCE_LDAP_USER_FILTER") or "(objectClass=inetOrgPerson)"
+APPLIANCE_LDAP_USERNAME_ATTRIBUTE = env_str("APPLIANCE_LDAP_USERNAME_ATTRIBUTE") or "uid"
+# The id the directory never reuses: entryUUID (OpenLDAP, 389-ds), objectGUID (Active Directory).
+APPLIANCE_LDAP_ID_ATTRIBUTE = env_str("APPLIANCE_LDAP_ID_ATTRIBUTE") or "entryUUID"
+APPLIANCE_LDAP_GROUP_SEARCH_BASE = env_str("APPLIANCE_LDAP_GROUP_SEARCH_BASE") or ""
+# {user_dn} is the account's DN. Active Directory, nested groups included:
+# (&(objectClass=group)(member:1.2.840.113556.1.4.1941:={user_dn}))
+APPLIANCE_LDAP_GROUP_FILTER = (
+    env_str("APPLIANCE_LDAP_GROUP_FILTER") or "(&(objectClass=groupOfNames)(member={user_dn}))"
+)
+# JSON: directory group DN -> appliance group name(s); staff and superusers: DNs separated by ";".
+APPLIANCE_LDAP_GROUP_MAP = parse_group_map(env_str("APPLIANCE_LDAP_GROUP_MAP"), setting="APPLIANCE_LDAP_GROUP_MAP")
+APPLIANCE_LDAP_STAFF_GROUPS = parse_group_list(env_str("APPLIANCE_LDAP_STAFF_GROUPS"))
+APPLIANCE_LDAP_SUPERUSER_GROUPS = parse_group_list(env_str("APPLIANCE_LDAP_SUPERUSER_GROUPS"))
+APPLIANCE_LDAP_TIMEOUT_S = env_float("APPLIANCE_LDAP_TIMEOUT_S", 5.0, minimum=0.5)
+# Every so often (Celery beat, in the web role's `beat` process) every LDAP-linked account is
+# brought in line with the directory: groups, flags, deactivated when the directory lost it.
+APPLIANCE_LDAP_SYNC_INTERVAL_S = env_int("APPLIANCE_LDAP_SYNC_INTERVAL_S", 900, minimum=30)
+if APPLIANCE_LDAP_URLS:
+    if not APPLIANCE_LDAP_USER_SEARCH_BASE:
+        raise EnvError("APPLIANCE_LDAP_URL is set: set APPLIANCE_LDAP_USER_SEARCH_BASE too")
+    AUTHENTICATION_BACKENDS.append("directory.backends.LdapBackend")
+# Celery beat's schedule (the `beat` process, started with the web role when a schedule is set).
+CELERY_BEAT_SCHEDULE = (
+    {
+        "ldap-sync": {
+            "task": "directory.tasks.ldap_sync",
+            "schedule": float(APPLIANCE_LDAP_SYNC_INTERVAL_S),
+            "options": {"expires": float(APPLIANCE_LDAP_SYNC_INTERVAL_S)},  # never two waiting
+        }
+    }
+    if APPLIANCE_LDAP_URLS
+    else {}
+)
+
 LOGIN_REDIRECT_URL = "documents:library"
 LOGOUT_REDIRECT_URL = "login"
 

@@ -189,6 +189,17 @@ def appliance_processes(*, python: str, port: int, settings, roles: Sequence[str
             role="web",
         ),  # fmt: skip
     ]
+    if settings.CELERY_BEAT_SCHEDULE:
+        # Periodic tasks (the LDAP sync): one scheduler for the whole appliance, beside the one web
+        # server (a node without the web role runs none), its state under var/.
+        schedule = Path(settings.VAR_DIR) / "celerybeat-schedule"
+        specs.append(
+            ProcessSpec(
+                "beat",
+                [python, "-m", "celery", "-A", "appliance", "beat", "--loglevel", "INFO", "--schedule", str(schedule)],
+                role="web",
+            )
+        )
     return [spec for spec in specs if spec.role in roles]
 
 
