@@ -417,7 +417,7 @@ APPLIANCE_LDAP_SUPERUSER_GROUPS = parse_group_list(env_str("APPLIANCE_LDAP_SUPER
 APPLIANCE_LDAP_TIMEOUT_S = env_float("APPLIANCE_LDAP_TIMEOUT_S", 5.0, minimum=0.5)
 # Every so often (Celery beat, in the web role's `beat` process) every LDAP-linked account is
 # brought in line with the directory: groups, flags, deactivated when the directory lost it.
-APPLIANCE_LDAP_SYNC_INTERVAL_S = env_int("APPLIANCE_LDAP_SYNC_INTERVAL_S", 900, minimum=30)
+APPLIANCE_LDAP_SYNC_INTERVAL_S = env_int("APPLIANCE_LDAP_SYNC_INTERVAL_S", 900, minimum=5)
 if APPLIANCE_LDAP_URLS:
     if not APPLIANCE_LDAP_USER_SEARCH_BASE:
         raise EnvError("APPLIANCE_LDAP_URL is set: set APPLIANCE_LDAP_USER_SEARCH_BASE too")

@@ -9,6 +9,21 @@ from directory.mapping import group_key
 from tests.directory import slapd as directory
 
 
+@pytest.fixture(autouse=True)
+def fresh_signin_counts():
+    """The sign-in throttle's counts (in the broker) start at nothing in each test."""
+    from inference.streaming import sync_client
+
+    def clear():
+        client = sync_client()
+        for key in client.scan_iter("appliance:signin:*"):
+            client.delete(key)
+
+    clear()
+    yield
+    clear()
+
+
 @pytest.fixture
 def slapd():
     server = directory.start_slapd()

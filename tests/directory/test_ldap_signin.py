@@ -13,22 +13,9 @@ from api.models import Scope
 from directory.models import DirectoryIdentity, Provider
 from documents.models import Document
 from documents.selectors import documents_readable_by
-from inference.streaming import sync_client
 from tests.directory import slapd as directory
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fresh_signin_counts():
-    def clear():
-        client = sync_client()
-        for key in client.scan_iter("appliance:signin:*"):
-            client.delete(key)
-
-    clear()
-    yield
-    clear()
 
 
 def sign_in(username: str, password: str) -> Client:
