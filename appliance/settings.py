@@ -422,6 +422,33 @@ if APPLIANCE_LDAP_URLS:
     if not APPLIANCE_LDAP_USER_SEARCH_BASE:
         raise EnvError("APPLIANCE_LDAP_URL is set: set APPLIANCE_LDAP_USER_SEARCH_BASE too")
     AUTHENTICATION_BACKENDS.append("directory.backends.LdapBackend")
+# OpenID Connect: the authorization code flow with PKCE (mozilla-django-oidc), endpoints from the
+# provider's discovery document (or its issuer URL), client secret from the environment or _FILE.
+APPLIANCE_OIDC_DISCOVERY_URL = env_str("APPLIANCE_OIDC_DISCOVERY_URL")
+APPLIANCE_OIDC_NAME = env_str("APPLIANCE_OIDC_NAME") or "your organisation"  # "Sign in with <name>"
+APPLIANCE_OIDC_USERNAME_CLAIM = env_str("APPLIANCE_OIDC_USERNAME_CLAIM") or "preferred_username"
+APPLIANCE_OIDC_GROUPS_CLAIM = env_str("APPLIANCE_OIDC_GROUPS_CLAIM") or "groups"
+APPLIANCE_OIDC_GROUP_MAP = parse_group_map(env_str("APPLIANCE_OIDC_GROUP_MAP"), setting="APPLIANCE_OIDC_GROUP_MAP")
+APPLIANCE_OIDC_STAFF_GROUPS = parse_group_list(env_str("APPLIANCE_OIDC_STAFF_GROUPS"))
+APPLIANCE_OIDC_SUPERUSER_GROUPS = parse_group_list(env_str("APPLIANCE_OIDC_SUPERUSER_GROUPS"))
+APPLIANCE_OIDC_CA_FILE = env_str("APPLIANCE_OIDC_CA_FILE")  # the provider's CA, if not the system's
+APPLIANCE_OIDC_TIMEOUT_S = env_float("APPLIANCE_OIDC_TIMEOUT_S", 10.0, minimum=0.5)
+# The sign-in page shows the local form (user name and password) beside the provider's button;
+# false: the button alone, the form only at /accounts/login/?local=1 (break-glass administrator).
+APPLIANCE_LOCAL_SIGNIN_FORM = env_bool("APPLIANCE_LOCAL_SIGNIN_FORM", True)
+OIDC_RP_CLIENT_ID = env_str("APPLIANCE_OIDC_CLIENT_ID") or ""
+OIDC_RP_CLIENT_SECRET = env_str("APPLIANCE_OIDC_CLIENT_SECRET") or ""  # or _FILE
+OIDC_RP_SIGN_ALGO = env_choice("APPLIANCE_OIDC_SIGN_ALGO", "RS256", ("RS256", "RS384", "RS512", "ES256", "ES384"))
+OIDC_RP_SCOPES = env_str("APPLIANCE_OIDC_SCOPES") or "openid email profile"
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_AUTHENTICATE_CLASS = "directory.oidc.SignInRequestView"
+OIDC_TIMEOUT = APPLIANCE_OIDC_TIMEOUT_S
+LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?oidc=failed"
+if APPLIANCE_OIDC_DISCOVERY_URL:
+    if not OIDC_RP_CLIENT_ID:
+        raise EnvError("APPLIANCE_OIDC_DISCOVERY_URL is set: set APPLIANCE_OIDC_CLIENT_ID too")
+    AUTHENTICATION_BACKENDS.append("directory.oidc.OidcBackend")
 # Celery beat's schedule (the `beat` process, started with the web role when a schedule is set).
 CELERY_BEAT_SCHEDULE = (
     {

@@ -1,0 +1,220 @@
+"""OpenID Connect sign-in (mozilla-django-oidc): the authorization code flow with PKCE, the
+provider's endpoints read from its discovery document, the account linked by ``iss`` + ``sub``.
+
+mozilla-django-oidc wants each endpoint as a setting; an administrator has the provider's issuer
+or discovery URL (Keycloak, Entra ID and Authentik all publish one). So the endpoints are read
+from ``APPLIANCE_OIDC_DISCOVERY_URL`` when first needed (not at start: the provider may be down
+while the appliance starts, and local sign-in must work then) and kept for an hour.
+
+The ID token's signature is checked against the provider's keys (RS256 by default), and its
+issuer, audience and expiry here as well; the user info's ``sub`` must be the ID token's. Groups
+come from the claim ``APPLIANCE_OIDC_GROUPS_CLAIM`` (user info first, then the ID token), mapped
+as LDAP's are (``directory.mapping``), at every sign-in: a provider has no sync, so someone
+removed from a group there loses it here when they next sign in (sessions last
+``SESSION_COOKIE_AGE``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import requests
+from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
+from django.core.exceptions import SuspiciousOperation
+from django.http import Http404
+from django.shortcuts import redirect
+from django.urls import reverse
+from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+from mozilla_django_oidc.utils import import_from_settings
+from mozilla_django_oidc.views import OIDCAuthenticationRequestView
+
+from directory import services
+from directory.mapping import GroupPolicy
+from directory.models import Provider
+
+logger = logging.getLogger(__name__)
+
+DISCOVERY_TTL_S = 3600.0
+_WELL_KNOWN = "/.well-known/openid-configuration"
+_discovered: dict[str, tuple[float, dict[str, Any]]] = {}
+_lock = threading.Lock()
+
+# mozilla-django-oidc's endpoint settings, and the discovery document's member for each.
+_ENDPOINTS = {
+    "OIDC_OP_AUTHORIZATION_ENDPOINT": "authorization_endpoint",
+    "OIDC_OP_TOKEN_ENDPOINT": "token_endpoint",
+    "OIDC_OP_USER_ENDPOINT": "userinfo_endpoint",
+    "OIDC_OP_JWKS_ENDPOINT": "jwks_uri",
+}
+
+
+class DiscoveryFailed(RuntimeError):
+    pass
+
+
+def enabled() -> bool:
+    return bool(settings.APPLIANCE_OIDC_DISCOVERY_URL)
+
+
+def discovery() -> dict[str, Any]:
+    """The provider's discovery document (fetched at most once an hour per process)."""
+    url = settings.APPLIANCE_OIDC_DISCOVERY_URL or ""
+    if not url.endswith(_WELL_KNOWN):
+        url = url.rstrip("/") + _WELL_KNOWN  # an issuer URL was given
+    now = time.monotonic()
+    with _lock:
+        cached = _discovered.get(url)
+        if cached is not None and now - cached[0] < DISCOVERY_TTL_S:
+            return cached[1]
+    try:
+        response = requests.get(url, timeout=settings.APPLIANCE_OIDC_TIMEOUT_S, verify=_verify())
+        response.raise_for_status()
+        document = response.json()
+    except (requests.RequestException, ValueError) as exc:
+        raise DiscoveryFailed(f"the OpenID Connect discovery document {url} could not be read: {exc}") from exc
+    missing = [member for member in (*_ENDPOINTS.values(), "issuer") if not document.get(member)]
+    if missing:
+        raise DiscoveryFailed(f"{url} names no {', '.join(missing)}")
+    with _lock:
+        _discovered[url] = (now, document)
+    return document
+
+
+def _verify() -> bool | str:
+    return settings.APPLIANCE_OIDC_CA_FILE or True
+
+
+def oidc_setting(attr: str, *args: Any) -> Any:
+    """mozilla-django-oidc's settings, with the endpoints from the discovery document."""
+    if attr in _ENDPOINTS:
+        return discovery()[_ENDPOINTS[attr]]
+    if attr == "OIDC_VERIFY_SSL":
+        return _verify()
+    return import_from_settings(attr, *args)
+
+
+def oidc_policy() -> GroupPolicy:
+    return GroupPolicy(
+        group_map=settings.APPLIANCE_OIDC_GROUP_MAP,
+        staff_groups=settings.APPLIANCE_OIDC_STAFF_GROUPS,
+        superuser_groups=settings.APPLIANCE_OIDC_SUPERUSER_GROUPS,
+    )
+
+
+class SignInRequestView(OIDCAuthenticationRequestView):
+    """Sends the browser to the provider (with state, nonce and a PKCE challenge)."""
+
+    get_settings = staticmethod(oidc_setting)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super(OIDCAuthenticationRequestView, self).__init__(*args, **kwargs)
+
+    def get(self, request):
+        if not enabled():
+            raise Http404("OpenID Connect sign-in is not configured")
+        try:
+            self.OIDC_OP_AUTH_ENDPOINT = oidc_setting("OIDC_OP_AUTHORIZATION_ENDPOINT")
+        except DiscoveryFailed as exc:
+            logger.error("OpenID Connect sign-in: %s", exc)
+            return redirect(reverse("login") + "?oidc=unavailable")
+        self.OIDC_RP_CLIENT_ID = settings.OIDC_RP_CLIENT_ID
+        return super().get(request)
+
+
+def _groups(claims: dict[str, Any]) -> tuple[str, ...]:
+    value = claims.get(settings.APPLIANCE_OIDC_GROUPS_CLAIM)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(str(v) for v in value)
+    logger.warning("OpenID Connect: the claim %s is neither a list nor a string", settings.APPLIANCE_OIDC_GROUPS_CLAIM)
+    return ()
+
+
+class OidcBackend(OIDCAuthenticationBackend):
+    """The callback's authentication: the code exchanged (with the PKCE verifier), the ID token
+    verified, the appliance account of ``iss`` + ``sub`` signed in (made on its first sign-in)."""
+
+    get_settings = staticmethod(oidc_setting)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Nothing is fetched here: Django makes this backend for every sign-in, local ones too.
+        from django.contrib.auth import get_user_model
+
+        self.UserModel = get_user_model()
+        self.OIDC_RP_SIGN_ALGO = settings.OIDC_RP_SIGN_ALGO
+        self.OIDC_RP_IDP_SIGN_KEY = None
+
+    @property
+    def OIDC_RP_CLIENT_ID(self) -> str:  # noqa: N802 (the library's attribute names)
+        return settings.OIDC_RP_CLIENT_ID
+
+    @property
+    def OIDC_RP_CLIENT_SECRET(self) -> str:  # noqa: N802
+        return settings.OIDC_RP_CLIENT_SECRET
+
+    @property
+    def OIDC_OP_TOKEN_ENDPOINT(self) -> str:  # noqa: N802
+        return discovery()["token_endpoint"]
+
+    @property
+    def OIDC_OP_USER_ENDPOINT(self) -> str:  # noqa: N802
+        return discovery()["userinfo_endpoint"]
+
+    @property
+    def OIDC_OP_JWKS_ENDPOINT(self) -> str:  # noqa: N802
+        return discovery()["jwks_uri"]
+
+    def authenticate(self, request, **kwargs):
+        if not enabled() or request is None or "code" not in request.GET:
+            return None
+        try:
+            return super().authenticate(request, **kwargs)
+        except (DiscoveryFailed, requests.RequestException) as exc:
+            logger.error("OpenID Connect sign-in failed: %s", exc)
+            return None
+
+    def verify_token(self, token, **kwargs):
+        payload = super().verify_token(token, **kwargs)
+        audience = payload.get("aud")
+        audiences = audience if isinstance(audience, list) else [audience]
+        if payload.get("iss") != discovery()["issuer"]:
+            raise SuspiciousOperation("the ID token's issuer is not the provider's")
+        if settings.OIDC_RP_CLIENT_ID not in audiences:
+            raise SuspiciousOperation("the ID token is not for this appliance")
+        if float(payload.get("exp", 0)) < time.time():
+            raise SuspiciousOperation("the ID token has expired")
+        return payload
+
+    def get_or_create_user(self, access_token, id_token, payload):
+        userinfo = self.get_userinfo(access_token, id_token, payload)
+        if userinfo.get("sub") != payload.get("sub"):
+            raise SuspiciousOperation("the user info is not the ID token's subject")
+        claims = {**payload, **userinfo}
+        username = str(
+            claims.get(settings.APPLIANCE_OIDC_USERNAME_CLAIM) or (claims.get("email") or "").split("@")[0] or ""
+        )
+        user = services.identity_sign_in(
+            account=services.DirectoryAccount(
+                provider=Provider.OIDC,
+                issuer=str(payload["iss"]),
+                subject=str(payload["sub"]),
+                username=username[:150],
+                groups=_groups(userinfo) or _groups(payload),
+                email=str(claims.get("email") or ""),
+                first_name=str(claims.get("given_name") or ""),
+                last_name=str(claims.get("family_name") or ""),
+            ),
+            policy=oidc_policy(),
+        )
+        return user if self.user_can_authenticate(user) else None
+
+    def get_user(self, user_id):
+        # Django's own check: an inactive account's session is not signed in.
+        return ModelBackend.get_user(self, user_id)
