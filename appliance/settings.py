@@ -443,6 +443,10 @@ OIDC_RP_SCOPES = env_str("APPLIANCE_OIDC_SCOPES") or "openid email profile"
 OIDC_USE_PKCE = True
 OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
 OIDC_AUTHENTICATE_CLASS = "directory.oidc.SignInRequestView"
+OIDC_CALLBACK_CLASS = "directory.oidc.CallbackView"
+# A session begun with the provider ends after this long, so that its groups (and a disabled
+# account) are read again at the next sign-in: the provider has no sync.
+APPLIANCE_OIDC_SESSION_S = env_int("APPLIANCE_OIDC_SESSION_S", 8 * 3600, minimum=60)
 OIDC_TIMEOUT = APPLIANCE_OIDC_TIMEOUT_S
 LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?oidc=failed"
 if APPLIANCE_OIDC_DISCOVERY_URL:

@@ -10,8 +10,8 @@ The ID token's signature is checked against the provider's keys (RS256 by defaul
 issuer, audience and expiry here as well; the user info's ``sub`` must be the ID token's. Groups
 come from the claim ``APPLIANCE_OIDC_GROUPS_CLAIM`` (user info first, then the ID token), mapped
 as LDAP's are (``directory.mapping``), at every sign-in: a provider has no sync, so someone
-removed from a group there loses it here when they next sign in (sessions last
-``SESSION_COOKIE_AGE``).
+removed from a group there loses it here when they next sign in, and a session begun with the
+provider lasts ``APPLIANCE_OIDC_SESSION_S`` at most (8 hours by default).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import import_from_settings
-from mozilla_django_oidc.views import OIDCAuthenticationRequestView
+from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from directory import services
 from directory.mapping import GroupPolicy
@@ -123,6 +123,19 @@ class SignInRequestView(OIDCAuthenticationRequestView):
             return redirect(reverse("login") + "?oidc=unavailable")
         self.OIDC_RP_CLIENT_ID = settings.OIDC_RP_CLIENT_ID
         return super().get(request)
+
+
+class CallbackView(OIDCAuthenticationCallbackView):
+    """The provider's answer. A session begun here lasts ``APPLIANCE_OIDC_SESSION_S`` at most:
+    the provider has no sync, so signing in again is when its groups (and a disabled account)
+    are read again."""
+
+    get_settings = staticmethod(oidc_setting)
+
+    def login_success(self):
+        response = super().login_success()
+        self.request.session.set_expiry(settings.APPLIANCE_OIDC_SESSION_S)
+        return response
 
 
 def _groups(claims: dict[str, Any]) -> tuple[str, ...]:

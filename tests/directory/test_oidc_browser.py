@@ -7,6 +7,7 @@ that group at the provider, sign out and in again, and no longer read it. Screen
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,7 @@ def oidc_appliance(django_db_setup, tmp_path_factory):
         APPLIANCE_OIDC_NAME="Example Org",
         APPLIANCE_OIDC_GROUP_MAP=json.dumps({"legal-team": "Legal", "finance-team": "Finance"}),
         APPLIANCE_OIDC_STAFF_GROUPS="appliance-admins",
+        APPLIANCE_OIDC_SESSION_S="3600",
     )
     env.pop("APPLIANCE_OIDC_CLIENT_SECRET", None)
     (web,) = start_appliance_processes(
@@ -107,6 +109,9 @@ def test_sign_in_with_the_organisation_and_lose_a_group_at_the_provider(page, oi
     assert erin.username == "erin" and erin.email == "erin@example.org" and not erin.has_usable_password()
     assert set(erin.groups.values_list("name", flat=True)) == {"Legal"}
     assert not erin.is_staff
+    # The session ends within APPLIANCE_OIDC_SESSION_S, when the provider is asked again.
+    (session,) = [c for c in page.context.cookies() if c["name"] == "sessionid"]
+    assert 3500 < session["expires"] - time.time() <= 3600
 
     # Removed from the group at the provider; signing out ends the appliance's session.
     provider.ops("remove-member", "erin", "legal-team")
