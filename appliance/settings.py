@@ -453,18 +453,27 @@ if APPLIANCE_OIDC_DISCOVERY_URL:
     if not OIDC_RP_CLIENT_ID:
         raise EnvError("APPLIANCE_OIDC_DISCOVERY_URL is set: set APPLIANCE_OIDC_CLIENT_ID too")
     AUTHENTICATION_BACKENDS.append("directory.oidc.OidcBackend")
-# Celery beat's schedule (the `beat` process, started with the web role when a schedule is set).
-CELERY_BEAT_SCHEDULE = (
-    {
-        "ldap-sync": {
-            "task": "directory.tasks.ldap_sync",
-            "schedule": float(APPLIANCE_LDAP_SYNC_INTERVAL_S),
-            "options": {"expires": float(APPLIANCE_LDAP_SYNC_INTERVAL_S)},  # never two waiting
-        }
+# Every so often each OIDC-linked account's refresh token is presented to the provider: refused
+# (the account deleted or disabled there), the account is deactivated here; accepted, its groups
+# are read again. 0: off (then the session lifetime above is the only bound).
+APPLIANCE_OIDC_SYNC_INTERVAL_S = env_int("APPLIANCE_OIDC_SYNC_INTERVAL_S", 900, minimum=0)
+if 0 < APPLIANCE_OIDC_SYNC_INTERVAL_S < 5:
+    raise EnvError("APPLIANCE_OIDC_SYNC_INTERVAL_S must be 0 (off) or at least 5")
+# Celery beat's schedule (the `beat` process, started with the web role when a schedule is set);
+# each run expires after its interval, so that never two wait.
+CELERY_BEAT_SCHEDULE = {}
+if APPLIANCE_LDAP_URLS:
+    CELERY_BEAT_SCHEDULE["ldap-sync"] = {
+        "task": "directory.tasks.ldap_sync",
+        "schedule": float(APPLIANCE_LDAP_SYNC_INTERVAL_S),
+        "options": {"expires": float(APPLIANCE_LDAP_SYNC_INTERVAL_S)},
     }
-    if APPLIANCE_LDAP_URLS
-    else {}
-)
+if APPLIANCE_OIDC_DISCOVERY_URL and APPLIANCE_OIDC_SYNC_INTERVAL_S:
+    CELERY_BEAT_SCHEDULE["oidc-sync"] = {
+        "task": "directory.tasks.oidc_sync",
+        "schedule": float(APPLIANCE_OIDC_SYNC_INTERVAL_S),
+        "options": {"expires": float(APPLIANCE_OIDC_SYNC_INTERVAL_S)},
+    }
 
 LOGIN_REDIRECT_URL = "documents:library"
 LOGOUT_REDIRECT_URL = "login"

@@ -29,6 +29,9 @@ class DirectoryIdentity(models.Model):
     distinguished_name = models.CharField(max_length=1000, blank=True)
     # The directory groups last read for the account (as the directory writes them).
     directory_groups = models.JSONField(default=list, blank=True)
+    # OIDC: the provider's refresh token, sealed with a key derived from SECRET_KEY (directory.oidc),
+    # which the OIDC sync uses to ask the provider whether the account still exists and its groups.
+    refresh_token_sealed = models.TextField(blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     last_signed_in_at = models.DateTimeField(null=True, blank=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)

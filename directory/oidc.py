@@ -34,7 +34,7 @@ from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthen
 
 from directory import services
 from directory.mapping import GroupPolicy
-from directory.models import Provider
+from directory.models import DirectoryIdentity, Provider
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,31 @@ def oidc_setting(attr: str, *args: Any) -> Any:
     if attr == "OIDC_VERIFY_SSL":
         return _verify()
     return import_from_settings(attr, *args)
+
+
+def _fernet():
+    import base64
+    import hashlib
+
+    from cryptography.fernet import Fernet
+
+    key = hashlib.sha256(b"appliance directory refresh tokens\0" + settings.SECRET_KEY.encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(key))
+
+
+def seal(token: str) -> str:
+    """A refresh token as kept in the database: encrypted and authenticated with a key derived
+    from SECRET_KEY, so that a copy of the database alone does not give it."""
+    return _fernet().encrypt(token.encode()).decode("ascii")
+
+
+def unseal(sealed: str) -> str | None:
+    from cryptography.fernet import InvalidToken
+
+    try:
+        return _fernet().decrypt(sealed.encode("ascii")).decode()
+    except (InvalidToken, ValueError):
+        return None  # sealed under another SECRET_KEY
 
 
 def oidc_policy() -> GroupPolicy:
@@ -205,6 +230,11 @@ class OidcBackend(OIDCAuthenticationBackend):
             raise SuspiciousOperation("the ID token has expired")
         return payload
 
+    def get_token(self, payload):
+        token_info = super().get_token(payload)
+        self._refresh_token = token_info.get("refresh_token") or ""
+        return token_info
+
     def get_or_create_user(self, access_token, id_token, payload):
         userinfo = self.get_userinfo(access_token, id_token, payload)
         if userinfo.get("sub") != payload.get("sub"):
@@ -226,8 +256,91 @@ class OidcBackend(OIDCAuthenticationBackend):
             ),
             policy=oidc_policy(),
         )
+        refresh_token = getattr(self, "_refresh_token", "")
+        DirectoryIdentity.objects.filter(user=user).update(
+            refresh_token_sealed=seal(refresh_token) if refresh_token else ""
+        )
         return user if self.user_can_authenticate(user) else None
 
     def get_user(self, user_id):
         # Django's own check: an inactive account's session is not signed in.
         return ModelBackend.get_user(self, user_id)
+
+
+class ProviderRefused(Exception):
+    """The provider refused an account's refresh token: the account is gone or disabled there,
+    or its grant was revoked."""
+
+
+def _refresh(refresh_token: str) -> dict[str, Any]:
+    response = requests.post(
+        discovery()["token_endpoint"],
+        data={
+            "grant_type": "refresh_token",
+            "refresh_token": refresh_token,
+            "client_id": settings.OIDC_RP_CLIENT_ID,
+            "client_secret": settings.OIDC_RP_CLIENT_SECRET,
+        },
+        timeout=settings.APPLIANCE_OIDC_TIMEOUT_S,
+        verify=_verify(),
+    )
+    if response.status_code in (400, 401):
+        try:
+            error = response.json().get("error", "")
+        except ValueError:
+            error = ""
+        if error in ("invalid_grant", "unauthorized_client", "invalid_client") or response.status_code == 400:
+            raise ProviderRefused(error or f"HTTP {response.status_code}")
+    response.raise_for_status()
+    return response.json()
+
+
+def oidc_sync() -> services.SyncReport:
+    """Ask the provider about every OIDC-linked account with a refresh token (the sync, every
+    ``APPLIANCE_OIDC_SYNC_INTERVAL_S``): a refused refresh token deactivates the account here
+    (and revokes its API tokens); an accepted one reads its groups again from the user info. A
+    provider that does not answer changes nothing."""
+    report = services.SyncReport()
+    identities = (
+        DirectoryIdentity.objects.filter(provider=Provider.OIDC, gone_at__isnull=True, user__is_active=True)
+        .exclude(refresh_token_sealed="")
+        .select_related("user")
+    )
+    policy = oidc_policy()
+    for identity in identities:
+        refresh_token = unseal(identity.refresh_token_sealed)
+        if refresh_token is None:
+            continue
+        report.checked += 1
+        try:
+            tokens = _refresh(refresh_token)
+        except ProviderRefused as exc:
+            logger.warning("OpenID Connect sync: the provider refused %s's refresh token (%s)", identity.user, exc)
+            services.identity_deactivate(identity=identity)
+            report.deactivated.append(identity.user.username)
+            continue
+        except (requests.RequestException, DiscoveryFailed, ValueError) as exc:
+            logger.error("OpenID Connect sync: the provider did not answer as expected; stopped: %s", exc)
+            break
+        new_refresh = tokens.get("refresh_token") or refresh_token
+        DirectoryIdentity.objects.filter(pk=identity.pk).update(refresh_token_sealed=seal(new_refresh))
+        userinfo = requests.get(
+            discovery()["userinfo_endpoint"],
+            headers={"Authorization": f"Bearer {tokens['access_token']}"},
+            timeout=settings.APPLIANCE_OIDC_TIMEOUT_S,
+            verify=_verify(),
+        )
+        userinfo.raise_for_status()
+        claims = userinfo.json()
+        if claims.get("sub") != identity.subject:
+            logger.error("OpenID Connect sync: the provider answered for another subject than %s", identity.subject)
+            continue
+        if services.identity_refresh(identity=identity, groups=list(_groups(claims)), policy=policy):
+            report.groups_changed.append(identity.user.username)
+    logger.info(
+        "directory: OpenID Connect sync checked %d account(s); deactivated %s; groups changed for %s",
+        report.checked,
+        ", ".join(report.deactivated) or "none",
+        ", ".join(report.groups_changed) or "none",
+    )
+    return report

@@ -130,6 +130,18 @@ def identity_deactivate(*, identity: DirectoryIdentity) -> None:
     logger.warning("directory: %s is no longer in the directory; deactivated", identity.user.username)
 
 
+def identity_refresh(*, identity: DirectoryIdentity, groups: list[str], policy: GroupPolicy) -> bool:
+    """The directory's groups read again for a linked account (a sync): its managed groups and
+    flags brought in line. True if its groups changed."""
+    with transaction.atomic():
+        user = User.objects.select_for_update().get(pk=identity.user_id)
+        before = set(user.groups.values_list("name", flat=True))
+        _apply_grants(user, grants_for(groups, policy))
+        changed = set(user.groups.values_list("name", flat=True)) != before
+        DirectoryIdentity.objects.filter(pk=identity.pk).update(directory_groups=groups, last_synced_at=timezone.now())
+    return changed
+
+
 @dataclass
 class SyncReport:
     checked: int = 0
@@ -167,15 +179,10 @@ def ldap_sync(*, directory, policy: GroupPolicy) -> SyncReport:
                     report.deactivated.append(identity.user.username)
                 continue
             groups = directory.groups_of(account.dn, connection)
-            with transaction.atomic():
-                user = User.objects.select_for_update().get(pk=identity.user_id)
-                before = set(user.groups.values_list("name", flat=True))
-                _apply_grants(user, grants_for(groups, policy))
-                if set(user.groups.values_list("name", flat=True)) != before:
-                    report.groups_changed.append(user.username)
-                DirectoryIdentity.objects.filter(pk=identity.pk).update(
-                    directory_groups=groups, distinguished_name=account.dn[:1000], last_synced_at=timezone.now()
-                )
+            if identity_refresh(identity=identity, groups=groups, policy=policy):
+                report.groups_changed.append(identity.user.username)
+            if identity.distinguished_name != account.dn:
+                DirectoryIdentity.objects.filter(pk=identity.pk).update(distinguished_name=account.dn[:1000])
     finally:
         connection.unbind()
     logger.info(

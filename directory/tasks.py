@@ -1,6 +1,7 @@
-"""The periodic LDAP sync (Celery beat, every ``APPLIANCE_LDAP_SYNC_INTERVAL_S``): someone removed
-from a group, disabled or deleted in the directory loses that here within the interval, signed
-in or not. Runs on the ingest queue (a few searches; no engine)."""
+"""The periodic syncs (Celery beat): LDAP every ``APPLIANCE_LDAP_SYNC_INTERVAL_S``, OpenID Connect
+(by each account's refresh token) every ``APPLIANCE_OIDC_SYNC_INTERVAL_S``. Someone removed from a
+group, disabled or deleted in the directory loses that here within the interval, signed in or
+not. They run on the ingest queue (a few requests; no engine)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,12 @@ def ldap_sync() -> None:
     if not settings.APPLIANCE_LDAP_URLS:
         return
     services.ldap_sync(directory=LdapDirectory.from_settings(), policy=ldap_policy())
+
+
+@shared_task(name="directory.tasks.oidc_sync", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def oidc_sync() -> None:
+    from directory import oidc
+
+    if not oidc.enabled():
+        return
+    oidc.oidc_sync()

@@ -204,6 +204,11 @@ def test_the_settings_schedule_the_sync_when_ldap_is_configured(tmp_path):
     schedule, backends = json.loads(on.stdout.strip().splitlines()[-1])
     assert schedule["ldap-sync"]["task"] == "directory.tasks.ldap_sync" and schedule["ldap-sync"]["schedule"] == 600.0
     assert backends == ["django.contrib.auth.backends.ModelBackend", "directory.backends.LdapBackend"]
+    env.update(APPLIANCE_OIDC_DISCOVERY_URL="https://sso.example.org/realms/x", APPLIANCE_OIDC_CLIENT_ID="appliance")
+    both = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    schedule, backends = json.loads(both.stdout.strip().splitlines()[-1])
+    assert schedule["oidc-sync"]["task"] == "directory.tasks.oidc_sync" and schedule["oidc-sync"]["schedule"] == 900.0
+    assert backends[-1] == "directory.oidc.OidcBackend"
     env["APPLIANCE_LDAP_GROUP_MAP"] = "{not json"
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "APPLIANCE_LDAP_GROUP_MAP is not JSON" in bad.stderr

@@ -43,8 +43,8 @@ def main(argv: list[str]) -> None:
         username, group = args
         user, group_row = User.objects.get(username=username), Group.objects.get_or_create(name=group)[0]
         (user.groups.remove if command == "remove-member" else user.groups.add)(group_row)
-    elif command == "deactivate":
-        User.objects.filter(username=args[0]).update(is_active=False)
+    elif command == "delete":
+        User.objects.filter(username=args[0]).delete()
     else:
         raise SystemExit(f"unknown command {command}")
 
