@@ -284,13 +284,18 @@ def _refresh(refresh_token: str) -> dict[str, Any]:
         timeout=settings.APPLIANCE_OIDC_TIMEOUT_S,
         verify=_verify(),
     )
-    if response.status_code in (400, 401):
+    if response.status_code == 400:
         try:
             error = response.json().get("error", "")
         except ValueError:
             error = ""
-        if error in ("invalid_grant", "unauthorized_client", "invalid_client") or response.status_code == 400:
-            raise ProviderRefused(error or f"HTTP {response.status_code}")
+        if error == "invalid_grant":  # this account's grant: deleted, disabled or revoked there
+            raise ProviderRefused(error)
+        # invalid_client, unauthorized_client, ...: the appliance's own configuration, not the
+        # account's; nothing is changed (raise_for_status below stops the sync).
+        logger.error(
+            "OpenID Connect sync: the provider refused the appliance's request: %s", error or response.text[:200]
+        )
     response.raise_for_status()
     return response.json()
 

@@ -69,3 +69,12 @@ def test_a_provider_that_does_not_answer_changes_nothing(oidc_settings, provider
     oidc_sync()
     erin = User.objects.get(username="erin")
     assert erin.is_active and erin.groups.filter(name="Legal").exists()
+
+
+def test_a_refused_client_is_the_appliances_problem_not_the_accounts(oidc_settings, provider):  # noqa: F811
+    """A wrong client secret (a rotation half done) must not read as every account refused."""
+    oidc_sign_in(Client(), provider, "erin")
+    oidc_settings.OIDC_RP_CLIENT_SECRET = "an old secret"
+    oidc_sync()
+    erin = User.objects.get(username="erin")
+    assert erin.is_active and DirectoryIdentity.objects.get(user=erin).gone_at is None
