@@ -17,7 +17,7 @@ from django.contrib.auth.models import Group, User
 from directory.models import DirectoryIdentity, Provider
 from documents.models import Document
 from tests.directory import oidc
-from tests.test_browser import SCREENSHOTS, page  # noqa: F401 (the fixture)
+from tests.test_browser import SCREENSHOTS, _accessibility_violations, page  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -95,6 +95,7 @@ def test_sign_in_with_the_organisation_and_lose_a_group_at_the_provider(page, oi
     page.goto(f"{web_url}/accounts/login/")
     assert page.get_by_role("link", name="Sign in with Example Org").is_visible()
     assert page.get_by_label("Username").is_visible()
+    assert _accessibility_violations(page) == []
     page.screenshot(path=str(SCREENSHOTS / "sign-in-with-organisation.png"), full_page=True)
 
     sign_in_with_the_organisation(page, web_url, provider)
