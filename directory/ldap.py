@@ -79,20 +79,13 @@ class LdapAccount:
     last_name: str
 
 
-def stable_id(raw: bytes | str) -> str:
-    """An entry's id as text: entryUUID is text already; Active Directory's objectGUID is 16 bytes
-    (a little-endian GUID), written the way AD's own tools show it."""
-    if isinstance(raw, str):
-        return raw.strip().lower()
-    if len(raw) == 16:
-        try:
-            text = raw.decode("ascii")
-        except UnicodeDecodeError:
-            return str(uuid.UUID(bytes_le=raw))
-        if not text.isprintable():
-            return str(uuid.UUID(bytes_le=raw))
-        return text.strip().lower()
-    return raw.decode("utf-8").strip().lower()
+def stable_id(raw: bytes | str, attribute: str = "entryUUID") -> str:
+    """An entry's id as text: entryUUID (and the like) is text already; Active Directory's
+    objectGUID is 16 bytes (a little-endian GUID), written the way AD's own tools show it."""
+    if isinstance(raw, bytes) and attribute.lower() == "objectguid" and len(raw) == 16:
+        return str(uuid.UUID(bytes_le=raw))
+    text = raw if isinstance(raw, str) else raw.decode("utf-8", errors="backslashreplace")
+    return text.strip().lower()
 
 
 def _first(attributes: dict, name: str) -> str:
@@ -158,7 +151,7 @@ class LdapDirectory:
             return None
         return LdapAccount(
             dn=entry["dn"],
-            id=stable_id(raw[0]),
+            id=stable_id(raw[0], self.config.id_attribute),
             username=_first(attributes, self.config.username_attribute),
             email=_first(attributes, "mail"),
             first_name=_first(attributes, "givenName"),

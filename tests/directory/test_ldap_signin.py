@@ -168,3 +168,35 @@ def test_starttls_and_ldaps_verify_the_server_against_the_ca_file(ldap_settings,
     ldap_settings.APPLIANCE_LDAP_START_TLS = True
     assert not sign_in("carol", directory.PASSWORDS["carol"]).signed_in
     assert not User.objects.filter(username="carol").exists()
+
+
+def test_slapd_runs_unprivileged_and_a_rename_in_the_directory_follows(ldap_settings, slapd):
+    import os
+
+    import psutil
+
+    if os.geteuid() == 0:
+        assert psutil.Process(slapd.process.pid).username() == "nobody"
+    assert sign_in("alice", directory.PASSWORDS["alice"]).signed_in
+    first = User.objects.get(username="alice")
+    connection = slapd.admin()
+    try:
+        connection.modify_dn(directory.person_dn("alice"), "uid=alice.archer")
+    finally:
+        connection.unbind()
+    assert sign_in("alice.archer", directory.PASSWORDS["alice"]).signed_in
+    first.refresh_from_db()
+    assert first.username == "alice.archer"  # the same account (same entryUUID), renamed
+    assert DirectoryIdentity.objects.get(user=first).distinguished_name == directory.person_dn("alice.archer")
+    assert User.objects.count() == 1
+
+
+def test_an_active_directory_object_guid_is_written_as_ad_writes_it():
+    from directory.ldap import stable_id
+
+    # objectGUID {d9b2d8f0-7c5b-4f7a-9a1c-0e3e2f4a5b6c} as AD stores it (the first three parts little-endian).
+    raw = bytes.fromhex("f0d8b2d95b7c7a4f9a1c0e3e2f4a5b6c")
+    assert stable_id(raw, "objectGUID") == "d9b2d8f0-7c5b-4f7a-9a1c-0e3e2f4a5b6c"
+    # Sixteen bytes that happen to be printable are still a GUID.
+    assert stable_id(b"ABCDEFGHIJKLMNOP", "objectGUID") == str(__import__("uuid").UUID(bytes_le=b"ABCDEFGHIJKLMNOP"))
+    assert stable_id(b"81d656fa-8332-1041-8d32-6554819a0291") == "81d656fa-8332-1041-8d32-6554819a0291"
