@@ -9,8 +9,9 @@ while the appliance starts, and local sign-in must work then) and kept for an ho
 The ID token's signature is checked against the provider's keys (RS256 by default), and its
 issuer, audience and expiry here as well; the user info's ``sub`` must be the ID token's. Groups
 come from the claim ``APPLIANCE_OIDC_GROUPS_CLAIM`` (user info first, then the ID token), mapped
-as LDAP's are (``directory.mapping``), at every sign-in: a provider has no sync, so someone
-removed from a group there loses it here when they next sign in, and a session begun with the
+as LDAP's are (``directory.mapping``), at every sign-in and at the sync (``oidc_sync``, Celery
+beat), which presents each account's refresh token to the provider: refused, the account is
+deactivated; accepted, its groups are read again from the user info. A session begun with the
 provider lasts ``APPLIANCE_OIDC_SESSION_S`` at most (8 hours by default).
 """
 
@@ -151,9 +152,8 @@ class SignInRequestView(OIDCAuthenticationRequestView):
 
 
 class CallbackView(OIDCAuthenticationCallbackView):
-    """The provider's answer. A session begun here lasts ``APPLIANCE_OIDC_SESSION_S`` at most:
-    the provider has no sync, so signing in again is when its groups (and a disabled account)
-    are read again."""
+    """The provider's answer. A session begun here lasts ``APPLIANCE_OIDC_SESSION_S`` at most, so
+    that the provider is asked again even where the sync cannot ask it (no refresh token)."""
 
     get_settings = staticmethod(oidc_setting)
 
