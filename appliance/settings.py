@@ -444,8 +444,8 @@ OIDC_USE_PKCE = True
 OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
 OIDC_AUTHENTICATE_CLASS = "directory.oidc.SignInRequestView"
 OIDC_CALLBACK_CLASS = "directory.oidc.CallbackView"
-# A session begun with the provider ends after this long, so that its groups (and a disabled
-# account) are read again at the next sign-in: the provider has no sync.
+# A session begun with the provider ends after this long, so that the provider is asked again
+# (its groups, a disabled account) even where the sync cannot ask it (no refresh token).
 APPLIANCE_OIDC_SESSION_S = env_int("APPLIANCE_OIDC_SESSION_S", 8 * 3600, minimum=60)
 OIDC_TIMEOUT = APPLIANCE_OIDC_TIMEOUT_S
 LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?oidc=failed"
