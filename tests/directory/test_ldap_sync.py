@@ -126,8 +126,12 @@ def test_celery_beat_runs_the_sync_within_its_interval(ldap_settings, slapd, tmp
 
     # The settings `make run` would have with these variables: a schedule, so a beat process.
     ldap_settings.CELERY_BEAT_SCHEDULE = {"ldap-sync": {"task": "directory.tasks.ldap_sync", "schedule": 3.0}}
+    # A broker database of their own: a worker of the suite's (without these settings) must not
+    # take the sync's tasks.
+    broker = django_settings.REDIS_URL.rsplit("/", 1)[0] + "/7"
     env = _child_env(
         DATABASE_URL=_test_database_url(),
+        REDIS_URL=broker,
         APPLIANCE_LDAP_URL=slapd.url,
         APPLIANCE_LDAP_BIND_DN=directory.SERVICE_DN,
         APPLIANCE_LDAP_USER_SEARCH_BASE=f"ou=people,{directory.SUFFIX}",
