@@ -200,3 +200,17 @@ def test_an_active_directory_object_guid_is_written_as_ad_writes_it():
     # Sixteen bytes that happen to be printable are still a GUID.
     assert stable_id(b"ABCDEFGHIJKLMNOP", "objectGUID") == str(__import__("uuid").UUID(bytes_le=b"ABCDEFGHIJKLMNOP"))
     assert stable_id(b"81d656fa-8332-1041-8d32-6554819a0291") == "81d656fa-8332-1041-8d32-6554819a0291"
+
+
+def test_the_admin_shows_a_users_directory_identity_and_filters_by_it(ldap_settings, slapd):
+    assert sign_in("alice", directory.PASSWORDS["alice"]).signed_in
+    User.objects.create_user("local-lee", password="a long local password")
+    admin_client = Client()
+    admin_client.force_login(User.objects.create_superuser("root", password="break glass password here"))
+    alice = User.objects.get(username="alice")
+    page = admin_client.get(f"/admin/auth/user/{alice.pk}/change/").content.decode()
+    assert entry_uuid(slapd, "alice") in page and directory.person_dn("alice") in page
+    listed = admin_client.get("/admin/auth/user/?directory=ldap").content.decode()
+    assert ">alice<" in listed and "local-lee" not in listed
+    local = admin_client.get("/admin/auth/user/?directory=local").content.decode()
+    assert "local-lee" in local and ">alice<" not in local
