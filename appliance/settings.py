@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "inference",
     "console",
     "api",
+    "directory",  # sign-in with the organisation's directory: LDAP / Active Directory, OpenID Connect
     "measure",  # benchmarks, the spec sheet run and the evaluation (manage.py bench, specsheet, evaluate)
     "ninja",  # its Swagger UI files, served from here: the API docs need no CDN
 ]
@@ -190,6 +191,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "ingest"
 CELERY_TASK_ROUTES = {
     "documents.tasks.*": {"queue": "ingest"},
+    "directory.tasks.*": {"queue": "ingest"},
     # inference.tasks.run_job is sent to the job's own queue (prefill or decode) when enqueued.
 }
 CELERY_WORKER_SEND_TASK_EVENTS = False
@@ -425,6 +427,99 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# --- Directory sign-in (directory/; README, *Sign-in*) -------------------------------------
+# Local accounts (Django's own, the embedded administrator, a break-glass account) always sign in
+# first; then the directory's. Each method is on when its first setting is set.
+from directory.mapping import parse_group_list, parse_group_map  # noqa: E402 (pure: no Django)
+
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+
+# LDAP / Active Directory: search as the service account, then bind as the account found.
+# Several URLs (comma-separated) are tried in turn. ldaps:// or StartTLS verify the server's
+# certificate against APPLIANCE_LDAP_CA_FILE (or the system's CAs).
+APPLIANCE_LDAP_URLS = env_list("APPLIANCE_LDAP_URL", [])
+APPLIANCE_LDAP_BIND_DN = env_str("APPLIANCE_LDAP_BIND_DN") or ""
+APPLIANCE_LDAP_BIND_PASSWORD = env_str("APPLIANCE_LDAP_BIND_PASSWORD") or ""  # or _FILE
+APPLIANCE_LDAP_START_TLS = env_bool("APPLIANCE_LDAP_START_TLS", False)
+APPLIANCE_LDAP_CA_FILE = env_str("APPLIANCE_LDAP_CA_FILE")
+APPLIANCE_LDAP_USER_SEARCH_BASE = env_str("APPLIANCE_LDAP_USER_SEARCH_BASE") or ""
+# Who may sign in: accounts under the base matching this filter (a disabled account left out by
+# it cannot sign in, and the sync deactivates it); the user name is matched in the attribute below.
+APPLIANCE_LDAP_USER_FILTER = env_str("APPLIANCE_LDAP_USER_FILTER") or "(objectClass=inetOrgPerson)"
+APPLIANCE_LDAP_USERNAME_ATTRIBUTE = env_str("APPLIANCE_LDAP_USERNAME_ATTRIBUTE") or "uid"
+# The id the directory never reuses: entryUUID (OpenLDAP, 389-ds), objectGUID (Active Directory).
+APPLIANCE_LDAP_ID_ATTRIBUTE = env_str("APPLIANCE_LDAP_ID_ATTRIBUTE") or "entryUUID"
+APPLIANCE_LDAP_GROUP_SEARCH_BASE = env_str("APPLIANCE_LDAP_GROUP_SEARCH_BASE") or ""
+# {user_dn} is the account's DN. Active Directory, nested groups included:
+# (&(objectClass=group)(member:1.2.840.113556.1.4.1941:={user_dn}))
+APPLIANCE_LDAP_GROUP_FILTER = (
+    env_str("APPLIANCE_LDAP_GROUP_FILTER") or "(&(objectClass=groupOfNames)(member={user_dn}))"
+)
+# JSON: directory group DN -> appliance group name(s); staff and superusers: DNs separated by ";".
+APPLIANCE_LDAP_GROUP_MAP = parse_group_map(env_str("APPLIANCE_LDAP_GROUP_MAP"), setting="APPLIANCE_LDAP_GROUP_MAP")
+APPLIANCE_LDAP_STAFF_GROUPS = parse_group_list(env_str("APPLIANCE_LDAP_STAFF_GROUPS"))
+APPLIANCE_LDAP_SUPERUSER_GROUPS = parse_group_list(env_str("APPLIANCE_LDAP_SUPERUSER_GROUPS"))
+APPLIANCE_LDAP_TIMEOUT_S = env_float("APPLIANCE_LDAP_TIMEOUT_S", 5.0, minimum=0.5)
+# Every so often (Celery beat, in the web role's `beat` process) every LDAP-linked account is
+# brought in line with the directory: groups, flags, deactivated when the directory lost it.
+APPLIANCE_LDAP_SYNC_INTERVAL_S = env_int("APPLIANCE_LDAP_SYNC_INTERVAL_S", 900, minimum=5)
+if APPLIANCE_LDAP_URLS:
+    if not APPLIANCE_LDAP_USER_SEARCH_BASE:
+        raise EnvError("APPLIANCE_LDAP_URL is set: set APPLIANCE_LDAP_USER_SEARCH_BASE too")
+    AUTHENTICATION_BACKENDS.append("directory.backends.LdapBackend")
+# OpenID Connect: the authorization code flow with PKCE (mozilla-django-oidc), endpoints from the
+# provider's discovery document (or its issuer URL), client secret from the environment or _FILE.
+APPLIANCE_OIDC_DISCOVERY_URL = env_str("APPLIANCE_OIDC_DISCOVERY_URL")
+APPLIANCE_OIDC_NAME = env_str("APPLIANCE_OIDC_NAME") or "your organisation"  # "Sign in with <name>"
+APPLIANCE_OIDC_USERNAME_CLAIM = env_str("APPLIANCE_OIDC_USERNAME_CLAIM") or "preferred_username"
+APPLIANCE_OIDC_GROUPS_CLAIM = env_str("APPLIANCE_OIDC_GROUPS_CLAIM") or "groups"
+APPLIANCE_OIDC_GROUP_MAP = parse_group_map(env_str("APPLIANCE_OIDC_GROUP_MAP"), setting="APPLIANCE_OIDC_GROUP_MAP")
+APPLIANCE_OIDC_STAFF_GROUPS = parse_group_list(env_str("APPLIANCE_OIDC_STAFF_GROUPS"))
+APPLIANCE_OIDC_SUPERUSER_GROUPS = parse_group_list(env_str("APPLIANCE_OIDC_SUPERUSER_GROUPS"))
+APPLIANCE_OIDC_CA_FILE = env_str("APPLIANCE_OIDC_CA_FILE")  # the provider's CA, if not the system's
+APPLIANCE_OIDC_TIMEOUT_S = env_float("APPLIANCE_OIDC_TIMEOUT_S", 10.0, minimum=0.5)
+# The sign-in page shows the local form (user name and password) beside the provider's button;
+# false: the button alone, the form only at /accounts/login/?local=1 (break-glass administrator).
+APPLIANCE_LOCAL_SIGNIN_FORM = env_bool("APPLIANCE_LOCAL_SIGNIN_FORM", True)
+OIDC_RP_CLIENT_ID = env_str("APPLIANCE_OIDC_CLIENT_ID") or ""
+OIDC_RP_CLIENT_SECRET = env_str("APPLIANCE_OIDC_CLIENT_SECRET") or ""  # or _FILE
+OIDC_RP_SIGN_ALGO = env_choice("APPLIANCE_OIDC_SIGN_ALGO", "RS256", ("RS256", "RS384", "RS512", "ES256", "ES384"))
+OIDC_RP_SCOPES = env_str("APPLIANCE_OIDC_SCOPES") or "openid email profile"
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_AUTHENTICATE_CLASS = "directory.oidc.SignInRequestView"
+OIDC_CALLBACK_CLASS = "directory.oidc.CallbackView"
+# A session begun with the provider ends after this long, so that the provider is asked again
+# (its groups, a disabled account) even where the sync cannot ask it (no refresh token).
+APPLIANCE_OIDC_SESSION_S = env_int("APPLIANCE_OIDC_SESSION_S", 8 * 3600, minimum=60)
+OIDC_TIMEOUT = APPLIANCE_OIDC_TIMEOUT_S
+LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?oidc=failed"
+if APPLIANCE_OIDC_DISCOVERY_URL:
+    if not OIDC_RP_CLIENT_ID:
+        raise EnvError("APPLIANCE_OIDC_DISCOVERY_URL is set: set APPLIANCE_OIDC_CLIENT_ID too")
+    AUTHENTICATION_BACKENDS.append("directory.oidc.OidcBackend")
+# Every so often each OIDC-linked account's refresh token is presented to the provider: refused
+# (the account deleted or disabled there), the account is deactivated here; accepted, its groups
+# are read again. 0: off (then the session lifetime above is the only bound).
+APPLIANCE_OIDC_SYNC_INTERVAL_S = env_int("APPLIANCE_OIDC_SYNC_INTERVAL_S", 900, minimum=0)
+if 0 < APPLIANCE_OIDC_SYNC_INTERVAL_S < 5:
+    raise EnvError("APPLIANCE_OIDC_SYNC_INTERVAL_S must be 0 (off) or at least 5")
+# Celery beat's schedule (the `beat` process, started with the web role when a schedule is set);
+# each run expires after its interval, so that never two wait.
+CELERY_BEAT_SCHEDULE = {}
+if APPLIANCE_LDAP_URLS:
+    CELERY_BEAT_SCHEDULE["ldap-sync"] = {
+        "task": "directory.tasks.ldap_sync",
+        "schedule": float(APPLIANCE_LDAP_SYNC_INTERVAL_S),
+        "options": {"expires": float(APPLIANCE_LDAP_SYNC_INTERVAL_S)},
+    }
+if APPLIANCE_OIDC_DISCOVERY_URL and APPLIANCE_OIDC_SYNC_INTERVAL_S:
+    CELERY_BEAT_SCHEDULE["oidc-sync"] = {
+        "task": "directory.tasks.oidc_sync",
+        "schedule": float(APPLIANCE_OIDC_SYNC_INTERVAL_S),
+        "options": {"expires": float(APPLIANCE_OIDC_SYNC_INTERVAL_S)},
+    }
+
 LOGIN_REDIRECT_URL = "documents:library"
 LOGOUT_REDIRECT_URL = "login"
 

@@ -76,7 +76,28 @@ def record_success(username: str) -> None:
 
 
 class SignInView(auth_views.LoginView):
-    """Django's sign-in, refused with 429 while its name or address is throttled."""
+    """Django's sign-in, refused with 429 while its name or address is throttled. With OpenID
+    Connect configured it offers "Sign in with <organisation>" beside the form, or instead of it
+    (``APPLIANCE_LOCAL_SIGNIN_FORM=false``; the form stays at ``?local=1`` for a break-glass
+    administrator)."""
+
+    _OIDC_PROBLEMS = {
+        "failed": "Signing in with your organisation did not succeed. Try again, or ask your administrator.",
+        "unavailable": "Your organisation's sign-in service does not answer. Try again in a moment.",
+    }
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        oidc = bool(settings.APPLIANCE_OIDC_DISCOVERY_URL)
+        context["oidc_name"] = settings.APPLIANCE_OIDC_NAME if oidc else None
+        context["oidc_problem"] = self._OIDC_PROBLEMS.get(self.request.GET.get("oidc", "")) if oidc else None
+        context["local_form"] = (
+            not oidc
+            or settings.APPLIANCE_LOCAL_SIGNIN_FORM
+            or self.request.GET.get("local") == "1"
+            or self.request.method == "POST"
+        )
+        return context
 
     def post(self, request, *args, **kwargs):
         username = request.POST.get("username", "")

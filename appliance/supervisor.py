@@ -222,6 +222,17 @@ def appliance_processes(*, python: str, port: int, settings, roles: Sequence[str
             role="web",
         ),  # fmt: skip
     ]
+    if getattr(settings, "CELERY_BEAT_SCHEDULE", None):  # a benchmark's pool caps name none
+        # Periodic tasks (the LDAP sync): one scheduler for the whole appliance, beside the one web
+        # server (a node without the web role runs none), its state under var/.
+        schedule = Path(settings.VAR_DIR) / "celerybeat-schedule"
+        specs.append(
+            ProcessSpec(
+                "beat",
+                [python, "-m", "celery", "-A", "appliance", "beat", "--loglevel", "INFO", "--schedule", str(schedule)],
+                role="web",
+            )
+        )
     slots = engine_slots(settings)
     if "engine" in roles and slots != [{}]:  # a node without engines uses APPLIANCE_ENGINE_URL's
         specs = _per_engine(specs, slots, Path(settings.APPLIANCE_ENGINE_SOCKET))

@@ -15,6 +15,8 @@ urlpatterns = [
     path("metrics", metrics, name="metrics"),
     path("accounts/login/", SignInView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # OpenID Connect: oidc/authenticate/ (to the provider) and oidc/callback/ (directory/oidc.py).
+    path("oidc/", include("mozilla_django_oidc.urls")),
     path("admin/", admin.site.urls),
     path("console/", include("console.urls")),
     path("documents/", include("documents.urls")),

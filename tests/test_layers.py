@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("appliance", "documents", "inference", "console", "api", "measure")
-PRODUCT = ("appliance", "documents", "inference", "console", "api")
+PACKAGES = ("appliance", "documents", "inference", "console", "api", "measure", "directory")
+PRODUCT = ("appliance", "documents", "inference", "console", "api", "directory")
 
 PURE = {
     "appliance.rendering",
+    "directory.mapping",
     "documents.chunking",
     "documents.extraction",
     "documents.extraction.base",
