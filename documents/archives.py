@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import BinaryIO
+from typing import IO
 
 ZIP_MAGIC = b"PK\x03\x04"
 EMPTY_ZIP_MAGIC = b"PK\x05\x06"
@@ -113,7 +113,7 @@ def member_skip_reason(info: zipfile.ZipInfo, limits: ArchiveLimits) -> str:
     return ""
 
 
-def read_zip(file: BinaryIO, *, limits: ArchiveLimits) -> Iterator[Member | Skipped]:
+def read_zip(file: IO[bytes], *, limits: ArchiveLimits) -> Iterator[Member | Skipped]:
     """The archive's files in order, each a ``Member`` to ingest or a ``Skipped`` with its
     reason. Raises ``ArchiveRefused`` before yielding anything when the archive as a whole is
     refused. Folders themselves are not listed."""

@@ -94,8 +94,12 @@ class _Collector:
                 f"{settings.APPLIANCE_MAX_UPLOAD_MB} MB. Split it into smaller archives.",
             )
             return
+        if upload.file is None:
+            self.skip(name, "The archive could not be read. Upload it again.")
+            return
+        upload.seek(0)
         try:
-            for entry in read_zip(upload, limits=archive_limits()):
+            for entry in read_zip(upload.file, limits=archive_limits()):
                 if isinstance(entry, Member):
                     member = SimpleUploadedFile(PurePath(entry.name).name, entry.data)
                     self.add(entry.name, member)

@@ -88,6 +88,9 @@ def library(request):
     )
 
 
+BATCH_MESSAGES_PER_FILE = 10
+
+
 def _upload_batch(request, uploads: list, groups: list):
     """Several files, or a zip: a batch, followed on its own page."""
     try:
@@ -100,11 +103,13 @@ def _upload_batch(request, uploads: list, groups: list):
         return redirect("documents:library")
     for document in created:
         audit(request, "upload", target=document.title, document=document, filename=document.filename, batch=batch.pk)
-    messages.success(
-        request,
-        f"{len(created)} file{'s' if len(created) != 1 else ''} queued for reading"
-        + (f", {batch.files_skipped} skipped (reasons below)." if batch.files_skipped else "."),
-    )
+    if len(created) <= BATCH_MESSAGES_PER_FILE:  # as a single upload says it; a big batch says it once
+        for document in created:
+            messages.success(request, f"{document.filename} uploaded; its text is being extracted.")
+    else:
+        messages.success(request, f"{len(created)} files uploaded; their text is being extracted.")
+    if batch.files_skipped:
+        messages.warning(request, f"{batch.files_skipped} file(s) skipped: the reasons are listed below.")
     return redirect("documents:batch", batch_id=batch.pk)
 
 

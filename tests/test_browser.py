@@ -288,7 +288,7 @@ def _accessibility_violations(page) -> list[str]:
 def test_every_page_passes_an_accessibility_check(page, live_appliance):
     from django.utils import timezone
 
-    from documents.models import Document, Page
+    from documents.models import Batch, Document, Page
     from inference.models import Job, JobKind, Queue
 
     jo = get_user_model().objects.create_user(username="jo", password=PASSWORD, is_staff=True, is_superuser=True)
@@ -297,6 +297,14 @@ def test_every_page_passes_an_accessibility_check(page, live_appliance):
         state=Document.State.READY, pages_total=1, pages_done=1,
     )  # fmt: skip
     Page.objects.create(document=document, number=1, text="The contractor services the lifts every month.")
+    batch = Batch.objects.create(
+        owner=jo, name="contracts.zip", files_total=3, files_skipped=1,
+        skipped=[{"name": "contracts/../x.txt", "reason": "Its name climbs out of the folder: refused."}],
+    )  # fmt: skip
+    Document.objects.filter(pk=document.pk).update(batch=batch)
+    waiting = Document.objects.create(
+        owner=jo, title="Boiler contract", filename="boiler.txt", size_bytes=1, sha256="d" * 64, batch=batch,
+    )  # fmt: skip
     job = Job.objects.create(
         owner=jo, kind=JobKind.SUMMARISE, queue=Queue.PREFILL, state=Job.State.SUCCEEDED, document=document,
         result_text="The lifts are **serviced monthly** (p. 1).", finished_at=timezone.now(),
@@ -312,6 +320,7 @@ def test_every_page_passes_an_accessibility_check(page, live_appliance):
     found = {}
     for path in (
         "/documents/", f"/documents/{document.pk}/", "/documents/search?q=lifts", "/draft", "/jobs/",
+        "/documents/batches/", f"/documents/batches/{batch.pk}/", f"/documents/{waiting.pk}/",
         f"/jobs/{job.pk}/", "/console/", "/console/audit", "/console/capacity", "/console/specsheet",
         "/console/capacity?layers=80&kv_heads=8&head_dim=128&parameters=70.6e9&memory_gib=24",  # does not fit
         "/console/capacity?layers=32&memory_gib=0",  # errors in the form

@@ -24,6 +24,8 @@ PRODUCT = ("appliance", "documents", "inference", "console", "api")
 
 PURE = {
     "appliance.rendering",
+    "documents.archives",
+    "documents.batch_progress",
     "documents.chunking",
     "documents.extraction",
     "documents.extraction.base",
