@@ -106,6 +106,8 @@ class BatchStatus:
 
     @property
     def eta_words(self) -> str:
+        if self.state == Batch.State.CANCELLED:
+            return "none: cancelled" if self.finished else "none: cancelled, the file being read is stopping"
         return "done" if self.finished else format_duration(self.eta_s)
 
 
@@ -136,6 +138,7 @@ def batch_status(batch: Batch, *, now: datetime | None = None) -> BatchStatus:
         files_unopened=row["files_unopened"],
     )
     finished = row["waiting"] + row["reading"] == 0
+    cancelled = batch.state == Batch.State.CANCELLED
     return BatchStatus(
         state=batch.state,
         files_total=batch.files_total,
@@ -148,6 +151,6 @@ def batch_status(batch: Batch, *, now: datetime | None = None) -> BatchStatus:
         pages_done=row["pages_read"] or 0,
         elapsed_s=round(elapsed_s, 1),
         pages_per_s=None if rate.pages_per_s is None else round(rate.pages_per_s, 2),
-        eta_s=None if finished or rate.eta_s is None else round(rate.eta_s),
+        eta_s=None if finished or cancelled or rate.eta_s is None else round(rate.eta_s),
         finished=finished,
     )

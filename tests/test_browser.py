@@ -285,6 +285,34 @@ def _accessibility_violations(page) -> list[str]:
     ]
 
 
+def test_upload_a_folder_of_contracts_as_a_batch_follow_it_and_cancel_it(page, live_appliance, workers):
+    from documents.models import Batch, Chunk, Document
+
+    get_user_model().objects.create_user(username="kim", password=PASSWORD)
+    _sign_in(page, live_appliance, "kim")
+    cuad = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "cuad-dev" / "pdf"
+    files = [Path("/usr/share/common-licenses/BSD"), *(cuad / f"dev-{n:02d}.pdf" for n in (2, 3, 17, 9))]
+    page.set_input_files(
+        "#id_files",
+        [{"name": f"{p.name}.txt" if not p.suffix else p.name, "mimeType": "application/octet-stream",
+          "buffer": p.read_bytes()} for p in files],
+    )  # fmt: skip
+    page.get_by_role("button", name="Upload", exact=True).click()
+    page.wait_for_url("**/documents/batches/*/")
+    batch = Batch.objects.get(owner__username="kim")
+    # The page follows the batch by itself (htmx): the first file is read, and the rate measured.
+    page.locator("[data-field=files]").get_by_text("1 done").wait_for(timeout=300_000)
+    assert "not measured yet" not in page.locator("[data-field=rate]").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "batch-running.png"), full_page=True)
+    page.get_by_role("button", name="Cancel the batch").click()
+    page.get_by_text("Batch cancelled").wait_for()
+    page.locator("[data-field=state]").get_by_text("Cancelled").wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "batch-cancelled.png"), full_page=True)
+    documents = list(Document.objects.filter(batch=batch).order_by("pk"))
+    assert documents[0].state == Document.State.READY and Chunk.objects.filter(document=documents[0]).exists()
+    assert sum(d.state == Document.State.CANCELLED for d in documents) >= 3
+
+
 def test_every_page_passes_an_accessibility_check(page, live_appliance):
     from django.utils import timezone
 

@@ -130,6 +130,7 @@ def test_cancel_stops_what_has_not_started_and_leaves_what_is_done(alice):
     reading.refresh_from_db()
     assert reading.cancel_requested  # the worker stops it at its next check (test_batches.py)
     assert body["progress"]["files_done"] == 1 and body["progress"]["files_cancelled"] == 1
+    assert body["progress"]["eta_s"] is None and not body["progress"]["finished"]  # one file is stopping
     assert client.post(f"/api/v1/batches/{batch.pk}/cancel", **auth).status_code == 409
 
 
