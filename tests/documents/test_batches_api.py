@@ -226,3 +226,21 @@ def test_the_stream_reports_progress_then_the_end(alice):
         return text
 
     assert "event: cancelled" in asyncio.run(body())
+
+
+def test_an_administrator_sees_batches_and_can_cancel_one(alice, django_user_model):
+    from django.urls import reverse
+
+    batch, created = batch_services.batch_create(owner=alice, uploads=[licence("GFDL-1.2")])
+    admin = django_user_model.objects.create_superuser(username="root", password="x" * 20)
+    client = Client()
+    client.force_login(admin)
+    listing = client.get(reverse("admin:documents_batch_changelist"))
+    assert listing.status_code == 200 and "GFDL-1.2.txt" in listing.content.decode()
+    response = client.post(
+        reverse("admin:documents_batch_changelist"), {"action": "cancel", "_selected_action": [batch.pk]}
+    )
+    assert response.status_code == 302
+    batch.refresh_from_db()
+    assert batch.state == Batch.State.CANCELLED
+    assert Document.objects.get(pk=created[0].pk).state == Document.State.CANCELLED
