@@ -104,6 +104,21 @@ def test_a_batch_from_a_zip_takes_its_documents_and_says_why_it_skipped_the_rest
     assert not Document.objects.filter(filename__in=["escape.txt", "old.zip", "scan.tiff"]).exists()
 
 
+def test_a_batch_is_shared_with_the_groups_chosen_and_only_yours(alice):
+    from django.contrib.auth.models import Group
+
+    legal, board = Group.objects.create(name="Legal"), Group.objects.create(name="Board")
+    alice.groups.add(legal)
+    client = Client()
+    auth = bearer(alice)
+    refused = client.post("/api/v1/batches", {"files": [licence("LGPL-2")], "groups": [board.pk]}, **auth)
+    assert refused.status_code == 400 and refused.json()["errors"][0]["field"] == "groups"
+    assert not Batch.objects.exists() and not Document.objects.exists()
+    body = client.post("/api/v1/batches", {"files": [folder_zip()], "groups": [legal.pk]}, **auth).json()
+    for document in Document.objects.filter(batch_id=body["id"]):
+        assert list(document.shared_with.all()) == [legal]
+
+
 def test_a_file_over_the_upload_limit_is_skipped_with_the_limit(alice, settings):
     settings.APPLIANCE_MAX_UPLOAD_MB = 1
     big = SimpleUploadedFile("big.txt", b"words " * 200_000)  # 1.2 MB
@@ -244,3 +259,15 @@ def test_an_administrator_sees_batches_and_can_cancel_one(alice, django_user_mod
     batch.refresh_from_db()
     assert batch.state == Batch.State.CANCELLED
     assert Document.objects.get(pk=created[0].pk).state == Document.State.CANCELLED
+
+
+def test_files_past_the_per_person_ingest_cap_are_skipped_with_that_reason(alice, settings):
+    settings.APPLIANCE_MAX_INGESTING_PER_USER = 2
+    body = (
+        Client()
+        .post("/api/v1/batches", {"files": [licence("GPL-2"), licence("GPL-3"), licence("LGPL-3")]}, **bearer(alice))
+        .json()
+    )
+    assert [f["filename"] for f in body["files"]] == ["GPL-2.txt", "GPL-3.txt"]
+    assert body["skipped"][0]["name"] == "LGPL-3.txt"
+    assert "APPLIANCE_MAX_INGESTING_PER_USER" in body["skipped"][0]["reason"]
