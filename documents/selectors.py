@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
-from documents.batch_progress import batch_rate, format_duration
+from documents.batch_progress import Sample, batch_rate, format_duration, pages_of_unopened
 from documents.models import UNFINISHED_STATES, Batch, Document, Page
 
 
@@ -112,33 +112,46 @@ class BatchStatus:
 
 
 def batch_status(batch: Batch, *, now: datetime | None = None) -> BatchStatus:
-    """Counts, rate and ETA of a batch, in one query over its documents."""
+    """Counts, rate and ETA of a batch: one query over its documents, one more per kind for
+    the estimate of the files not opened yet."""
     unfinished = Q(state__in=UNFINISHED_STATES)
-    opened = Q(pages_total__isnull=False) & ~Q(state=Document.State.CANCELLED)
-    row = batch_documents(batch).aggregate(
+    opened = Q(pages_total__isnull=False, pages_total__gt=0) & ~Q(state=Document.State.CANCELLED)
+    documents = batch_documents(batch)
+    row = documents.aggregate(
         done=Count("pk", filter=Q(state=Document.State.READY)),
         failed=Count("pk", filter=Q(state=Document.State.FAILED)),
         cancelled=Count("pk", filter=Q(state=Document.State.CANCELLED)),
         waiting=Count("pk", filter=Q(state=Document.State.UPLOADED)),
         reading=Count("pk", filter=Q(state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING])),
         pages_read=Sum("pages_done"),
-        files_opened=Count("pk", filter=opened),
-        pages_in_opened=Sum("pages_total", filter=opened),
         pages_left_known=Sum(F("pages_total") - F("pages_done"), filter=unfinished & Q(pages_total__isnull=False)),
-        files_unopened=Count("pk", filter=unfinished & Q(pages_total__isnull=True)),
     )
+    finished = row["waiting"] + row["reading"] == 0
+    cancelled = batch.state == Batch.State.CANCELLED
+    samples: dict[str, dict[str, Sample]] = {"opened": {}, "unopened": {}}
+    if not finished:
+        by_kind = (
+            documents.order_by()
+            .values("kind")
+            .annotate(  # grouped by kind alone
+                opened_bytes=Sum("size_bytes", filter=opened),
+                opened_pages=Sum("pages_total", filter=opened),
+                unopened_bytes=Sum("size_bytes", filter=unfinished & Q(pages_total__isnull=True)),
+            )
+        )
+        for kind in by_kind:
+            if kind["opened_bytes"]:
+                samples["opened"][kind["kind"]] = Sample(kind["opened_bytes"], kind["opened_pages"] or 0)
+            if kind["unopened_bytes"]:
+                samples["unopened"][kind["kind"]] = Sample(kind["unopened_bytes"])
     end = batch.finished_at or now or timezone.now()
     elapsed_s = max(0.0, (end - batch.created_at).total_seconds())
     rate = batch_rate(
         elapsed_s=elapsed_s,
         pages_done=row["pages_read"] or 0,
         pages_left_known=row["pages_left_known"] or 0,
-        files_opened=row["files_opened"],
-        pages_opened=row["pages_in_opened"] or 0,
-        files_unopened=row["files_unopened"],
+        pages_unopened=pages_of_unopened(samples["opened"], samples["unopened"]),
     )
-    finished = row["waiting"] + row["reading"] == 0
-    cancelled = batch.state == Batch.State.CANCELLED
     return BatchStatus(
         state=batch.state,
         files_total=batch.files_total,

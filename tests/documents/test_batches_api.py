@@ -271,3 +271,27 @@ def test_files_past_the_per_person_ingest_cap_are_skipped_with_that_reason(alice
     assert [f["filename"] for f in body["files"]] == ["GPL-2.txt", "GPL-3.txt"]
     assert body["skipped"][0]["name"] == "LGPL-3.txt"
     assert "APPLIANCE_MAX_INGESTING_PER_USER" in body["skipped"][0]["reason"]
+
+
+def test_the_batch_status_measures_the_rate_and_estimates_unopened_files_by_their_bytes(alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from documents import selectors
+
+    batch, (done, reading, waiting, other) = batch_services.batch_create(
+        owner=alice, uploads=[contract(0), contract(1), contract(4), contract(8)]
+    )
+    Document.objects.filter(pk=done.pk).update(state="ready", size_bytes=100_000, pages_total=10, pages_done=10)
+    Document.objects.filter(pk=reading.pk).update(state="embedding", size_bytes=300_000, pages_total=4, pages_done=1)
+    Document.objects.filter(pk=waiting.pk).update(size_bytes=100_000)
+    Document.objects.filter(pk=other.pk).update(state="failed", pages_total=None)
+    now = timezone.now()
+    Batch.objects.filter(pk=batch.pk).update(created_at=now - timedelta(seconds=10))
+    batch.refresh_from_db()
+    status = selectors.batch_status(batch, now=now)
+    # 11 pages in 10 s; left: 3 pages known, and 100 KB at the 14 pages per 400 KB of the opened PDFs.
+    assert status.pages_per_s == 1.1 and status.eta_s == round((3 + 3.5) / 1.1) == 6
+    assert (status.files_done, status.files_reading, status.files_waiting, status.files_failed) == (1, 1, 1, 1)
+    assert status.eta_words == "about 6 s"
