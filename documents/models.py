@@ -104,10 +104,6 @@ class Document(models.Model):
     def is_finished(self) -> bool:
         return self.state in FINISHED_STATES
 
-    @property
-    def is_cancellable(self) -> bool:
-        return self.state in UNFINISHED_STATES and not self.cancel_requested
-
 
 FINISHED_STATES = frozenset({Document.State.READY, Document.State.FAILED, Document.State.CANCELLED})
 UNFINISHED_STATES = frozenset({Document.State.UPLOADED, Document.State.EXTRACTING, Document.State.EMBEDDING})
