@@ -200,11 +200,13 @@ def _register_routers() -> None:
     from api.endpoints import router as appliance_router
     from documents.api import router as documents_router
     from documents.api import search_router
+    from documents.batch_api import router as batches_router
     from inference.api import router as jobs_router
     from inference.openai_api import router as openai_router
 
     api.add_router("/api/v1/documents", documents_router, tags=["documents"])
     api.add_router("/api/v1/search", search_router, tags=["documents"])
+    api.add_router("/api/v1/batches", batches_router, tags=["documents"])
     api.add_router("/api/v1/jobs", jobs_router, tags=["jobs"])
     api.add_router("/api/v1", appliance_router)
     api.add_router("/v1", openai_router, tags=["openai"])

@@ -6,8 +6,8 @@ had filled. This wrapper answers 413 from the ``Content-Length`` header, and cut
 without one (chunked) as soon as it passes the limit.
 
 Limits, by path: the API's upload carries one file (``APPLIANCE_MAX_UPLOAD_MB`` plus room for the
-form); the library's upload form may carry several, up to ``BROWSER_UPLOAD_FILES`` of them; the
-draft form one letter file. Every other request (sign-in, JSON, forms) is held to Django's own
+form); the library's upload form and ``/api/v1/batches`` may carry several, up to
+``BROWSER_UPLOAD_FILES`` of them (a zip of a folder is one); the draft form one letter file. Every other request (sign-in, JSON, forms) is held to Django's own
 ``DATA_UPLOAD_MAX_MEMORY_SIZE``: the sign-in page accepting a gigabyte before anyone is signed
 in would let anyone fill the disk.
 """
@@ -22,7 +22,12 @@ BROWSER_UPLOAD_FILES = 10
 
 
 # Paths that take files, without their trailing slash, and how many files each may carry.
-UPLOAD_PATHS = {"/api/v1/documents": 1, "/documents": BROWSER_UPLOAD_FILES, "/draft": 1}
+UPLOAD_PATHS = {
+    "/api/v1/documents": 1,
+    "/api/v1/batches": BROWSER_UPLOAD_FILES,  # several files, or a zip (one file) of a folder
+    "/documents": BROWSER_UPLOAD_FILES,
+    "/draft": 1,
+}
 
 
 def limit_bytes(path: str) -> int:

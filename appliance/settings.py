@@ -368,6 +368,11 @@ APPLIANCE_MAX_STREAMS_PER_USER = env_int("APPLIANCE_MAX_STREAMS_PER_USER", 8, mi
 # and at most this many under one upload in all.
 APPLIANCE_MAX_ATTACHMENT_DEPTH = env_int("APPLIANCE_MAX_ATTACHMENT_DEPTH", 3, minimum=0)
 APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD = env_int("APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD", 200, minimum=0)
+# A zip uploaded as a batch: at most this many files, unpacking to at most this many MB in all
+# (the zip itself and each of its files within APPLIANCE_MAX_UPLOAD_MB, none compressed more
+# than 100 times); anything else in it is listed as skipped, with the reason.
+APPLIANCE_BATCH_ZIP_MAX_FILES = env_int("APPLIANCE_BATCH_ZIP_MAX_FILES", 1000, minimum=1)
+APPLIANCE_BATCH_ZIP_MAX_UNPACKED_MB = env_int("APPLIANCE_BATCH_ZIP_MAX_UNPACKED_MB", 2048, minimum=1)
 # --- API ------------------------------------------------------------------------------------
 # Requests per minute for one API token unless the token sets its own limit.
 APPLIANCE_API_RATE_LIMIT_PER_MINUTE = env_int("APPLIANCE_API_RATE_LIMIT_PER_MINUTE", 300, minimum=1)

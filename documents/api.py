@@ -31,7 +31,7 @@ OWNER_FILTERS = ("", "mine", "shared")
 # Literals, not the model's choices: two enums named "State" would be one component of the schema.
 # Written out so that a type checker reads them; tests/api/test_api_types.py keeps them equal
 # to Document.State and Document.Kind.
-DocumentState = Literal["uploaded", "extracting", "embedding", "ready", "failed"]
+DocumentState = Literal["uploaded", "extracting", "embedding", "ready", "failed", "cancelled"]
 DocumentKind = Literal["pdf", "text", "markdown", "docx", "email", "unknown"]
 
 
@@ -202,6 +202,23 @@ def delete_document(request, document_id: int):
     services.document_delete(document=document, user=request.user)
     audit(request, "delete", target=title, api=True)
     return Status(204, None)
+
+
+@router.post(
+    "/{document_id}/cancel",
+    response=responses(403, 404, 409, ok={200: DocumentOut}),
+    auth=auth.WRITE,
+    summary="Cancel reading a document",
+)
+def cancel_document(request, document_id: int):
+    """Stop the ingestion of a document you own (and of its attachments): at once if it has not
+    started, at the worker's next step if it is being read. Nothing of it becomes searchable;
+    upload the same file again to read it later. 409 when it had already finished."""
+    document = readable_document(request, document_id)
+    if not services.document_cancel(document=document, user=request.user):
+        raise ApiProblem(409, "conflict", f"The document is already {document.get_state_display().lower()}.")
+    document.refresh_from_db()
+    return document_out(document, request.user)
 
 
 @router.put(

@@ -12,6 +12,36 @@ from pgvector.django import HnswIndex, VectorField
 EMBEDDING_DIMENSIONS = 384
 
 
+class Batch(models.Model):
+    """Files uploaded together (several at once, or a zip of a folder), followed on one page.
+
+    Its documents point at it; how many are done, failed or cancelled is counted from them, so
+    the counts cannot drift. What never became a document (a zip member that was not a supported
+    document, an unsafe name, a nested archive, a file over a limit) is kept in ``skipped`` with
+    the reason, as ``[{"name": ..., "reason": ...}]``."""
+
+    class State(models.TextChoices):
+        RUNNING = "running", "Running"
+        FINISHED = "finished", "Finished"
+        CANCELLED = "cancelled", "Cancelled"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="batches")
+    name = models.CharField(max_length=255)  # the zip's name, or "12 files"
+    state = models.CharField(max_length=16, choices=State.choices, default=State.RUNNING)
+    files_total = models.PositiveIntegerField(default=0)  # files found: documents made, and skipped
+    files_skipped = models.PositiveIntegerField(default=0)
+    skipped = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)  # every document finished, or cancelled
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["owner", "-created_at"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Document(models.Model):
     class State(models.TextChoices):
         UPLOADED = "uploaded", "Uploaded"
@@ -19,6 +49,7 @@ class Document(models.Model):
         EMBEDDING = "embedding", "Indexing for search"
         READY = "ready", "Ready"
         FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
 
     class Kind(models.TextChoices):
         PDF = "pdf", "PDF"
@@ -32,6 +63,7 @@ class Document(models.Model):
     # An e-mail's attachments are documents of their own, children of the e-mail.
     parent = models.ForeignKey("self", on_delete=models.CASCADE, null=True, blank=True, related_name="children")
     shared_with = models.ManyToManyField(Group, blank=True, related_name="documents")
+    batch = models.ForeignKey(Batch, on_delete=models.SET_NULL, null=True, blank=True, related_name="documents")
     title = models.CharField(max_length=255)
     filename = models.CharField(max_length=255)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.UNKNOWN)
@@ -46,6 +78,9 @@ class Document(models.Model):
     pages_needing_ocr = models.PositiveIntegerField(default=0)
     embedding_model = models.CharField(max_length=255, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)  # ingestion runs started (redeliveries count)
+    # Set by a cancel while the document is being read; the worker checks it between steps and
+    # between embedding batches, and stops with nothing of the document searchable.
+    cancel_requested = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -67,7 +102,11 @@ class Document(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.state in {self.State.READY, self.State.FAILED}
+        return self.state in FINISHED_STATES
+
+
+FINISHED_STATES = frozenset({Document.State.READY, Document.State.FAILED, Document.State.CANCELLED})
+UNFINISHED_STATES = frozenset({Document.State.UPLOADED, Document.State.EXTRACTING, Document.State.EMBEDDING})
 
 
 class Page(models.Model):

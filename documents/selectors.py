@@ -6,10 +6,15 @@ attachments follow their e-mail's sharing, since they are shared with it).
 
 from __future__ import annotations
 
-from django.contrib.auth.models import User
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from dataclasses import dataclass
+from datetime import datetime
 
-from documents.models import Document, Page
+from django.contrib.auth.models import User
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
+from django.utils import timezone
+
+from documents.batch_progress import Sample, batch_rate, format_duration, pages_of_unopened
+from documents.models import UNFINISHED_STATES, Batch, Document, Page
 
 
 def readable_filter(user: User, *, document_field: str = "pk", owner_field: str = "owner") -> Q:
@@ -63,3 +68,102 @@ def library_for_user(
 
 def pages_of(document: Document) -> QuerySet[Page]:
     return Page.objects.filter(document=document).order_by("number")
+
+
+# --- batches: their owner's alone -------------------------------------------------------------
+
+
+def batches_of(user: User) -> QuerySet[Batch]:
+    if not user.is_authenticated:
+        return Batch.objects.none()
+    return Batch.objects.filter(owner=user).order_by("-created_at")
+
+
+def batch_for_user(*, user: User, batch_id: int) -> Batch | None:
+    return batches_of(user).filter(pk=batch_id).first()
+
+
+def batch_documents(batch: Batch) -> QuerySet[Document]:
+    """The batch's files that became documents, in the order they were found."""
+    return Document.objects.filter(batch=batch, parent__isnull=True).order_by("pk")
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    state: str
+    files_total: int
+    files_done: int
+    files_failed: int
+    files_cancelled: int
+    files_waiting: int  # not started
+    files_reading: int  # being extracted or embedded
+    files_skipped: int
+    pages_done: int
+    elapsed_s: float
+    pages_per_s: float | None
+    eta_s: float | None
+    finished: bool
+
+    @property
+    def eta_words(self) -> str:
+        if self.state == Batch.State.CANCELLED:
+            return "none: cancelled" if self.finished else "none: cancelled, the file being read is stopping"
+        return "done" if self.finished else format_duration(self.eta_s)
+
+
+def batch_status(batch: Batch, *, now: datetime | None = None) -> BatchStatus:
+    """Counts, rate and ETA of a batch: one query over its documents, one more per kind for
+    the estimate of the files not opened yet."""
+    unfinished = Q(state__in=UNFINISHED_STATES)
+    opened = Q(pages_total__isnull=False, pages_total__gt=0) & ~Q(state=Document.State.CANCELLED)
+    documents = batch_documents(batch)
+    row = documents.aggregate(
+        done=Count("pk", filter=Q(state=Document.State.READY)),
+        failed=Count("pk", filter=Q(state=Document.State.FAILED)),
+        cancelled=Count("pk", filter=Q(state=Document.State.CANCELLED)),
+        waiting=Count("pk", filter=Q(state=Document.State.UPLOADED)),
+        reading=Count("pk", filter=Q(state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING])),
+        pages_read=Sum("pages_done"),
+        pages_left_known=Sum(F("pages_total") - F("pages_done"), filter=unfinished & Q(pages_total__isnull=False)),
+    )
+    finished = row["waiting"] + row["reading"] == 0
+    cancelled = batch.state == Batch.State.CANCELLED
+    samples: dict[str, dict[str, Sample]] = {"opened": {}, "unopened": {}}
+    if not finished:
+        by_kind = (
+            documents.order_by()
+            .values("kind")
+            .annotate(  # grouped by kind alone
+                opened_bytes=Sum("size_bytes", filter=opened),
+                opened_pages=Sum("pages_total", filter=opened),
+                unopened_bytes=Sum("size_bytes", filter=unfinished & Q(pages_total__isnull=True)),
+            )
+        )
+        for kind in by_kind:
+            if kind["opened_bytes"]:
+                samples["opened"][kind["kind"]] = Sample(kind["opened_bytes"], kind["opened_pages"] or 0)
+            if kind["unopened_bytes"]:
+                samples["unopened"][kind["kind"]] = Sample(kind["unopened_bytes"])
+    end = batch.finished_at or now or timezone.now()
+    elapsed_s = max(0.0, (end - batch.created_at).total_seconds())
+    rate = batch_rate(
+        elapsed_s=elapsed_s,
+        pages_done=row["pages_read"] or 0,
+        pages_left_known=row["pages_left_known"] or 0,
+        pages_unopened=pages_of_unopened(samples["opened"], samples["unopened"]),
+    )
+    return BatchStatus(
+        state=batch.state,
+        files_total=batch.files_total,
+        files_done=row["done"],
+        files_failed=row["failed"],
+        files_cancelled=row["cancelled"],
+        files_waiting=row["waiting"],
+        files_reading=row["reading"],
+        files_skipped=batch.files_skipped,
+        pages_done=row["pages_read"] or 0,
+        elapsed_s=round(elapsed_s, 1),
+        pages_per_s=None if rate.pages_per_s is None else round(rate.pages_per_s, 2),
+        eta_s=None if finished or cancelled or rate.eta_s is None else round(rate.eta_s),
+        finished=finished,
+    )

@@ -2,8 +2,14 @@
 Document, Page or Chunk.
 
 A document moves ``uploaded -> extracting -> embedding -> ready`` (or ``failed`` with a reason a
-person understands). Extraction runs in a sandboxed child process with time and memory limits;
-embedding runs in batches and reports pages done as it goes.
+person understands, or ``cancelled``). Extraction runs in a sandboxed child process with time and
+memory limits; embedding runs in batches and reports pages done as it goes.
+
+Cancelling: a document not started yet is cancelled at once (its queued task finds it finished
+and does nothing); one being read gets ``cancel_requested``, which the worker checks after
+extraction and between embedding batches, and once more under the row's lock in the transaction
+that would make its passages searchable. So a cancelled document never has passages, and the
+worker simply goes on with its next file.
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ from django.contrib.postgres.search import SearchVector
 from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import Exists, F, OuterRef, Sum
+from django.utils import timezone
 
 from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
 from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
-from documents.models import Chunk, Document, Page
+from documents.models import UNFINISHED_STATES, Batch, Chunk, Document, Page
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +61,10 @@ class UploadRejected(ValueError):
 
 class NotAllowed(PermissionError):
     """The user may not change this document."""
+
+
+class IngestCancelled(Exception):
+    """The document's ingestion was cancelled while it ran (raised between steps)."""
 
 
 def _sha256_chunks(chunks: Iterable[bytes]) -> str:
@@ -110,10 +121,16 @@ def _check_owner_limits(owner: User, upload: UploadedFile) -> None:
 
 
 def document_create(
-    *, owner: User, upload: UploadedFile, groups: Iterable[Group] = (), ingest_here: bool = False
+    *,
+    owner: User,
+    upload: UploadedFile,
+    groups: Iterable[Group] = (),
+    ingest_here: bool = False,
+    batch: Batch | None = None,
 ) -> tuple[Document, bool]:
     """Store an upload and queue its ingestion. Returns (document, created): the same bytes
-    uploaded again by the same owner return the existing document and do no work.
+    uploaded again by the same owner return the existing document and do no work, unless its
+    ingestion had been cancelled: then it is queued again (in ``batch``, if given).
 
     ``ingest_here`` ingests it in this process instead (``document_ingest``, the ingest worker's
     own code), with no broker: for measurements that need documents but no workers."""
@@ -129,12 +146,15 @@ def document_create(
     upload.seek(0)
     existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
     if existing is not None:
+        if existing.state == Document.State.CANCELLED and not ingest_here and _requeue_cancelled(existing, batch):
+            existing.refresh_from_db()
+            return existing, True
         return existing, False  # a file already kept costs nothing more: no limit refuses it
     _check_owner_limits(owner, upload)
     fields = _new_document_fields(upload.name or "upload", upload.content_type or "", upload.size or 0, sha256)
     try:
         with transaction.atomic():
-            document = Document.objects.create(owner=owner, file=upload, **fields)
+            document = Document.objects.create(owner=owner, file=upload, batch=batch, **fields)
             groups = list(groups)
             if groups:
                 document.shared_with.set(groups)
@@ -148,6 +168,18 @@ def document_create(
     if ingest_here:
         document = document_ingest(document_id=document.pk) or document
     return document, True
+
+
+def _requeue_cancelled(document: Document, batch: Batch | None) -> bool:
+    """A cancelled document uploaded again is read again (compare-and-set: once)."""
+    fields: dict = {"state": Document.State.UPLOADED, "cancel_requested": False, "attempts": 0, "failure_reason": ""}
+    if batch is not None:
+        fields["batch"] = batch
+    with transaction.atomic():
+        if not Document.objects.filter(pk=document.pk, state=Document.State.CANCELLED).update(**fields):
+            return False
+        transaction.on_commit(lambda: _dispatch_upload(document))
+    return True
 
 
 def _dispatch_upload(document: Document) -> None:
@@ -176,7 +208,67 @@ def _set_state(document_id: int, state: str, **fields) -> None:
 
 def document_fail(*, document_id: int, reason: str) -> Document | None:
     _set_state(document_id, Document.State.FAILED, failure_reason=reason)
+    document = Document.objects.filter(pk=document_id).first()
+    if document is not None:
+        batch_settle(batch_id=document.batch_id)
+    return document
+
+
+def document_cancel(*, document: Document, user: User) -> bool:
+    """Cancel the ingestion of a document (and of its attachments): at once if it has not
+    started, at the worker's next check if it is being read. Owner only. Returns False when
+    there was nothing to cancel (it had finished)."""
+    if document.owner_id != user.pk:
+        raise NotAllowed("Only the owner can cancel the reading of a document.")
+    ids = [each.pk for each in _document_tree(document)]
+    with transaction.atomic():
+        waiting = Document.objects.filter(pk__in=ids, state=Document.State.UPLOADED).update(
+            state=Document.State.CANCELLED, cancel_requested=False, failure_reason=""
+        )
+        running = Document.objects.filter(
+            pk__in=ids, state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING], cancel_requested=False
+        ).update(cancel_requested=True)
+    batch_settle(batch_id=document.batch_id)
+    return bool(waiting or running)
+
+
+def _raise_if_cancelled(document_id: int) -> None:
+    if Document.objects.filter(pk=document_id, cancel_requested=True).exists():
+        raise IngestCancelled()
+
+
+def _document_cancelled(document_id: int) -> Document | None:
+    """The worker stopped a cancelled document: nothing of it is kept but the stored file (so
+    the same file uploaded again is read again)."""
+    with transaction.atomic():
+        document = Document.objects.select_for_update().filter(pk=document_id).first()
+        if document is None:
+            return None
+        Chunk.objects.filter(document=document).delete()
+        Page.objects.filter(document=document).delete()
+        for child in document.children.all():  # attachments found before the cancel
+            document_delete(document=child)
+        _set_state(
+            document_id,
+            Document.State.CANCELLED,
+            cancel_requested=False,
+            pages_done=0,
+            pages_total=None,
+            pages_needing_ocr=0,
+            failure_reason="",
+        )
+    batch_settle(batch_id=document.batch_id)
     return Document.objects.filter(pk=document_id).first()
+
+
+def batch_settle(*, batch_id: int | None) -> None:
+    """A batch whose documents have all finished is finished (or stays cancelled), with the time."""
+    if batch_id is None:
+        return
+    unfinished = Document.objects.filter(batch_id=OuterRef("pk"), state__in=UNFINISHED_STATES)
+    settled = Batch.objects.filter(pk=batch_id, finished_at__isnull=True).exclude(Exists(unfinished))
+    settled.filter(state=Batch.State.RUNNING).update(state=Batch.State.FINISHED, finished_at=timezone.now())
+    settled.update(finished_at=timezone.now())
 
 
 MESSAGE_UPLOAD_MAX_BYTES = 5 * 1024 * 1024
@@ -216,19 +308,32 @@ def text_of_message_upload(upload) -> str:
 def document_ingest(*, document_id: int) -> Document | None:
     """Extract, store pages, then embed. Idempotent: a finished document is left alone, one
     interrupted mid-way starts again. Returns None when the document is gone."""
-    from documents.sandbox import SandboxLimits, extract_in_sandbox
-
     document = Document.objects.filter(pk=document_id).first()
     if document is None or document.is_finished:
-        return document
+        return document  # a cancelled document's queued task ends here
+    if document.cancel_requested:
+        return _document_cancelled(document_id)
     if document.attempts >= MAX_INGEST_ATTEMPTS:
         # Redelivered after the worker died on it (memory, a hard time limit) again and again.
         return document_fail(
             document_id=document_id,
             reason=f"Processing this file stopped the worker {document.attempts} times; it was given up.",
         )
-    Document.objects.filter(pk=document_id).update(attempts=F("attempts") + 1)
-    _set_state(document_id, Document.State.EXTRACTING, pages_done=0, failure_reason="")
+    started = Document.objects.filter(pk=document_id, state__in=UNFINISHED_STATES, cancel_requested=False).update(
+        attempts=F("attempts") + 1, state=Document.State.EXTRACTING, pages_done=0, failure_reason=""
+    )
+    if not started:  # cancelled (or deleted) since it was read above
+        document = Document.objects.filter(pk=document_id).first()
+        return _document_cancelled(document_id) if document and document.cancel_requested else document
+    try:
+        return _ingest(document, document_id)
+    except IngestCancelled:
+        return _document_cancelled(document_id)
+
+
+def _ingest(document: Document, document_id: int) -> Document | None:
+    from documents.sandbox import SandboxLimits, extract_in_sandbox
+
     try:
         with document.file.open("rb") as handle:
             data = handle.read(max_upload_bytes() + 1)
@@ -251,6 +356,7 @@ def document_ingest(*, document_id: int) -> Document | None:
         logger.warning("document %s: stored file unreadable: %s", document_id, exc)
         return document_fail(document_id=document_id, reason="The stored file could not be read. Upload it again.")
 
+    _raise_if_cancelled(document_id)
     _store_pages(document, extracted)
     document.refresh_from_db()
     if not any(page.text.strip() for page in extracted.pages) and not extracted.attachments:
@@ -380,12 +486,19 @@ def document_embed(*, document_id: int) -> Document | None:
     """Chunk the stored pages with the embedding model's tokenizer, embed in batches, then swap
     the new chunks in at once. Also how a ready document is re-embedded after the embedding
     model changes: it stays ready and searchable (with its old chunks) until the swap."""
-    from documents.chunking import chunk_pages
-    from documents.embeddings import embed_spans, get_embedder
-
     document = Document.objects.filter(pk=document_id).first()
     if document is None:
         return None
+    try:
+        return _embed(document, document_id)
+    except IngestCancelled:
+        return _document_cancelled(document_id)
+
+
+def _embed(document: Document, document_id: int) -> Document | None:
+    from documents.chunking import chunk_pages
+    from documents.embeddings import embed_spans, get_embedder
+
     reembedding = document.state == Document.State.READY
     embedder = get_embedder()
     pages = list(Page.objects.filter(document=document).order_by("number").values_list("number", "char_start", "text"))
@@ -403,15 +516,27 @@ def document_embed(*, document_id: int) -> Document | None:
         batch = spans[start : start + batch_size]
         vectors = embed_spans(embedder, batch, batch_size=batch_size)
         chunks.extend(chunk_rows(document, batch, vectors, embedder.model_name))
-        if not reembedding:  # pages before the last one this batch reached are done
-            Document.objects.filter(pk=document_id).update(pages_done=max(0, batch[-1].page_end - 1))
+        if not reembedding:  # pages before the last one this batch reached are done; a cancel stops here
+            done = max(0, batch[-1].page_end - 1)
+            if not Document.objects.filter(pk=document_id, cancel_requested=False).update(pages_done=done):
+                raise IngestCancelled()
     with transaction.atomic():
+        if not reembedding:
+            # Under the row's lock: a cancel that comes now waits for this transaction and then
+            # finds the document ready; one that came before stops it with no passage stored.
+            locked = (
+                Document.objects.select_for_update().filter(pk=document_id).values_list("cancel_requested", flat=True)
+            )
+            if not locked or locked[0]:
+                raise IngestCancelled()
         Chunk.objects.filter(document=document).delete()
         Chunk.objects.bulk_create(chunks, batch_size=500)
         Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
         _set_state(
             document_id, Document.State.READY, pages_done=len(pages), embedding_model=embedder.model_name, attempts=0
         )
+    if not reembedding:
+        batch_settle(batch_id=document.batch_id)
     return Document.objects.get(pk=document_id)
 
 

@@ -1,4 +1,8 @@
-"""Celery tasks of the ``ingest`` queue: thin, they take ids and call one service."""
+"""Celery tasks of the ``ingest`` queue: thin, they take ids and call one service.
+
+A cancelled document's task is not revoked: when a worker takes it, the service finds the
+document finished (cancelled) and returns at once; a document cancelled while it runs stops at
+the service's next check (``documents.services``), so a cancel never kills a worker."""
 
 from __future__ import annotations
 

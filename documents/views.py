@@ -10,13 +10,15 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from appliance.broker import BrokerUnavailable
 from console.services import audit
-from documents import selectors, services
+from documents import batch_services, selectors, services
 from documents.models import Document
 from inference.clauses import TAXONOMIES
 from inference.models import Job
 from inference.prompts import SUMMARY_LENGTHS
 
-ACCEPTED_FILES = ".pdf,.docx,.txt,.md,.markdown,.eml,application/pdf,text/plain,text/markdown,message/rfc822"
+ACCEPTED_FILES = (
+    ".pdf,.docx,.txt,.md,.markdown,.eml,.zip,application/pdf,text/plain,text/markdown,message/rfc822,application/zip"
+)
 
 
 def _document_or_404(request, document_id: int) -> Document:
@@ -47,6 +49,8 @@ def library(request):
         if not uploads:
             messages.error(request, "Choose at least one file to upload.")
         groups = _my_groups_named(request)
+        if len(uploads) > 1 or any(batch_services.is_archive(upload) for upload in uploads):
+            return _upload_batch(request, uploads, groups)
         for upload in uploads:
             try:
                 document, created = services.document_create(owner=request.user, upload=upload, groups=groups)
@@ -82,6 +86,98 @@ def library(request):
             "accepted_files": ACCEPTED_FILES,
         },
     )
+
+
+BATCH_MESSAGES_PER_FILE = 10
+
+
+def _upload_batch(request, uploads: list, groups: list):
+    """Several files, or a zip: a batch, followed on its own page."""
+    try:
+        batch, created = batch_services.batch_create(owner=request.user, uploads=uploads, groups=groups)
+    except services.UploadRejected as exc:
+        messages.error(request, str(exc))
+        return redirect("documents:library")
+    except BrokerUnavailable as exc:
+        messages.error(request, f"Nothing was uploaded. {exc}")
+        return redirect("documents:library")
+    for document in created:
+        audit(request, "upload", target=document.title, document=document, filename=document.filename, batch=batch.pk)
+    if len(created) <= BATCH_MESSAGES_PER_FILE:  # as a single upload says it; a big batch says it once
+        for document in created:
+            messages.success(request, f"{document.filename} uploaded; its text is being extracted.")
+    else:
+        messages.success(request, f"{len(created)} files uploaded; their text is being extracted.")
+    if batch.files_skipped:
+        messages.warning(request, f"{batch.files_skipped} file(s) skipped: the reasons are listed below.")
+    return redirect("documents:batch", batch_id=batch.pk)
+
+
+def _batch_or_404(request, batch_id: int):
+    batch = selectors.batch_for_user(user=request.user, batch_id=batch_id)
+    if batch is None:
+        raise Http404("No such batch.")
+    return batch
+
+
+@login_required
+def batches(request):
+    mine = list(selectors.batches_of(request.user)[:100])
+    return render(
+        request,
+        "documents/batches.html",
+        {"batches": [(batch, selectors.batch_status(batch)) for batch in mine]},
+    )
+
+
+def _batch_context(batch) -> dict:
+    status = selectors.batch_status(batch)
+    return {
+        "batch": batch,
+        "status": status,
+        "documents": selectors.batch_documents(batch),
+        "live": not status.finished,
+    }
+
+
+@login_required
+def batch(request, batch_id: int):
+    """A batch's page: files done and failed (with why), pages per second, ETA, Cancel."""
+    return render(request, "documents/batch.html", _batch_context(_batch_or_404(request, batch_id)))
+
+
+@login_required
+def batch_progress(request, batch_id: int):
+    """The page's progress part, fetched again every 2 s (htmx) while the batch runs."""
+    return render(request, "documents/_batch_progress.html", _batch_context(_batch_or_404(request, batch_id)))
+
+
+@login_required
+@require_POST
+def batch_cancel(request, batch_id: int):
+    batch = _batch_or_404(request, batch_id)
+    if batch_services.batch_cancel(batch=batch, user=request.user):
+        messages.success(request, "Batch cancelled: files not read yet will not be; what was read stays.")
+    else:
+        messages.info(request, "The batch had already finished.")
+    return redirect("documents:batch", batch_id=batch.pk)
+
+
+@login_required
+@require_POST
+def cancel(request, document_id: int):
+    """Stop reading a document (owner only): nothing of it becomes searchable."""
+    document = _document_or_404(request, document_id)
+    try:
+        cancelled = services.document_cancel(document=document, user=request.user)
+    except services.NotAllowed as exc:
+        messages.error(request, str(exc))
+    else:
+        if cancelled:
+            messages.success(request, f"Reading “{document.title}” was cancelled.")
+        else:
+            messages.info(request, f"“{document.title}” had already finished.")
+    return redirect("documents:detail", document_id=document.pk)
 
 
 @login_required

@@ -285,10 +285,38 @@ def _accessibility_violations(page) -> list[str]:
     ]
 
 
+def test_upload_a_folder_of_contracts_as_a_batch_follow_it_and_cancel_it(page, live_appliance, workers):
+    from documents.models import Batch, Chunk, Document
+
+    get_user_model().objects.create_user(username="kim", password=PASSWORD)
+    _sign_in(page, live_appliance, "kim")
+    cuad = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "cuad-dev" / "pdf"
+    files = [Path("/usr/share/common-licenses/BSD"), *(cuad / f"dev-{n:02d}.pdf" for n in (2, 3, 17, 9))]
+    page.set_input_files(
+        "#id_files",
+        [{"name": f"{p.name}.txt" if not p.suffix else p.name, "mimeType": "application/octet-stream",
+          "buffer": p.read_bytes()} for p in files],
+    )  # fmt: skip
+    page.get_by_role("button", name="Upload", exact=True).click()
+    page.wait_for_url("**/documents/batches/*/")
+    batch = Batch.objects.get(owner__username="kim")
+    # The page follows the batch by itself (htmx): the first file is read, and the rate measured.
+    page.locator("[data-field=files]").get_by_text("1 done").wait_for(timeout=300_000)
+    assert "not measured yet" not in page.locator("[data-field=rate]").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "batch-running.png"), full_page=True)
+    page.get_by_role("button", name="Cancel the batch").click()
+    page.get_by_text("Batch cancelled").wait_for()
+    page.locator("[data-field=state]").get_by_text("Cancelled").wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "batch-cancelled.png"), full_page=True)
+    documents = list(Document.objects.filter(batch=batch).order_by("pk"))
+    assert documents[0].state == Document.State.READY and Chunk.objects.filter(document=documents[0]).exists()
+    assert sum(d.state == Document.State.CANCELLED for d in documents) >= 3
+
+
 def test_every_page_passes_an_accessibility_check(page, live_appliance):
     from django.utils import timezone
 
-    from documents.models import Document, Page
+    from documents.models import Batch, Document, Page
     from inference.models import Job, JobKind, Queue
 
     jo = get_user_model().objects.create_user(username="jo", password=PASSWORD, is_staff=True, is_superuser=True)
@@ -297,6 +325,14 @@ def test_every_page_passes_an_accessibility_check(page, live_appliance):
         state=Document.State.READY, pages_total=1, pages_done=1,
     )  # fmt: skip
     Page.objects.create(document=document, number=1, text="The contractor services the lifts every month.")
+    batch = Batch.objects.create(
+        owner=jo, name="contracts.zip", files_total=3, files_skipped=1,
+        skipped=[{"name": "contracts/../x.txt", "reason": "Its name climbs out of the folder: refused."}],
+    )  # fmt: skip
+    Document.objects.filter(pk=document.pk).update(batch=batch)
+    waiting = Document.objects.create(
+        owner=jo, title="Boiler contract", filename="boiler.txt", size_bytes=1, sha256="d" * 64, batch=batch,
+    )  # fmt: skip
     job = Job.objects.create(
         owner=jo, kind=JobKind.SUMMARISE, queue=Queue.PREFILL, state=Job.State.SUCCEEDED, document=document,
         result_text="The lifts are **serviced monthly** (p. 1).", finished_at=timezone.now(),
@@ -312,6 +348,7 @@ def test_every_page_passes_an_accessibility_check(page, live_appliance):
     found = {}
     for path in (
         "/documents/", f"/documents/{document.pk}/", "/documents/search?q=lifts", "/draft", "/jobs/",
+        "/documents/batches/", f"/documents/batches/{batch.pk}/", f"/documents/{waiting.pk}/",
         f"/jobs/{job.pk}/", "/console/", "/console/audit", "/console/capacity", "/console/specsheet",
         "/console/capacity?layers=80&kv_heads=8&head_dim=128&parameters=70.6e9&memory_gib=24",  # does not fit
         "/console/capacity?layers=32&memory_gib=0",  # errors in the form

@@ -25,6 +25,8 @@ PRODUCT = ("appliance", "documents", "inference", "console", "api", "directory")
 PURE = {
     "appliance.rendering",
     "directory.mapping",
+    "documents.archives",
+    "documents.batch_progress",
     "documents.chunking",
     "documents.extraction",
     "documents.extraction.base",

@@ -10,6 +10,7 @@ import pytest
 from django.test import Client
 
 from api.services import token_create
+from documents.models import Batch, Document
 from inference.models import Job, JobKind, Queue
 from tests.factories import ready_document
 
@@ -51,6 +52,9 @@ def never_shows(response, status=200):
 def test_every_endpoint_hides_what_the_caller_may_not_read(walk):
     client, document, job = walk
     d, j = document.pk, job.pk
+    batch = Batch.objects.create(owner=document.owner, name="kestrel.zip", files_total=1)
+    Document.objects.filter(pk=d).update(batch=batch)
+    b = batch.pk
     checks = {
         ("get", "/api/v1/documents"): lambda: never_shows(client.get("/api/v1/documents")),
         ("post", "/api/v1/documents"): lambda: None,  # makes the caller's own document; nothing of others'
@@ -59,6 +63,14 @@ def test_every_endpoint_hides_what_the_caller_may_not_read(walk):
         ("put", "/api/v1/documents/{document_id}/sharing"): lambda: not_found(
             _json(client, "put", f"/api/v1/documents/{d}/sharing", {"groups": []})
         ),
+        ("post", "/api/v1/documents/{document_id}/cancel"): lambda: not_found(
+            client.post(f"/api/v1/documents/{d}/cancel")
+        ),
+        ("post", "/api/v1/batches"): lambda: None,  # makes the caller's own batch; nothing of others'
+        ("get", "/api/v1/batches"): lambda: never_shows(client.get("/api/v1/batches")),
+        ("get", "/api/v1/batches/{batch_id}"): lambda: not_found(client.get(f"/api/v1/batches/{b}")),
+        ("post", "/api/v1/batches/{batch_id}/cancel"): lambda: not_found(client.post(f"/api/v1/batches/{b}/cancel")),
+        ("get", "/api/v1/batches/{batch_id}/stream"): lambda: not_found(client.get(f"/api/v1/batches/{b}/stream")),
         ("get", "/api/v1/search"): lambda: never_shows(
             client.get("/api/v1/search", {"q": "When does the acquisition close, for how many pounds?", "document": d})
         ),
@@ -96,3 +108,6 @@ def test_every_endpoint_hides_what_the_caller_may_not_read(walk):
     assert job.state == Job.State.SUCCEEDED  # Bob's cancel did nothing
     assert Job.objects.filter(owner__username="bob").count() == 0
     document.refresh_from_db()  # Bob's delete did nothing
+    batch.refresh_from_db()
+    assert batch.state == Batch.State.RUNNING  # Bob's cancel of the batch did nothing
+    assert document.state == Document.State.READY and not document.cancel_requested  # nor of the document

@@ -95,6 +95,7 @@ def test_only_the_upload_paths_take_files_sized_bodies(settings):
     file_mb = 100 * 1024 * 1024
     assert file_mb < limit_bytes("/api/v1/documents") < 2 * file_mb
     assert limit_bytes("/documents/") > 9 * file_mb  # the library's form: several files
+    assert limit_bytes("/api/v1/batches") > 9 * file_mb  # a batch: several files, or a zip
     for path in ("/accounts/login/", "/v1/chat/completions", "/api/v1/jobs/summary", "/console/", "/admin/login/"):
         assert limit_bytes(path) < 6 * 1024 * 1024, path
 

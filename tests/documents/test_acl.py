@@ -11,7 +11,7 @@ from django.urls import URLPattern, reverse
 
 from documents import services
 from documents import urls as document_urls
-from documents.models import Document
+from documents.models import Batch, Document
 from documents.search import search_passages
 from inference.models import Job
 from tests.factories import ready_document
@@ -43,7 +43,7 @@ def _document_routes():
     """Every URL of the documents app that takes a document id, with the method it answers."""
     for pattern in document_urls.urlpatterns:
         if isinstance(pattern, URLPattern) and "document_id" in str(pattern.pattern):
-            method = "post" if pattern.name in {"share", "delete"} else "get"
+            method = "post" if pattern.name in {"share", "delete", "cancel"} else "get"
             yield pattern.name, method
 
 
@@ -53,7 +53,7 @@ def test_a_stranger_reaches_nothing_of_a_private_document(people):
     client = _client(bob)
 
     routes = list(_document_routes())
-    assert {"detail", "status", "download", "share", "delete"} <= {name for name, _ in routes}
+    assert {"detail", "status", "download", "share", "delete", "cancel"} <= {name for name, _ in routes}
     for name, method in routes:
         response = getattr(client, method)(reverse(f"documents:{name}", args=[private.pk]))
         assert response.status_code == 404, name  # 404, not 403: B cannot learn it exists
@@ -67,6 +67,31 @@ def test_a_stranger_reaches_nothing_of_a_private_document(people):
         page = client.get(reverse("documents:search"), {"q": query}).content
         assert b"merger-memo" not in page and b"Fabrikam closes" not in page
     assert Document.objects.filter(pk=private.pk).exists()  # the POSTs changed nothing
+
+
+def test_a_stranger_reaches_nothing_of_a_batch_and_a_group_member_cannot_cancel_its_files(people):
+    alice, bob, carol, legal = people
+    memo = ready_document(alice, "merger-memo", SECRET)
+    batch = Batch.objects.create(owner=alice, name="merger-memos.zip", files_total=1)
+    Document.objects.filter(pk=memo.pk).update(batch=batch, state=Document.State.EMBEDDING)
+    memo.shared_with.set([legal])
+    routes = [p for p in document_urls.urlpatterns if isinstance(p, URLPattern) and "batch_id" in str(p.pattern)]
+    assert {p.name for p in routes} == {"batch", "batch_progress", "batch_cancel"}
+    for user in (bob, carol):  # a stranger, and a member of the group the batch's file is shared with
+        client = _client(user)
+        for pattern in routes:
+            method = "post" if pattern.name == "batch_cancel" else "get"
+            response = getattr(client, method)(reverse(f"documents:{pattern.name}", args=[batch.pk]))
+            assert response.status_code == 404, (user, pattern.name)
+        assert b"merger-memos" not in client.get(reverse("documents:batches")).content
+    # Carol reads the shared file, but only its owner may cancel its reading.
+    client = _client(carol)
+    assert client.get(reverse("documents:detail", args=[memo.pk])).status_code == 200
+    client.post(reverse("documents:cancel", args=[memo.pk]))
+    memo.refresh_from_db()
+    batch.refresh_from_db()
+    assert memo.state == Document.State.EMBEDDING and not memo.cancel_requested
+    assert batch.state == Batch.State.RUNNING
 
 
 def test_sharing_with_a_group_lets_its_members_read(people):
