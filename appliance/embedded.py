@@ -50,6 +50,14 @@ def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
         return False
 
 
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now (for a server started next; another
+    process could take it in between, which on a test or benchmark machine does not happen)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _wait_for_port(host: str, port: int, timeout_s: float, what: str, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

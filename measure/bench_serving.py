@@ -35,7 +35,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -49,6 +48,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from appliance.embedded import free_port
 from appliance.processes import start_appliance_processes, stop_groups
 from measure.benchmarking import (
     Progress,
@@ -441,7 +441,7 @@ class _Bench:
         self.started: list[tuple[str, subprocess.Popen]] = []  # what runs, in the order it started
         self.server = ""  # "the engine host" or "vllm serve", whichever runs
         self.web_url = ""
-        self.vllm_port = _free_port()
+        self.vllm_port = free_port()
         self.vllm_argv: list[str] = []
 
     def _env(self, **extra: str) -> dict[str, str]:
@@ -463,7 +463,7 @@ class _Bench:
             APPLIANCE_PREFILL_CONCURRENCY=1,
             APPLIANCE_DECODE_CONCURRENCY=pool,
         )
-        port = _free_port()
+        port = free_port()
         self.web_url = f"http://127.0.0.1:{port}"
         self.progress(f"starting a decode worker (pool {pool}) and a web server on {self.web_url}")
         processes = start_appliance_processes(
@@ -615,9 +615,3 @@ class _Bench:
 def _comparable(stats: dict) -> dict:
     keys = ("model_path", "dtype", "kv_cache_dtype", "max_model_len", "kv_block_size", "kv_blocks", "max_num_seqs")
     return {k: stats.get(k) for k in keys}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -59,7 +59,7 @@ def make_certificates(directory: Path, *, name: str = "test") -> Certificates:
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name("engine host"))
+        .subject_name(_name(f"{name} server"))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

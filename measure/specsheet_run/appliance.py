@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import httpx
 from django.conf import settings
 from django.core.management.base import CommandError
 
+from appliance.embedded import free_port
 from appliance.env import env_int
 from appliance.processes import start_appliance_processes, stop_groups
 from measure.benchmarking import (
@@ -49,7 +49,7 @@ class _Appliance:
                 "Part of the appliance is running (workers or the engine host) but its web server does not answer "
                 f"at {url}: stop it, start the whole appliance with `make run`, or pass --url."
             )
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         self.progress("starting an engine host, workers and a web server of this command's own (a minute or two)")
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE}
@@ -92,9 +92,3 @@ def _engine_answers(socket_path: Path) -> bool:
         return True
     except EngineUnavailable:
         return False
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

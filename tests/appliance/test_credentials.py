@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import stat
 from pathlib import Path
 
@@ -16,13 +15,7 @@ import redis
 from django.conf import settings
 
 from appliance.credentials import EmbeddedCredentials, generated_secret
-from appliance.embedded import EmbeddedPostgres, embedded_services
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from appliance.embedded import EmbeddedPostgres, embedded_services, free_port
 
 
 def _mode(path: Path) -> int:
@@ -83,7 +76,7 @@ def test_a_cluster_an_older_version_made_with_trust_is_put_under_passwords():
     base = Path(settings.VAR_DIR) / f"trust-{os.getpid()}"  # where the server's user may reach it
     shutil.rmtree(base, ignore_errors=True)
     credentials = EmbeddedCredentials.of(base)
-    postgres = EmbeddedPostgres(data_dir=base / "postgres" / "data", port=_free_port(), credentials=credentials)
+    postgres = EmbeddedPostgres(data_dir=base / "postgres" / "data", port=free_port(), credentials=credentials)
     # What the older version did: initdb with --auth=trust, then its role with no password.
     postgres.data_dir.mkdir(parents=True)
     postgres.socket_dir.mkdir(parents=True)

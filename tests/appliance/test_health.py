@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from django.test import Client
 
 from appliance.credentials import EmbeddedCredentials
-from appliance.embedded import EmbeddedValkey
+from appliance.embedded import EmbeddedValkey, free_port
 
 pytestmark = pytest.mark.django_db
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
 def own_broker(tmp_path, settings):
     """A real Valkey of this test's own, so that stopping it disturbs nothing else."""
     valkey = EmbeddedValkey(
-        data_dir=tmp_path / "valkey", port=_free_port(), credentials=EmbeddedCredentials.of(tmp_path)
+        data_dir=tmp_path / "valkey", port=free_port(), credentials=EmbeddedCredentials.of(tmp_path)
     )
     valkey.start()
     settings.CELERY_BROKER_URL = valkey.url

@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ import pytest
 from django.conf import settings
 
 from appliance.credentials import EmbeddedCredentials
-from appliance.embedded import EmbeddedPostgres, EmbeddedValkey, port_open
+from appliance.embedded import EmbeddedPostgres, EmbeddedValkey, free_port, port_open
 from appliance.supervisor import Supervisor, appliance_processes
 from tests.appliance.fake_engine import FakeEngineHost
 from tests.appliance.test_supervisor import poll_until, wait_until
@@ -38,12 +37,6 @@ pytestmark = pytest.mark.integration
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 QUEUES = ("ingest", "prefill", "decode")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -75,10 +68,10 @@ def stack():
     base = Path(settings.VAR_DIR) / f"supervised-{os.getpid()}"
     shutil.rmtree(base, ignore_errors=True)
     credentials = EmbeddedCredentials.of(base)
-    postgres = EmbeddedPostgres(data_dir=base / "postgres" / "data", port=_free_port(), credentials=credentials)
-    valkey = EmbeddedValkey(data_dir=base / "valkey", port=_free_port(), credentials=credentials)
+    postgres = EmbeddedPostgres(data_dir=base / "postgres" / "data", port=free_port(), credentials=credentials)
+    valkey = EmbeddedValkey(data_dir=base / "valkey", port=free_port(), credentials=credentials)
     fake_engine = FakeEngineHost().start()
-    web_port = _free_port()
+    web_port = free_port()
     env = {
         "DJANGO_SETTINGS_MODULE": "appliance.settings_test",
         "HF_HUB_OFFLINE": "1",

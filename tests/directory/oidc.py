@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.embedded import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_ID = "document-assistant"
 CLIENT_SECRET = "the appliance's client secret at the provider"
@@ -23,12 +24,6 @@ USERS = {
     "erin": ("erin's provider password", ["legal-team"]),
     "frank": ("frank's provider password", ["finance-team", "appliance-admins"]),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from appliance.embedded import free_port
+from tests.tls import make_certificates
 
 SLAPD = "/usr/sbin/slapd"
 SLAPADD = "/usr/sbin/slapadd"
@@ -92,9 +94,9 @@ modulepath /usr/lib/ldap
 moduleload back_mdb
 moduleload ppolicy
 pidfile {folder}/slapd.pid
-TLSCACertificateFile {folder}/ca.pem
-TLSCertificateFile {folder}/server.pem
-TLSCertificateKeyFile {folder}/server.key
+TLSCACertificateFile {folder}/directory-ca.pem
+TLSCertificateFile {folder}/directory-cert.pem
+TLSCertificateKeyFile {folder}/directory-key.pem
 
 database mdb
 maxsize 10485760
@@ -107,28 +109,6 @@ ppolicy_default "cn=default,ou=policies,{SUFFIX}"
 access to attrs=userPassword by anonymous auth by * none
 access to * by users read by * none
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _certificates(folder: Path) -> None:
-    """A CA, and a certificate it signed for 127.0.0.1 and localhost."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=Test directory CA",
-            "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
-    openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr"
-    )
-    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-            "-extfile", "san.cnf", "-out", "server.pem")  # fmt: skip
 
 
 @dataclass
@@ -148,7 +128,7 @@ class Slapd:
 
     @property
     def ca_file(self) -> str:
-        return str(self.folder / "ca.pem")
+        return str(self.folder / "directory-ca.pem")
 
     def admin(self):
         import ldap3
@@ -199,7 +179,7 @@ def start_slapd() -> Slapd:
         raise RuntimeError("Debian's slapd is not installed; make test installs it (scripts/system-packages)")
     folder = Path(tempfile.mkdtemp(prefix="appliance-slapd-"))
     (folder / "data").mkdir()
-    _certificates(folder)
+    make_certificates(folder, name="directory")
     (folder / "slapd.conf").write_text(_config(folder))
     (folder / "directory.ldif").write_text(directory_ldif())
     subprocess.run(
@@ -210,12 +190,11 @@ def start_slapd() -> Slapd:
     privileges: list[str] = []
     if os.geteuid() == 0:  # slapd drops to an unprivileged user once its ports are open
         folder.chmod(0o755)
-        shutil.chown(folder / "server.key", "nobody")
         for path in folder.rglob("*"):
             shutil.chown(path, "nobody", "nogroup")
         shutil.chown(folder, "nobody", "nogroup")
         privileges = ["-u", "nobody", "-g", "nogroup"]
-    port, ldaps_port = _free_port(), _free_port()
+    port, ldaps_port = free_port(), free_port()
     process = subprocess.Popen(
         [
             SLAPD,

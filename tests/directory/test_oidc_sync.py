@@ -61,8 +61,8 @@ def test_deleted_at_the_provider_is_deactivated_at_the_sync(oidc_settings, provi
 
 def test_a_provider_that_does_not_answer_changes_nothing(oidc_settings, provider):  # noqa: F811
     oidc_sign_in(Client(), provider, "erin")
+    from appliance.embedded import free_port
     from directory import oidc as appliance_oidc
-    from tests.directory.oidc import free_port
 
     oidc_settings.APPLIANCE_OIDC_DISCOVERY_URL = f"http://127.0.0.1:{free_port()}/o"
     appliance_oidc._discovered.clear()

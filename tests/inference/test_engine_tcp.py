@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from appliance.embedded import free_port
 from inference.engine.address import AddressError, EngineAddress, check_client, check_listen
 from inference.engine.client import EngineClient, EngineRequestError, EngineUnavailable
 from inference.engine.host import EngineConfig, EngineHost
@@ -101,16 +101,10 @@ class _Listening:
         self.thread.join(10)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def tls_engine(tmp_path):
     certificates = make_certificates(tmp_path / "tls", name="node")
-    port = _free_port()
+    port = free_port()
     listening = _Listening(
         EngineConfig(model=Path("/nonexistent"), socket_path=tmp_path / "engine.sock", licence="x", token="node-token",
                      listen=f"127.0.0.1:{port}", tls_cert=str(certificates.cert), tls_key=str(certificates.key))
