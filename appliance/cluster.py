@@ -29,7 +29,8 @@ NODES_KEY = "appliance:nodes"
 
 # What a node's report keeps of its engine's stats (``EngineStats``).
 ENGINE_FIELDS = ("state", "model", "kv_capacity_tokens", "kv_usage", "running", "waiting", "max_model_len",
-                 "device", "device_count", "restarts")  # fmt: skip
+                 "device", "device_count", "restarts",
+                 "kv_budget_tokens", "kv_reserved_tokens", "waiting_for_admission")  # placement's  # fmt: skip
 
 
 @dataclass(frozen=True)

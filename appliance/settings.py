@@ -255,6 +255,11 @@ APPLIANCE_ENGINE_GPUS = env_list("APPLIANCE_ENGINE_GPUS", [])
 APPLIANCE_NODE_NAME = env_str("APPLIANCE_NODE_NAME") or socket.gethostname()
 APPLIANCE_NODE_HEARTBEAT_S = env_float("APPLIANCE_NODE_HEARTBEAT_S", 5.0, minimum=0.5)
 APPLIANCE_NODE_DOWN_AFTER_S = env_float("APPLIANCE_NODE_DOWN_AFTER_S", 20.0, minimum=1.0)
+# Placement across several engines (inference/placement.py): a document's jobs wait up to this
+# long for the engine that ran its last job (which holds its prompt in its prefix cache) while
+# that engine has room, and that engine is remembered this long.
+APPLIANCE_PLACEMENT_WAIT_S = env_float("APPLIANCE_PLACEMENT_WAIT_S", 30.0, minimum=0.0)
+APPLIANCE_PLACEMENT_AFFINITY_TTL_S = env_int("APPLIANCE_PLACEMENT_AFFINITY_TTL_S", 3600, minimum=1)
 # Nodes without an engine of their own (or with several) reach one by URL: tls://host:port (the
 # host's certificate checked against APPLIANCE_ENGINE_TLS_CA), tcp://127.0.0.1:port, or
 # unix:/path. Empty: this node's engine host, at APPLIANCE_ENGINE_SOCKET.

@@ -27,6 +27,7 @@ watchdog. Tasks and services call these; ``services`` creates and cancels jobs.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -36,10 +37,11 @@ from django.db.models import Count, F, Min, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from appliance import cluster
 from appliance.broker import PUBLISH_ERRORS
 from appliance.rendering import render_markdown
 from documents.selectors import documents_readable_by
-from inference import fencing, running, streaming
+from inference import fencing, placement, running, streaming
 from inference.attempts import Attempt, AttemptStopped, StopReason, time_limit_reason
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
 from inference.fencing import attempt_watch, held
@@ -53,6 +55,9 @@ MAX_ATTEMPTS = 4  # times a worker may start a job before it is failed (a job th
 ENGINE_CRASH_LIMIT = 2  # times the engine may die with a job in it before the job is failed
 ENGINE_CRASH_RETRY_S = 2  # the host restarts its engine core in tens of seconds; ask again soon
 DISPATCH_GRACE_S = 30  # a queued job unpublished for this long lost its publisher: the watchdog sends it
+# A queued job whose turn was published this long ago and that has not started gets another: a
+# turn passed to one engine (placement) whose node then stopped is never taken.
+RESEND_AFTER_S = 600
 TIME_LIMIT_GRACE_S = 30  # Celery's own limits come this much after the attempt's deadline
 IDLE_TURN_RETRY_S = 1.0  # a turn that found only jobs another transaction had locked comes back
 
@@ -92,7 +97,9 @@ def job_dispatch(*, job_id, celery_queue: str | None = None, countdown_s: float 
         Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).update(dispatched_at=timezone.now())
 
 
-def _publish_turn(job_id, *, countdown_s: float | None = None, celery_queue: str | None = None) -> bool:
+def _publish_turn(job_id, *, countdown_s: float | None = None, celery_queue: str | None = None, hops: int = 0,
+                  to_queue: str | None = None) -> bool:  # fmt: skip
+    """``to_queue``: the queue it is sent to, if not ``celery_queue`` (an engine's own, ``placement``)."""
     from inference.tasks import run_job
 
     if not celery_queue:
@@ -103,8 +110,8 @@ def _publish_turn(job_id, *, countdown_s: float | None = None, celery_queue: str
     limit_s = settings.APPLIANCE_JOB_TIME_LIMIT_S
     run_job.apply_async(
         args=[str(job_id)],
-        kwargs={"celery_queue": celery_queue},
-        queue=celery_queue,
+        kwargs={"celery_queue": celery_queue, **({"hops": hops} if hops else {})},
+        queue=to_queue or celery_queue,
         countdown=countdown_s,
         soft_time_limit=limit_s + TIME_LIMIT_GRACE_S,
         time_limit=limit_s + 2 * TIME_LIMIT_GRACE_S,
@@ -114,24 +121,33 @@ def _publish_turn(job_id, *, countdown_s: float | None = None, celery_queue: str
 
 def jobs_dispatch_pending() -> int:
     """Publish the message of each queued job that has none (its web process or worker died
-    between writing the row and publishing). Returns how many were sent."""
+    between writing the row and publishing), and another turn for each one whose turn was sent
+    ``RESEND_AFTER_S`` ago and that may start but has not. Returns how many were sent."""
     now = timezone.now()
     cutoff = now - timedelta(seconds=DISPATCH_GRACE_S)
-    pending = Job.objects.filter(state=Job.State.QUEUED, dispatched_at=None, created_at__lt=cutoff).filter(
-        Q(claimed_at=None) | Q(claimed_at__lt=cutoff)
+    unsent = Q(dispatched_at=None, created_at__lt=cutoff) & (Q(claimed_at=None) | Q(claimed_at__lt=cutoff))
+    stranded = Q(dispatched_at__lt=now - timedelta(seconds=RESEND_AFTER_S)) & (
+        Q(not_before=None) | Q(not_before__lte=now)
     )
+    pending = Job.objects.filter(unsent | stranded, state=Job.State.QUEUED)
     sent = 0
-    for job_id, celery_queue, queue in pending.values_list("pk", "celery_queue", "queue")[:500]:
+    rows = pending.values_list("pk", "celery_queue", "queue", "dispatched_at")[:500]
+    for job_id, celery_queue, queue, dispatched_at in rows:
         # Taken first, so that two watchdogs do not both send it; given back if the send fails.
-        if not Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).update(dispatched_at=now):
+        if not Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=dispatched_at).update(
+            dispatched_at=now
+        ):
             continue
         try:
             _publish_turn(job_id, celery_queue=celery_queue or celery_queue_for(queue))
         except PUBLISH_ERRORS:
-            Job.objects.filter(pk=job_id, dispatched_at=now).update(dispatched_at=None)
+            Job.objects.filter(pk=job_id, dispatched_at=now).update(dispatched_at=dispatched_at)
             logger.warning("watchdog: the broker does not take messages; job %s stays unsent", job_id)
             return sent
-        logger.warning("job %s: queued but never sent to its queue; sent now", job_id)
+        if dispatched_at is None:
+            logger.warning("job %s: queued but never sent to its queue; sent now", job_id)
+        else:
+            logger.info("job %s: queued for %s with no start; another turn sent", job_id, now - dispatched_at)
         sent += 1
     return sent
 
@@ -139,9 +155,10 @@ def jobs_dispatch_pending() -> int:
 # --- claiming --------------------------------------------------------------------------------
 
 
-def _claim(job_id) -> Job | None:
+def _claim(job_id, *, engine: str = "") -> Job | None:
     now = timezone.now()
     claimed = Job.objects.filter(pk=job_id, state=Job.State.QUEUED).update(
+        engine=engine,
         state=Job.State.RUNNING,
         started_at=Coalesce(F("started_at"), now),
         attempts=F("attempts") + 1,
@@ -168,20 +185,25 @@ def fair_share_candidates(*, celery_queue: str):
     )
 
 
-def job_claim_next(*, celery_queue: str) -> Job | None:
+def job_claim_next(*, celery_queue: str, place: Turn | None = None) -> Job | None | placement.Decision:
     """Claim the next job of a Celery queue by fair share. Claims of one queue take turns (a
     transaction-scoped advisory lock), so each sees the running counts the one before it left;
-    ``SKIP LOCKED`` keeps a row another transaction holds out of it."""
+    ``SKIP LOCKED`` keeps a row another transaction holds out of it. With other engines in the
+    cluster (``place``), placement may take a later job of the order, or pass the turn on (its
+    decision is returned)."""
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.claim:{celery_queue}"])
-        job_id = (
-            fair_share_candidates(celery_queue=celery_queue)
-            .select_for_update(skip_locked=True, of=("self",))
-            .values_list("pk", flat=True)
-            .first()
-        )
-        return None if job_id is None else _claim(job_id)
+        candidates = fair_share_candidates(celery_queue=celery_queue).select_for_update(skip_locked=True, of=("self",))
+        if place is None:
+            job_id = candidates.values_list("pk", flat=True).first()
+            return None if job_id is None else _claim(job_id)
+        rows = list(candidates.values_list("pk", "document_id", "created_at")[: placement.CANDIDATES])
+        decision = place.choose(rows)
+        if decision.action == "pass":
+            logger.info("a turn of %s passed from %s to %s: %s", celery_queue, place.here, decision.to, decision.reason)
+            return decision
+        return None if decision.job_id is None else _claim(decision.job_id, engine=place.here)
 
 
 def _turn_later(*, celery_queue: str, job_id) -> None:
@@ -199,17 +221,90 @@ def _turn_later(*, celery_queue: str, job_id) -> None:
     _publish_turn(job_id, countdown_s=countdown, celery_queue=celery_queue)
 
 
+# --- placement (inference.placement decides) --------------------------------------------------
+
+
+def this_engine(client: EngineClient) -> str:
+    return placement.engine_key(settings.APPLIANCE_NODE_NAME, str(client.address))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What placement decides a turn on: this worker's engine, whether it has room now, the
+    other engines of the queue and how often the turn was passed on."""
+
+    here: str
+    here_room: bool
+    others: list[placement.EngineView]
+    hops: int
+
+    @classmethod
+    def of_this_engine(cls, *, celery_queue: str, client: EngineClient, hops: int) -> Turn | None:
+        """None when the cluster view lists no other engine for the queue (one engine, the usual
+        case): the turn claims in fair-share order, as it always has."""
+        here = this_engine(client)
+        try:
+            engines = placement.cluster_engines(cluster.nodes())
+        except PUBLISH_ERRORS:  # the broker is away: the claim below will say so
+            return None
+        others = [e for e in engines if celery_queue in e.queues and e.key != here]
+        if not others:
+            return None
+        try:
+            here_room = placement.engine_has_room(client.stats(timeout_s=2.0))
+        except (EngineUnavailable, EngineRequestError, OSError):  # an engine that does not answer has no room
+            here_room = False
+        return cls(here, here_room, others, hops)
+
+    def choose(self, rows: list[tuple]) -> placement.Decision:
+        """``rows``: (job id, document id, queued at) of the queue's candidates, in fair-share order."""
+        now = timezone.now()
+        engines = _remembered_engines([document for _, document, _ in rows if document is not None])
+        candidates = [placement.Candidate(pk, (now - queued).total_seconds(), engines.get(document))
+                      for pk, document, queued in rows]  # fmt: skip
+        return placement.choose(candidates, here=self.here, here_room=self.here_room, others=self.others,
+                                hops=self.hops, wait_s=settings.APPLIANCE_PLACEMENT_WAIT_S)  # fmt: skip
+
+
+def _remember_engine(document_id: int, engine: str) -> None:
+    try:
+        streaming.sync_client().set(f"{placement.AFFINITY_PREFIX}{document_id}", engine,
+                                    ex=settings.APPLIANCE_PLACEMENT_AFFINITY_TTL_S)  # fmt: skip
+    except PUBLISH_ERRORS:  # a preference lost costs a prefix cache hit, nothing more
+        logger.warning("the engine of document %s could not be remembered", document_id)
+
+
+def _remembered_engines(document_ids: list[int]) -> dict[int, str]:
+    if not document_ids:
+        return {}
+    try:
+        values = streaming.sync_client().mget([f"{placement.AFFINITY_PREFIX}{d}" for d in document_ids])
+    except PUBLISH_ERRORS:
+        return {}
+    return {d: v.decode() if isinstance(v, bytes) else v for d, v in zip(document_ids, values, strict=True) if v}
+
+
 # --- running ---------------------------------------------------------------------------------
 
 
-def job_run_next(*, celery_queue: str, job_id=None, client: EngineClient | None = None) -> Job | None:
-    """A worker's turn on ``celery_queue`` (the message was sent for ``job_id``): claim the next
-    job by fair share and run it. Returns the job as it ended, or None if there was none."""
-    job = job_claim_next(celery_queue=celery_queue)
+def job_run_next(*, celery_queue: str, job_id=None, client: EngineClient | None = None, hops: int = 0) -> Job | None:
+    """A worker's turn on ``celery_queue`` (the message was sent for ``job_id``, and passed on
+    ``hops`` times by placement): claim the next job by fair share and run it. Returns the job as
+    it ended, or None if there was none."""
+    client = client or EngineClient.from_settings()
+    place = Turn.of_this_engine(celery_queue=celery_queue, client=client, hops=hops)
+    job = job_claim_next(celery_queue=celery_queue, place=place)
+    if isinstance(job, placement.Decision):  # passed on to another engine's workers
+        _publish_turn(job_id, celery_queue=celery_queue, hops=hops + 1,
+                      to_queue=placement.direct_queue(celery_queue, job.to))  # fmt: skip
+        return None
     if job is None:
         if job_id is not None:
             _turn_later(celery_queue=celery_queue, job_id=job_id)
         return None
+    assert isinstance(job, Job)
+    if job.document_id is not None:
+        _remember_engine(job.document_id, job.engine or this_engine(client))
     return _run(job, client)
 
 

@@ -73,6 +73,8 @@ class Job(models.Model):
     not_before = models.DateTimeField(null=True, blank=True)
     # Its latest claim; its owner's latest claim in a queue is when they were last served.
     claimed_at = models.DateTimeField(null=True, blank=True)
+    # The engine its latest claim ran it on (``placement.engine_key``: node and engine address).
+    engine = models.CharField(max_length=255, blank=True)
     # Finished parts of an unfinished job (a long document's sections), by a fingerprint of the
     # request that made each (and the model that answered), so that an attempt after the engine
     # or a worker died resumes. Emptied when the job succeeds; a failed or cancelled job keeps

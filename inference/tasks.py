@@ -14,11 +14,11 @@ import logging
 import threading
 
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.conf import settings
 from django.db import close_old_connections
 
-from inference import lifecycle, services
+from inference import lifecycle, placement, services
 
 logger = logging.getLogger(__name__)
 
@@ -26,14 +26,14 @@ INFERENCE_WORKER_PREFIXES = ("prefill@", "decode@")
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
-def run_job(self, job_id: str, celery_queue: str | None = None) -> None:
+def run_job(self, job_id: str, celery_queue: str | None = None, hops: int = 0) -> None:
     """A turn of ``celery_queue``, sent for ``job_id`` (older messages name no queue: the one
-    they came from). Every failure of the job itself is handled inside the service; this only
+    they came from), passed on ``hops`` times by placement (``inference.placement``). Every failure of the job itself is handled inside the service; this only
     keeps the turn when the service could not even start (the database away, say), so that no
     queued job is left without one."""
     queue = celery_queue or (self.request.delivery_info or {}).get("routing_key") or "prefill"
     try:
-        lifecycle.job_run_next(celery_queue=queue, job_id=job_id)
+        lifecycle.job_run_next(celery_queue=queue, job_id=job_id, hops=hops)
     except Exception as exc:
         logger.exception("a turn of the %s queue failed; it comes back", queue)
         raise self.retry(exc=exc, countdown=min(60, 2 ** (self.request.retries + 1))) from exc
@@ -69,6 +69,19 @@ def _watchdog() -> None:
             close_old_connections()
         if _watchdog_stop.wait(interval_s):
             return
+
+
+@celeryd_after_setup.connect
+def consume_this_engines_turns(sender=None, instance=None, **kwargs) -> None:
+    """An inference worker also takes the turns placement passes to its engine alone."""
+    if instance is None or not str(sender or "").startswith(INFERENCE_WORKER_PREFIXES):
+        return
+    from inference.engine.client import EngineClient
+
+    engine = lifecycle.this_engine(EngineClient.from_settings())
+    queues = instance.app.amqp.queues
+    for name in [q for q in ("prefill", "decode") if q in queues.consume_from]:
+        queues.select_add(placement.direct_queue(name, engine))
 
 
 @worker_ready.connect

@@ -49,6 +49,7 @@ PURE = {
     "inference.job_options",
     "inference.job_results",
     "inference.fairshare",
+    "inference.placement",
     "inference.capacity",
     "measure.intervals",
     "inference.specsheet",

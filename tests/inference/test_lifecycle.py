@@ -16,7 +16,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from documents.models import Document, Page
-from inference import fencing, lifecycle, selectors, services, streaming
+from inference import fencing, lifecycle, placement, selectors, services, streaming
 from inference.attempts import Attempt, StopReason
 from inference.engine.client import EngineRestarting, EngineUnavailable, StreamEvent
 from inference.fairshare import Waiting, claim_order
@@ -34,15 +34,20 @@ class FakeEngine:
     a list of texts (one delta each), callables (run between two events, e.g. the watchdog), and
     exceptions (raised there). It records each request, and the ones the worker closed early."""
 
-    def __init__(self, script=None, *, max_model_len: int = 8192, model: str = "fake") -> None:
+    address = "unix:/fake/engine.sock"
+
+    def __init__(self, script=None, *, max_model_len: int = 8192, model: str = "fake", room: bool = True) -> None:
         self.script = script or (lambda request: ["Dear supplier,", " it is paid."])
+        self.room = room
         self.max_model_len = max_model_len
         self.model = model
         self.requests = []
         self.closed_early: list[str] = []
 
     def stats(self, *, timeout_s: float = 5.0) -> dict:
-        return {"max_model_len": self.max_model_len, "model": self.model}
+        waiting = 0 if self.room else 3  # a full engine: requests wait for admission in its host
+        return {"max_model_len": self.max_model_len, "model": self.model, "state": "ready",
+                "waiting_for_admission": waiting}  # fmt: skip
 
     def count_tokens(self, prompts, *, timeout_s: float = 60.0) -> list[int]:
         return [sum(len(m["content"]) for m in prompt) // 4 + 3 * len(prompt) for prompt in prompts]
@@ -81,8 +86,8 @@ def sent(monkeypatch):
     """A recorder in place of the broker's Celery queues: (job id, Celery queue, countdown)."""
     recorded: list[tuple[str, str | None, float | None]] = []
 
-    def publish_turn(job_id, *, countdown_s=None, celery_queue=None):
-        recorded.append((str(job_id), celery_queue, countdown_s))
+    def publish_turn(job_id, *, countdown_s=None, celery_queue=None, hops=0, to_queue=None):
+        recorded.append((str(job_id), to_queue or celery_queue, countdown_s))
         return True
 
     monkeypatch.setattr(lifecycle, "_publish_turn", publish_turn)
@@ -480,6 +485,65 @@ def test_the_watchdog_sends_a_queued_job_whose_message_was_never_published(alice
     assert Job.objects.get(pk=lost.pk).dispatched_at is not None
     assert Job.objects.get(pk=fresh.pk).dispatched_at is None
     assert lifecycle.jobs_dispatch_pending() == 0
+
+
+def test_a_queued_job_whose_turn_was_never_taken_gets_another(alice, sent):
+    stranded = _job(alice, minutes_ago=30)  # its turn went to an engine whose node then stopped
+    waiting = _job(alice, minutes_ago=30, not_before=timezone.now() + timedelta(seconds=60))
+    recent = _job(alice, minutes_ago=30)
+    long_ago = timezone.now() - timedelta(seconds=lifecycle.RESEND_AFTER_S + 5)
+    Job.objects.filter(pk__in=[stranded.pk, waiting.pk]).update(dispatched_at=long_ago)
+    Job.objects.filter(pk=recent.pk).update(dispatched_at=timezone.now())
+    assert lifecycle.jobs_dispatch_pending() == 1
+    assert sent == [(str(stranded.pk), stranded.celery_queue, None)]
+    assert lifecycle.jobs_dispatch_pending() == 0  # once per RESEND_AFTER_S
+
+
+# --- placement across engines (the decisions: test_placement.py) -------------------------------
+
+HERE = "this-node/unix:/fake/engine.sock"
+OTHER = "other-node/unix:/run/engine.sock"
+
+
+@pytest.fixture
+def two_engines(monkeypatch, settings):
+    """A fake cluster view: this worker's engine and another node's, up and with room."""
+    settings.APPLIANCE_NODE_NAME = "this-node"
+    other = {"name": "other-node", "roles": ["prefill", "decode", "engine"], "up": True,
+             "engine_url": "unix:/run/engine.sock", "engine": {"state": "ready", "waiting_for_admission": 0}}  # fmt: skip
+    monkeypatch.setattr(lifecycle.cluster, "nodes", lambda: [other])
+    streaming.sync_client().delete(*streaming.sync_client().keys(f"{placement.AFFINITY_PREFIX}*") or ["-"])
+    return other
+
+
+def test_a_worker_whose_engine_is_full_passes_its_turn_to_an_engine_with_room(alice, sent, two_engines):
+    job = _job(alice)
+    assert lifecycle.job_run_next(celery_queue="decode", job_id=job.pk, client=FakeEngine(room=False)) is None
+    assert Job.objects.get(pk=job.pk).state == Job.State.QUEUED
+    assert sent == [(str(job.pk), placement.direct_queue("decode", OTHER), None)]
+    # With no room there either, it is taken here and waits in this engine's host.
+    two_engines["engine"]["waiting_for_admission"] = 1
+    done = lifecycle.job_run_next(celery_queue="decode", job_id=job.pk, client=FakeEngine(room=False))
+    assert done.pk == job.pk and done.state == Job.State.SUCCEEDED and done.engine == HERE
+
+
+def test_a_documents_job_goes_to_the_engine_that_ran_its_last_job(alice, sent, two_engines):
+    document = Document.objects.create(
+        owner=alice, title="Held elsewhere", filename="h.txt", size_bytes=1, sha256="e" * 64, state=Document.State.READY
+    )
+    there = _job(alice, document=document, minutes_ago=0.1)  # queued first, 6 s ago
+    lifecycle._remember_engine(document.pk, OTHER)
+    other = _job(alice)
+    done = lifecycle.job_run_next(celery_queue="decode", job_id=there.pk, client=FakeEngine())
+    assert done.pk == other.pk  # the next job in fair-share order that no other engine holds
+    # Only the document's job left: its turn is passed to the engine that holds it.
+    assert lifecycle.job_run_next(celery_queue="decode", job_id=there.pk, client=FakeEngine()) is None
+    assert sent[-1] == (str(there.pk), placement.direct_queue("decode", OTHER), None)
+    # That engine goes down: the job is taken here, and remembered here.
+    two_engines["up"] = False
+    done = lifecycle.job_run_next(celery_queue="decode", job_id=there.pk, client=FakeEngine())
+    assert done.pk == there.pk and done.engine == HERE
+    assert lifecycle._remembered_engines([document.pk]) == {document.pk: HERE}
 
 
 def test_a_job_running_elsewhere_or_gone_is_left_alone(alice):
