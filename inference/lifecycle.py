@@ -55,9 +55,6 @@ MAX_ATTEMPTS = 4  # times a worker may start a job before it is failed (a job th
 ENGINE_CRASH_LIMIT = 2  # times the engine may die with a job in it before the job is failed
 ENGINE_CRASH_RETRY_S = 2  # the host restarts its engine core in tens of seconds; ask again soon
 DISPATCH_GRACE_S = 30  # a queued job unpublished for this long lost its publisher: the watchdog sends it
-# A queued job whose turn was published this long ago and that has not started gets another: a
-# turn passed to one engine (placement) whose node then stopped is never taken.
-RESEND_AFTER_S = 600
 TIME_LIMIT_GRACE_S = 30  # Celery's own limits come this much after the attempt's deadline
 IDLE_TURN_RETRY_S = 1.0  # a turn that found only jobs another transaction had locked comes back
 
@@ -121,33 +118,24 @@ def _publish_turn(job_id, *, countdown_s: float | None = None, celery_queue: str
 
 def jobs_dispatch_pending() -> int:
     """Publish the message of each queued job that has none (its web process or worker died
-    between writing the row and publishing), and another turn for each one whose turn was sent
-    ``RESEND_AFTER_S`` ago and that may start but has not. Returns how many were sent."""
+    between writing the row and publishing). Returns how many were sent."""
     now = timezone.now()
     cutoff = now - timedelta(seconds=DISPATCH_GRACE_S)
-    unsent = Q(dispatched_at=None, created_at__lt=cutoff) & (Q(claimed_at=None) | Q(claimed_at__lt=cutoff))
-    stranded = Q(dispatched_at__lt=now - timedelta(seconds=RESEND_AFTER_S)) & (
-        Q(not_before=None) | Q(not_before__lte=now)
+    pending = Job.objects.filter(state=Job.State.QUEUED, dispatched_at=None, created_at__lt=cutoff).filter(
+        Q(claimed_at=None) | Q(claimed_at__lt=cutoff)
     )
-    pending = Job.objects.filter(unsent | stranded, state=Job.State.QUEUED)
     sent = 0
-    rows = pending.values_list("pk", "celery_queue", "queue", "dispatched_at")[:500]
-    for job_id, celery_queue, queue, dispatched_at in rows:
+    for job_id, celery_queue, queue in pending.values_list("pk", "celery_queue", "queue")[:500]:
         # Taken first, so that two watchdogs do not both send it; given back if the send fails.
-        if not Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=dispatched_at).update(
-            dispatched_at=now
-        ):
+        if not Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).update(dispatched_at=now):
             continue
         try:
             _publish_turn(job_id, celery_queue=celery_queue or celery_queue_for(queue))
         except PUBLISH_ERRORS:
-            Job.objects.filter(pk=job_id, dispatched_at=now).update(dispatched_at=dispatched_at)
+            Job.objects.filter(pk=job_id, dispatched_at=now).update(dispatched_at=None)
             logger.warning("watchdog: the broker does not take messages; job %s stays unsent", job_id)
             return sent
-        if dispatched_at is None:
-            logger.warning("job %s: queued but never sent to its queue; sent now", job_id)
-        else:
-            logger.info("job %s: queued for %s with no start; another turn sent", job_id, now - dispatched_at)
+        logger.warning("job %s: queued but never sent to its queue; sent now", job_id)
         sent += 1
     return sent
 
@@ -297,6 +285,10 @@ def job_run_next(*, celery_queue: str, job_id=None, client: EngineClient | None 
     if isinstance(job, placement.Decision):  # passed on to another engine's workers
         _publish_turn(job_id, celery_queue=celery_queue, hops=hops + 1,
                       to_queue=placement.direct_queue(celery_queue, job.to))  # fmt: skip
+        # Should that engine's node have stopped since it last reported, the turn would wait in
+        # its queue for ever: a turn of the whole queue follows, claimed wherever it is taken.
+        _publish_turn(job_id, celery_queue=celery_queue, hops=placement.MAX_HOPS,
+                      countdown_s=settings.APPLIANCE_PLACEMENT_WAIT_S)  # fmt: skip
         return None
     if job is None:
         if job_id is not None:

@@ -17,9 +17,10 @@ nodes, or several engines on one node), two things matter that Celery cannot see
 
 A turn is passed to one engine: every inference worker also consumes a queue of its engine's own
 (``direct_queue``), and the turn goes there, so that the engine it is meant for is the one that
-takes it. It is passed on at most ``MAX_HOPS`` times; then it is claimed wherever it is, so that
-a turn never circles for ever (a node whose report is stale, an engine that reports room it no
-longer has). This module decides (pure); ``lifecycle`` reads what it decides on: this engine's stats,
+takes it; a turn of the whole queue follows ``APPLIANCE_PLACEMENT_WAIT_S`` later and is claimed
+wherever it is taken, in case that engine's node stopped since it last reported. A turn is
+passed on at most ``MAX_HOPS`` times; then it is claimed wherever it is, so that a turn never
+circles for ever (a node whose report is stale, an engine that reports room it no longer has). This module decides (pure); ``lifecycle`` reads what it decides on: this engine's stats,
 the cluster view every node announces (``appliance.cluster``, a few seconds old at most) and
 the remembered engines of the candidates' documents.
 """

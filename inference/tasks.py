@@ -22,7 +22,11 @@ from inference import lifecycle, placement, services
 
 logger = logging.getLogger(__name__)
 
-INFERENCE_WORKER_PREFIXES = ("prefill@", "decode@")
+
+def is_inference_worker(nodename: str) -> bool:
+    """``prefill@host``, ``decode@host``, and those of a node's further engines (``prefill-1@host``)
+    or of a benchmark (``decode-bench@host``)."""
+    return nodename.split("@", 1)[0].split("-", 1)[0] in ("prefill", "decode")
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
@@ -74,7 +78,7 @@ def _watchdog() -> None:
 @celeryd_after_setup.connect
 def consume_this_engines_turns(sender=None, instance=None, **kwargs) -> None:
     """An inference worker also takes the turns placement passes to its engine alone."""
-    if instance is None or not str(sender or "").startswith(INFERENCE_WORKER_PREFIXES):
+    if instance is None or not is_inference_worker(str(sender or "")):
         return
     from inference.engine.client import EngineClient
 
@@ -86,7 +90,7 @@ def consume_this_engines_turns(sender=None, instance=None, **kwargs) -> None:
 
 @worker_ready.connect
 def start_watchdog(sender=None, **kwargs) -> None:
-    if not str(getattr(sender, "hostname", "")).startswith(INFERENCE_WORKER_PREFIXES):
+    if not is_inference_worker(str(getattr(sender, "hostname", ""))):
         return
     _watchdog_stop.clear()
     threading.Thread(target=_watchdog, name="job-watchdog", daemon=True).start()

@@ -487,18 +487,6 @@ def test_the_watchdog_sends_a_queued_job_whose_message_was_never_published(alice
     assert lifecycle.jobs_dispatch_pending() == 0
 
 
-def test_a_queued_job_whose_turn_was_never_taken_gets_another(alice, sent):
-    stranded = _job(alice, minutes_ago=30)  # its turn went to an engine whose node then stopped
-    waiting = _job(alice, minutes_ago=30, not_before=timezone.now() + timedelta(seconds=60))
-    recent = _job(alice, minutes_ago=30)
-    long_ago = timezone.now() - timedelta(seconds=lifecycle.RESEND_AFTER_S + 5)
-    Job.objects.filter(pk__in=[stranded.pk, waiting.pk]).update(dispatched_at=long_ago)
-    Job.objects.filter(pk=recent.pk).update(dispatched_at=timezone.now())
-    assert lifecycle.jobs_dispatch_pending() == 1
-    assert sent == [(str(stranded.pk), stranded.celery_queue, None)]
-    assert lifecycle.jobs_dispatch_pending() == 0  # once per RESEND_AFTER_S
-
-
 # --- placement across engines (the decisions: test_placement.py) -------------------------------
 
 HERE = "this-node/unix:/fake/engine.sock"
@@ -516,11 +504,15 @@ def two_engines(monkeypatch, settings):
     return other
 
 
-def test_a_worker_whose_engine_is_full_passes_its_turn_to_an_engine_with_room(alice, sent, two_engines):
+def test_a_worker_whose_engine_is_full_passes_its_turn_to_an_engine_with_room(alice, sent, two_engines, settings):
     job = _job(alice)
     assert lifecycle.job_run_next(celery_queue="decode", job_id=job.pk, client=FakeEngine(room=False)) is None
     assert Job.objects.get(pk=job.pk).state == Job.State.QUEUED
-    assert sent == [(str(job.pk), placement.direct_queue("decode", OTHER), None)]
+    # To that engine's own queue, and a turn of the whole queue later, should its node have stopped.
+    assert sent == [
+        (str(job.pk), placement.direct_queue("decode", OTHER), None),
+        (str(job.pk), "decode", settings.APPLIANCE_PLACEMENT_WAIT_S),
+    ]
     # With no room there either, it is taken here and waits in this engine's host.
     two_engines["engine"]["waiting_for_admission"] = 1
     done = lifecycle.job_run_next(celery_queue="decode", job_id=job.pk, client=FakeEngine(room=False))
@@ -538,7 +530,7 @@ def test_a_documents_job_goes_to_the_engine_that_ran_its_last_job(alice, sent, t
     assert done.pk == other.pk  # the next job in fair-share order that no other engine holds
     # Only the document's job left: its turn is passed to the engine that holds it.
     assert lifecycle.job_run_next(celery_queue="decode", job_id=there.pk, client=FakeEngine()) is None
-    assert sent[-1] == (str(there.pk), placement.direct_queue("decode", OTHER), None)
+    assert sent[-2] == (str(there.pk), placement.direct_queue("decode", OTHER), None)
     # That engine goes down: the job is taken here, and remembered here.
     two_engines["up"] = False
     done = lifecycle.job_run_next(celery_queue="decode", job_id=there.pk, client=FakeEngine())
