@@ -200,3 +200,14 @@ def test_the_units_of_a_gpu_node_resolve_to_each_engine_slot(tmp_path):
     assert resolved["decode-1"]["env"]["APPLIANCE_ENGINE_URL"] == f"unix:{socket}"
     assert "decode-1@%h" in resolved["decode-1"]["argv"]
     assert "APPLIANCE_ENGINES=2" in resolved["engine-2"]["error"]  # no third slot on this node
+
+
+def test_the_web_node_example_passes_djangos_deploy_checks(tmp_path):
+    import sys
+
+    env = node_environment(environment_file(DEPLOY / "web-node.env.example"), tmp_path)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=DEPLOY.parent, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
