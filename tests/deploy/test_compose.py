@@ -176,6 +176,9 @@ def test_the_image_holds_every_package_of_the_project():
     copied = {line.split()[1].rstrip("/") for line in dockerfile_instructions() if line.startswith("COPY ")}
     missing = [name for name in [*packages, "templates", "static"] if name not in copied]
     assert missing == [], f"the Dockerfile does not copy {missing}"
+    # What building the project itself reads (pip install -e: its metadata names the readme).
+    files = {word for line in dockerfile_instructions() if line.startswith("COPY ") for word in line.split()[1:-1]}
+    assert {"pyproject.toml", project["project"]["readme"], "manage.py"} <= files
 
 
 def test_the_image_runs_as_the_appliances_user_a_declared_process():
@@ -193,3 +196,37 @@ def test_the_build_context_leaves_out_what_must_not_be_in_an_image(ignored):
     lines = (COMPOSE / "Dockerfile.dockerignore").read_text().splitlines()
     assert ignored in lines
     assert "wheelhouse" not in lines  # read through the bind mount for an install with no index
+
+
+def test_what_the_image_copies_is_enough_to_build_the_project(tmp_path):
+    """The install's last step builds the project from what the COPY lines put in the image
+    (pip install -e, no build isolation): the same build, here, from those files alone."""
+    import shutil
+    import subprocess
+    import sys
+
+    source = tmp_path / "opt-appliance"
+    source.mkdir()
+    for line in dockerfile_instructions():
+        if not line.startswith("COPY "):
+            continue
+        *sources, destination = [word for word in line.split()[1:] if not word.startswith("--")]
+        for name in sources:
+            origin = ROOT / name.rstrip("/")
+            target = source / destination / origin.name if destination == "./" else source / destination.rstrip("/")
+            if origin.is_dir():
+                shutil.copytree(origin, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(origin, target)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "--wheel-dir", str(tmp_path / "wheels"), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheels").glob("document_appliance-*.whl")
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "appliance/management/commands/process.py" in names
+    assert "inference/engine/host.py" in names
