@@ -98,3 +98,47 @@ def test_process_web_prepares_then_becomes_the_web_server(own_database, tmp_path
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def test_announce_node_reports_this_node_until_sigterm(tmp_path):
+    """The heartbeat unit and containers (``appliance-node``, ``node-web``, ``node-gpu``, a pod's
+    ``node``): this node's name and roles in the broker, again and again, then a clean stop."""
+    from appliance.cluster import NODES_KEY, forget, nodes
+    from inference.streaming import sync_client
+
+    name = f"deploy-test-{os.getpid()}"
+    client = sync_client()
+    forget(name, client)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "appliance.settings_test",
+        "DATABASE_URL": _database_url("postgres"),  # a node on its own names the web node's services
+        "REDIS_URL": settings.REDIS_URL,
+        "APPLIANCE_ROLES": "web,ingest",
+        "APPLIANCE_NODE_NAME": name,
+        "APPLIANCE_NODE_HEARTBEAT_S": "0.5",
+    }
+    log = tmp_path / "node.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(BASE_DIR / "manage.py"), "announce_node"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        seen: list[float] = []
+        while len(seen) < 2:
+            assert process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            node = next((n for n in nodes(client) if n["name"] == name), None)
+            if node and (not seen or node["announced_at"] > seen[-1]):
+                seen.append(node["announced_at"])
+            time.sleep(0.2)
+        assert node["up"] and node["roles"] == ["ingest", "web"] and node["engine_url"] == ""
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        client.hdel(NODES_KEY, name)
