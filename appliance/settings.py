@@ -202,6 +202,10 @@ APPLIANCE_INGEST_CONCURRENCY = env_int("APPLIANCE_INGEST_CONCURRENCY", 1, minimu
 APPLIANCE_PREFILL_CONCURRENCY = env_int("APPLIANCE_PREFILL_CONCURRENCY", 2, minimum=1)
 APPLIANCE_DECODE_CONCURRENCY = env_int("APPLIANCE_DECODE_CONCURRENCY", 8, minimum=1)
 
+# The address the web server listens on (its port: APPLIANCE_PORT). The loopback address behind a
+# reverse proxy on the same box; 0.0.0.0 in a container, where the proxy (an ingress) is elsewhere.
+APPLIANCE_WEB_HOST = env_str("APPLIANCE_WEB_HOST") or "127.0.0.1"
+
 # How long token deltas of a job stay replayable for a reconnecting browser.
 APPLIANCE_STREAM_RETENTION_S = env_int("APPLIANCE_STREAM_RETENTION_S", 3600, minimum=60)
 

@@ -212,7 +212,7 @@ def appliance_processes(*, python: str, port: int, settings, roles: Sequence[str
                 "uvicorn",
                 "appliance.asgi:application",
                 "--host",
-                "127.0.0.1",
+                getattr(settings, "APPLIANCE_WEB_HOST", "127.0.0.1"),
                 "--port",
                 str(port),
                 "--no-access-log",

@@ -3,18 +3,14 @@ import sys
 import time
 import urllib.request
 
-import psycopg
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from appliance.cluster import Announcer
-from appliance.database import close_pool, direct_connection
 from appliance.embedded import embedded_services
 from appliance.env import env_int, env_str
+from appliance.node_preparation import prepare_node, require_external_services
 from appliance.supervisor import ROLES, RolesError, Supervisor, appliance_processes, parse_roles
-from documents.embeddings import model_path as embedding_model_path
-from documents.services import document_reembed_stale
 from inference.engine.client import EngineClient, EngineRequestError, EngineUnavailable
 from inference.engine.protocol import EngineState
 
@@ -42,11 +38,7 @@ class Command(BaseCommand):
         if not web:
             # The web node owns the schema and, on one box, the embedded services: any other node
             # uses those of the web node.
-            unset = [name for name in ("DATABASE_URL", "REDIS_URL") if env_str(name) is None]
-            if unset:
-                raise CommandError(
-                    f"a node without the web role uses the database and broker of the web node: set {' and '.join(unset)}"
-                )
+            require_external_services("a node without the web role")
         self.stdout.write(f"roles: {', '.join(roles)}")
         # The embedded services this command starts, and so watches and stops; an external
         # DATABASE_URL / REDIS_URL, or a server someone else left running, is not its to restart.
@@ -72,22 +64,7 @@ class Command(BaseCommand):
         supervisor = None
         announcer: Announcer | None = None
         try:
-            if engine:
-                call_command("prepare_model")
-            try:  # a connection of its own says why, where the pool would say only "timeout"
-                direct_connection(timeout_s=10).close()
-            except psycopg.Error as exc:
-                raise CommandError(f"the database cannot be reached: {exc}") from exc
-            if web:
-                call_command("migrate", interactive=False, verbosity=0)
-                call_command("collectstatic", interactive=False, verbosity=0)
-                call_command("ensure_admin")
-                stale = document_reembed_stale(model_name=embedding_model_path()[1])
-                if stale:
-                    self.stdout.write(f"the embedding model changed: {stale} document(s) queued for re-embedding")
-            elif _unapplied_migrations():
-                raise CommandError("the database is not migrated yet: start the web node first (it migrates)")
-            close_pool()  # done with the database; the processes it starts have their own
+            prepare_node(roles, write=self.stdout.write)  # the model, the schema (appliance/node_preparation.py)
             specs = appliance_processes(python=sys.executable, port=port, settings=settings, roles=roles)
             supervisor = Supervisor(specs, cwd=settings.BASE_DIR, services=started_services)
             stop = {"requested": False}
@@ -124,14 +101,6 @@ class Command(BaseCommand):
                 for service in reversed(started_services):
                     service.stop()
             self.stdout.write("stopped.")
-
-
-def _unapplied_migrations() -> bool:
-    from django.db import connection
-    from django.db.migrations.executor import MigrationExecutor
-
-    executor = MigrationExecutor(connection)
-    return bool(executor.migration_plan(executor.loader.graph.leaf_nodes()))
 
 
 def _answers(url: str) -> bool:
