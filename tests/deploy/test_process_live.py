@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,16 +17,11 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from appliance.embedded import free_port
 from tests.conftest import BASE_DIR, _database_url
 from tests.deploy.manifests import ROOT
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def answers(url: str) -> int | None:
