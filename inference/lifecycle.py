@@ -173,7 +173,9 @@ def fair_share_candidates(*, celery_queue: str):
     )
 
 
-def job_claim_next(*, celery_queue: str, place: Turn | None = None) -> Job | None | placement.Decision:
+def job_claim_next(
+    *, celery_queue: str, place: Turn | None = None, engine: str = ""
+) -> Job | None | placement.Decision:
     """Claim the next job of a Celery queue by fair share. Claims of one queue take turns (a
     transaction-scoped advisory lock), so each sees the running counts the one before it left;
     ``SKIP LOCKED`` keeps a row another transaction holds out of it. With other engines in the
@@ -185,7 +187,7 @@ def job_claim_next(*, celery_queue: str, place: Turn | None = None) -> Job | Non
         candidates = fair_share_candidates(celery_queue=celery_queue).select_for_update(skip_locked=True, of=("self",))
         if place is None:
             job_id = candidates.values_list("pk", flat=True).first()
-            return None if job_id is None else _claim(job_id)
+            return None if job_id is None else _claim(job_id, engine=engine)
         rows = list(candidates.values_list("pk", "document_id", "created_at")[: placement.CANDIDATES])
         decision = place.choose(rows)
         if decision.action == "pass":
@@ -281,7 +283,7 @@ def job_run_next(*, celery_queue: str, job_id=None, client: EngineClient | None 
     it ended, or None if there was none."""
     client = client or EngineClient.from_settings()
     place = Turn.of_this_engine(celery_queue=celery_queue, client=client, hops=hops)
-    job = job_claim_next(celery_queue=celery_queue, place=place)
+    job = job_claim_next(celery_queue=celery_queue, place=place, engine=this_engine(client))
     if isinstance(job, placement.Decision):  # passed on to another engine's workers
         _publish_turn(job_id, celery_queue=celery_queue, hops=hops + 1,
                       to_queue=placement.direct_queue(celery_queue, job.to))  # fmt: skip
@@ -296,7 +298,7 @@ def job_run_next(*, celery_queue: str, job_id=None, client: EngineClient | None 
         return None
     assert isinstance(job, Job)
     if job.document_id is not None:
-        _remember_engine(job.document_id, job.engine or this_engine(client))
+        _remember_engine(job.document_id, job.engine)
     return _run(job, client)
 
 

@@ -28,6 +28,7 @@ from measure.benchmarking import sigterm_as_exit
 
 # Subcommand -> module. A new benchmark is one more line here.
 BENCHMARKS = {
+    "cluster": "measure.bench_cluster",
     "ingest": "measure.bench_ingest",
     "scheduling": "measure.bench_scheduling",
     "serving": "measure.bench_serving",
