@@ -220,6 +220,12 @@ class CapacityOut(Schema):
     max_concurrent_requests: int = Field(description="Requests of `context_tokens` each that fit at once.")
     fits: bool = Field(description="False when not one request of `context_tokens` fits; `reason` says why.")
     reason: str
+    gpus_per_engine: int = Field(description="GPUs each engine spreads the model over (tensor parallel).")
+    engines: int = Field(description="Engines in the cluster; the figures above are per engine.")
+    cluster_kv_capacity_tokens: int = Field(description="KV capacity of all the engines together.")
+    cluster_max_concurrent_requests: int = Field(
+        description="Requests of `context_tokens` all the engines hold at once."
+    )
     engine: CapacityEngine | None = Field(description="What the running engine reports; null when it is down.")
 
 
@@ -243,6 +249,15 @@ def capacity(
     memory_utilization: float | None = Query(
         None, gt=0, le=1, description="Share of the device for weights and KV cache; default 0.9."
     ),
+    gpus_per_engine: int | None = Query(
+        None,
+        ge=1,
+        le=64,
+        description="GPUs an engine spreads the model over; default: the configured tensor parallel size.",
+    ),
+    engines: int | None = Query(
+        None, ge=1, le=10_000, description="Engines in the cluster; default: those the nodes report."
+    ),
 ):
     """Weight memory, KV bytes per token, the KV budget and how many requests of a context length
     fit at once, for a model's shape on a device of some memory. `layers`, `kv_heads`, `head_dim`
@@ -260,6 +275,8 @@ def capacity(
             memory_bytes=int(memory_gib * GIB) if memory_gib is not None else None,
             context_tokens=context_tokens,
             memory_utilization=memory_utilization,
+            gpus_per_engine=gpus_per_engine,
+            engines=engines,
             engine_stats=stats,
         )
     except ShapeError as exc:

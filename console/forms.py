@@ -81,6 +81,15 @@ class CapacityForm(forms.Form):
         widget=forms.NumberInput(attrs={"min": "0", "max": "1", "step": "any"}),
     )
 
+    gpus_per_engine = forms.IntegerField(
+        required=False, min_value=1, max_value=64, label="GPUs per engine",
+        help_text="tensor parallel: the model spread over this many devices; empty: APPLIANCE_TENSOR_PARALLEL_SIZE",
+    )  # fmt: skip
+    engines = forms.IntegerField(
+        required=False, min_value=1, max_value=10_000, label="Engines in the cluster",
+        help_text="empty: the engines the cluster's nodes report",
+    )  # fmt: skip
+
     def show_defaults(self, **defaults) -> None:
         """Show what an empty field stands for, as its placeholder."""
         for name, value in defaults.items():
@@ -100,4 +109,6 @@ class CapacityForm(forms.Form):
             "memory_bytes": int(memory_gib * GIB) if memory_gib is not None else None,
             "context_tokens": data.get("context_tokens"),
             "memory_utilization": data.get("memory_utilization"),
+            "gpus_per_engine": data.get("gpus_per_engine"),
+            "engines": data.get("engines"),
         }

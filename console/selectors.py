@@ -117,13 +117,16 @@ def capacity_plan(
     memory_bytes: int | None = None,
     context_tokens: int | None = None,
     memory_utilization: float | None = None,
+    gpus_per_engine: int | None = None,
+    engines: int | None = None,
     model_dir=None,
     engine_stats: dict | None,
 ) -> Plan:
     """The capacity planner with this box's defaults for what is not given: the served model's
     shape (or ``model_dir``'s), the configured KV-cache precision, the device's memory (from
     ``engine_stats``, the engine's report the caller asked for once) and the configured context
-    length. ``ShapeError`` names the inputs to give or correct."""
+    length; the topology this appliance runs (``APPLIANCE_TENSOR_PARALLEL_SIZE`` GPUs per engine,
+    the engines the cluster view lists). ``ShapeError`` names the inputs to give or correct."""
     if engine_stats and not weight_dtype and layers is None:  # the served model: as the engine loaded it
         weight_dtype, engine_kv = engine_precisions(engine_stats)
         kv_dtype = kv_dtype or engine_kv
@@ -139,7 +142,23 @@ def capacity_plan(
         device_memory_bytes=default_device_memory_bytes(engine_stats) if memory_bytes is None else memory_bytes,
         context_tokens=settings.APPLIANCE_MAX_MODEL_LEN if context_tokens is None else context_tokens,
         memory_utilization=DEFAULT_MEMORY_UTILIZATION if memory_utilization is None else memory_utilization,
+        gpus_per_engine=settings.APPLIANCE_TENSOR_PARALLEL_SIZE if gpus_per_engine is None else gpus_per_engine,
+        engines=cluster_engine_count() if engines is None else engines,
     )
+
+
+def cluster_engine_count() -> int:
+    """The engines of the cluster: those the nodes' reports list (up or down: a node down for a
+    moment still counts in a plan), at least this node's ``APPLIANCE_ENGINES``."""
+    from appliance.broker import PUBLISH_ERRORS
+    from appliance.cluster import nodes
+    from inference.placement import cluster_engines
+
+    try:
+        listed = {engine.key for engine in cluster_engines(nodes())}
+    except PUBLISH_ERRORS:
+        listed = set()
+    return max(len(listed), settings.APPLIANCE_ENGINES)
 
 
 def default_device_memory_bytes(stats: dict | None) -> int:

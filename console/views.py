@@ -116,6 +116,8 @@ def capacity(request):
         memory_gib=f"{selectors.default_device_memory_bytes(stats) / GIB:.1f}",
         context_tokens=settings.APPLIANCE_MAX_MODEL_LEN,
         memory_utilization=selectors.DEFAULT_MEMORY_UTILIZATION,
+        gpus_per_engine=settings.APPLIANCE_TENSOR_PARALLEL_SIZE,
+        engines=selectors.cluster_engine_count(),
     )
     result = None
     if form.is_valid():
@@ -156,7 +158,7 @@ def _plan_figures(plan) -> dict:
         "weight_gib": plan.weight_bytes / GIB,
         "kv_kib_per_token": plan.kv_bytes_per_token / 1024,
         "device_memory_gib": plan.device_memory_bytes / GIB,
-        "usable_gib": plan.device_memory_bytes * plan.memory_utilization / GIB,
+        "usable_gib": plan.device_memory_bytes * plan.gpus_per_engine * plan.memory_utilization / GIB,
         "utilization_percent": plan.memory_utilization * 100,
         "kv_budget_gib": plan.kv_budget_bytes / GIB,
     }

@@ -100,17 +100,36 @@ class Plan:
     max_concurrent_requests: int  # of ``context_tokens`` each, all at once
     fits: bool
     reason: str
+    # The topology: each engine spreads the model over ``gpus_per_engine`` GPUs of
+    # ``device_memory_bytes`` each (tensor parallel); the figures above are per engine, these for
+    # ``engines`` engines (all nodes).
+    gpus_per_engine: int = 1
+    engines: int = 1
+    cluster_kv_capacity_tokens: int = 0
+    cluster_max_concurrent_requests: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "shape": asdict(self.shape)}
 
 
-def plan(shape: ModelShape, *, device_memory_bytes: int, context_tokens: int, memory_utilization: float = 0.9) -> Plan:
-    """What fits: the share ``memory_utilization`` of the device holds the weights, and the rest of
-    it the KV cache (activations and the runtime take the remainder)."""
+def plan(
+    shape: ModelShape,
+    *,
+    device_memory_bytes: int,
+    context_tokens: int,
+    memory_utilization: float = 0.9,
+    gpus_per_engine: int = 1,
+    engines: int = 1,
+) -> Plan:
+    """What fits in one engine: the share ``memory_utilization`` of its devices (``gpus_per_engine``
+    of ``device_memory_bytes`` each: tensor parallelism splits the weights and the KV cache over
+    them) holds the weights, and the rest of it the KV cache (activations and the runtime take the
+    remainder); and what ``engines`` such engines hold together."""
     if context_tokens < 1:
         raise ValueError("context_tokens must be at least 1")
-    usable = int(device_memory_bytes * memory_utilization)
+    if gpus_per_engine < 1 or engines < 1:
+        raise ValueError("gpus_per_engine and engines must be at least 1")
+    usable = int(device_memory_bytes * gpus_per_engine * memory_utilization)
     budget = usable - shape.weight_bytes
     per_token = shape.kv_bytes_per_token
     capacity = max(0, budget // per_token) if per_token else 0
@@ -121,6 +140,8 @@ def plan(shape: ModelShape, *, device_memory_bytes: int, context_tokens: int, me
         reason = f"one request of {context_tokens:,} tokens needs {per_token * context_tokens / 1e9:.2f} GB of KV cache; {budget / 1e9:.2f} GB is left"
     else:
         reason = f"{concurrent} requests of {context_tokens:,} tokens at once"
+    if engines > 1 and concurrent >= 1:
+        reason += f" per engine; {concurrent * engines} on {engines} engines"
     return Plan(
         shape=shape,
         device_memory_bytes=device_memory_bytes,
@@ -133,6 +154,10 @@ def plan(shape: ModelShape, *, device_memory_bytes: int, context_tokens: int, me
         max_concurrent_requests=concurrent,
         fits=concurrent >= 1,
         reason=reason,
+        gpus_per_engine=gpus_per_engine,
+        engines=engines,
+        cluster_kv_capacity_tokens=capacity * engines,
+        cluster_max_concurrent_requests=concurrent * engines,
     )
 
 

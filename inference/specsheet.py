@@ -212,6 +212,38 @@ def hardware_line(hardware: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+# A sheet measured before the topology was recorded: one engine on one node.
+ONE_ENGINE: dict[str, Any] = {"gpus_per_engine": 1, "engines_per_node": 1, "nodes": 1, "engines": 1}
+
+
+def topology_line(topology: dict[str, Any]) -> str:
+    """``measured on one engine of 2 GPUs (tensor parallel); this cluster: 3 nodes, 6 engines``."""
+    gpus = topology["gpus_per_engine"]
+    engine = f"one engine of {gpus} GPUs (tensor parallel)" if gpus > 1 else "one engine"
+    nodes, engines = topology["nodes"], topology["engines"]
+    cluster = f"{nodes} node{'s' if nodes != 1 else ''}, {engines} engine{'s' if engines != 1 else ''}"
+    return f"measured on {engine}; this deployment: {cluster} ({topology['engines_per_node']} per node)"
+
+
+def topology_section(sheet: dict[str, Any]) -> list[str]:
+    """Which figures are per engine and which for the whole cluster."""
+    topology = sheet.get("topology") or ONE_ENGINE
+    engines = topology["engines"]
+    lines = ["", "## Topology", "", f"Every figure above was {topology_line(topology)}."]
+    if engines > 1:
+        kv = (sheet["engine"].get("kv_capacity_tokens") or 0) * engines
+        lines.append(
+            f"Per engine: users served, TTFT, ITL, tokens/s per user and aggregate tokens/s. For the cluster: the "
+            f"KV cache holds {kv:,} tokens on {engines} engines; placement spreads jobs over them, so users served "
+            f"and aggregate tokens/s can reach {engines} x the per-engine figures while TTFT and tokens/s per user "
+            f"stay those of one engine. That multiple is not measured here: `python manage.py bench cluster` "
+            f"measures jobs per node and what a lost node costs."
+        )
+    else:
+        lines.append("One engine serves every request: every figure is the whole deployment's.")
+    return lines
+
+
 def lengths_text(profile: dict[str, Any]) -> str:
     """``6,144 in / 256 out``, or for the mixed profile each kind's."""
     pairs = [(kind, profile["inputs"][kind], profile["outputs"][kind]) for kind in profile["inputs"]]
@@ -228,6 +260,8 @@ def answers(sheet: dict[str, Any]) -> list[dict[str, str]]:
     """The eight questions a buyer should ask, answered from the sheet's own measurements."""
     model, engine, profiles = sheet["model"], sheet["engine"], sheet["profiles"]
     targets = Targets(**sheet["targets"])
+    topology = sheet.get("topology") or ONE_ENGINE
+    cluster_kv = (engine.get("kv_capacity_tokens") or 0) * topology["engines"] if topology["engines"] > 1 else 0
 
     def per_profile(describe: Callable[[dict[str, Any]], str]) -> str:
         return "; ".join(
@@ -259,15 +293,16 @@ def answers(sheet: dict[str, Any]) -> list[dict[str, str]]:
         "precision": f"weights {engine.get('dtype') or '?'}, KV cache {engine.get('kv_cache_dtype') or '?'}",
         "context": (
             f"{engine.get('max_model_len') or 0:,} tokens configured; the KV cache holds "
-            f"{engine.get('kv_capacity_tokens') or 0:,} tokens in all"
+            f"{engine.get('kv_capacity_tokens') or 0:,} tokens in all per engine"
+            + (f", {cluster_kv:,} on the cluster's {topology['engines']} engines" if cluster_kv else "")
         ),
         "users": per_profile(lambda p: f"{p['users_served']} (stopped by {p.get('stopped') or 'the ladder'})")
-        + f"; target: {targets.describe()}",
+        + f" per engine; target: {targets.describe()}",
         "lengths": per_profile(lengths),
         "tokens_per_s": per_profile(lambda p: at_served(p, lambda row: _tokens_per_s(row.get("tokens_per_s_per_user"))))
         + " (median per user)",
         "ttft": per_profile(lambda p: at_served(p, ttft)) + " (p50 and p95, from sending the request, queue included)",
-        "hardware": hardware_line(sheet["hardware"]),
+        "hardware": hardware_line(sheet["hardware"]) + "; " + topology_line(topology),
     }
     return [{"key": key, "question": question, "answer": texts[key]} for key, question in QUESTIONS]
 
@@ -346,6 +381,7 @@ def markdown(sheet: dict[str, Any]) -> str:
             f"{_tokens_per_s(ceiling['measured_tokens_per_s'])}"
             + (f", {ceiling['share_of_ceiling']:.0%} of the ceiling." if ceiling.get("share_of_ceiling") else "."),
         ]
+    lines += topology_section(sheet)
     hardware = sheet["hardware"]
     lines += ["", "## Hardware and software", "", f"{hardware_line(hardware)}; {hardware.get('platform', '')}."]
     engine = sheet["engine"]

@@ -56,6 +56,7 @@ def _assemble(*, plan: _Plan, engine: dict, profiles: dict, bandwidth: tuple, st
             "kv_decode_reserve": engine.get("kv_decode_reserve_fraction"),
         },
         "hardware": hardware(engine),
+        "topology": _topology(engine),
         "profiles": profiles,
     }
     drafting = profiles.get("drafting") or profiles.get("mixed")
@@ -82,6 +83,28 @@ def _assemble(*, plan: _Plan, engine: dict, profiles: dict, bandwidth: tuple, st
         sheet["decode_ceiling"] = None
     sheet["answers"] = sheet_.answers(sheet)
     return sheet
+
+
+def _topology(engine: dict) -> dict[str, Any]:
+    """What the sheet was measured on (one engine, of some GPUs) and what this deployment runs:
+    the engines per node and the nodes and engines the cluster view lists (none listed: this node
+    alone)."""
+    from appliance.broker import PUBLISH_ERRORS
+    from appliance.cluster import nodes
+    from inference.placement import cluster_engines
+
+    try:
+        listed = nodes()
+    except PUBLISH_ERRORS:
+        listed = []
+    serving = [n for n in listed if {"prefill", "decode", "engine"} & set(n.get("roles", ()))]
+    engines = {e.key for e in cluster_engines(listed)}
+    return {
+        "gpus_per_engine": int(engine.get("tensor_parallel_size") or 1),
+        "engines_per_node": settings.APPLIANCE_ENGINES,
+        "nodes": max(1, len(serving)),
+        "engines": max(len(engines), settings.APPLIANCE_ENGINES),
+    }
 
 
 def _write(sheet: dict[str, Any]) -> list[Path]:

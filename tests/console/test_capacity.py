@@ -78,6 +78,16 @@ def test_a_70b_model_on_24_gib_does_not_fit_and_says_why(staff_client, engine_do
     assert "Does not fit:" in verdict.group(1) and "the weights (141.2 GB) do not fit in 23.2 GB" in verdict.group(1)
 
 
+def test_a_70b_model_fits_an_engine_of_four_80_gib_gpus_and_the_cluster_adds_engines(staff_client, engine_down):
+    query = {**LLAMA_70B, "memory_gib": "80", "context_tokens": "8192", "gpus_per_engine": "4", "engines": "3"}
+    result = staff_client.get("/console/capacity", query).context["plan"]
+    assert result.fits and result.gpus_per_engine == 4 and result.engines == 3
+    page = text(staff_client.get("/console/capacity", query))
+    assert "4 × 80.0 GiB per engine" in page
+    assert (f"The cluster (3 engines) {result.cluster_kv_capacity_tokens:,} KV tokens, "
+            f"{3 * result.max_concurrent_requests} concurrent requests") in page  # fmt: skip
+
+
 def test_a_shape_given_in_part_is_refused_naming_what_is_missing(staff_client, engine_down):
     response = staff_client.get("/console/capacity", {"layers": "32", "head_dim": "128", "memory_gib": "24"})
     assert response.status_code == 200 and response.context["plan"] is None

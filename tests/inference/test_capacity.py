@@ -60,6 +60,21 @@ def test_a_configuration_that_cannot_fit_is_flagged_with_the_reason():
         ModelShape(layers=1, kv_heads=1, head_dim=1, parameters=1, kv_dtype="fp7").kv_bytes_per_token
 
 
+def test_an_engine_of_several_gpus_holds_a_model_one_cannot_and_engines_add_up():
+    seventy_b = ModelShape(layers=80, kv_heads=8, head_dim=128, parameters=70_600_000_000)
+    one = plan(seventy_b, device_memory_bytes=80 * GIB, context_tokens=8192, memory_utilization=0.9)
+    assert not one.fits  # 141 GB of weights on one 80 GiB GPU
+    four = plan(seventy_b, device_memory_bytes=80 * GIB, context_tokens=8192, memory_utilization=0.9,
+                gpus_per_engine=4, engines=2)  # fmt: skip
+    budget = int(4 * 80 * GIB * 0.9) - seventy_b.weight_bytes  # tensor parallel: weights and KV over 4 GPUs
+    assert four.fits and four.kv_capacity_tokens == budget // seventy_b.kv_bytes_per_token
+    assert four.cluster_kv_capacity_tokens == 2 * four.kv_capacity_tokens
+    assert four.cluster_max_concurrent_requests == 2 * four.max_concurrent_requests
+    assert f"{2 * four.max_concurrent_requests} on 2 engines" in four.reason
+    with pytest.raises(ValueError, match="at least 1"):
+        plan(seventy_b, device_memory_bytes=80 * GIB, context_tokens=8192, engines=0)
+
+
 def test_parameters_are_counted_from_safetensors_headers(tmp_path):
     header = {
         "__metadata__": {"format": "pt"},
@@ -85,6 +100,11 @@ def test_the_command_prints_the_plan():
     call_command("capacity", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--params", "70.6e9",
                  "--memory-gib", "24", stdout=out)  # fmt: skip
     assert "does not fit" in out.getvalue()
+    out = StringIO()
+    call_command("capacity", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--params", "70.6e9",
+                 "--memory-gib", "80", "--gpus-per-engine", "4", "--engines", "3", stdout=out)  # fmt: skip
+    text = out.getvalue()
+    assert "4 x 80.0 GiB per engine" in text and "cluster          3 engine(s)" in text and "does not fit" not in text
 
 
 @pytest.mark.integration

@@ -178,6 +178,23 @@ def test_the_eight_answers_come_from_the_measurements():
     assert text["hardware"].startswith("no GPU: the model runs on the CPU (AMD EPYC, 2 cores, 24.0 GiB RAM)")
 
 
+def test_the_sheet_says_which_figures_are_per_engine_and_which_for_the_cluster():
+    sheet = sample_sheet()
+    alone = specsheet.markdown({**sheet, "answers": specsheet.answers(sheet)})
+    assert "measured on one engine; this deployment: 1 node, 1 engine" in alone
+    assert "every figure is the whole deployment's" in alone
+    sheet["topology"] = {"gpus_per_engine": 2, "engines_per_node": 2, "nodes": 3, "engines": 6}
+    answers = {a["key"]: a["answer"] for a in specsheet.answers(sheet)}
+    assert "93,184 tokens in all per engine, 559,104 on the cluster's 6 engines" in answers["context"]
+    assert "per engine; target" in answers["users"]
+    assert answers["hardware"].endswith(
+        "measured on one engine of 2 GPUs (tensor parallel); this deployment: 3 nodes, 6 engines (2 per node)"
+    )
+    text = specsheet.markdown({**sheet, "answers": specsheet.answers(sheet)})
+    assert "## Topology" in text and "the KV cache holds 559,104 tokens on 6 engines" in text
+    assert "6 x the per-engine figures" in text and "bench cluster" in text
+
+
 def test_a_gpu_is_named_with_its_memory_driver_and_versions():
     line = specsheet.hardware_line(
         {

@@ -35,6 +35,14 @@ class Command(BaseCommand):
             "--context", type=int, default=None, help="tokens per request (default: APPLIANCE_MAX_MODEL_LEN)"
         )
         parser.add_argument("--utilization", type=float, default=0.9, help="share of the device for weights + KV")
+        parser.add_argument(
+            "--gpus-per-engine",
+            type=int,
+            default=None,
+            help="GPUs an engine spreads the model over (default: APPLIANCE_TENSOR_PARALLEL_SIZE)",
+        )
+        parser.add_argument("--engines", type=int, default=None,
+                            help="engines in the cluster (default: those the nodes report)")  # fmt: skip
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **options):
@@ -55,6 +63,8 @@ class Command(BaseCommand):
                 memory_bytes=int(options["memory_gib"] * GIB) if options["memory_gib"] else None,
                 context_tokens=options["context"],
                 memory_utilization=options["utilization"],
+                gpus_per_engine=options["gpus_per_engine"],
+                engines=options["engines"],
                 model_dir=options["model_dir"],
             )
         except ShapeError as exc:
@@ -75,14 +85,19 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"weights          {result.weight_bytes / 1e9:.2f} GB ({s.weight_dtype})")
         self.stdout.write(f"KV per token     {result.kv_bytes_per_token / 1024:.1f} KiB ({s.kv_dtype})")
+        gpus = f"{result.gpus_per_engine} x " if result.gpus_per_engine > 1 else ""
         self.stdout.write(
-            f"device memory    {result.device_memory_bytes / GIB:.1f} GiB, {result.memory_utilization:.0%} used"
+            f"device memory    {gpus}{result.device_memory_bytes / GIB:.1f} GiB per engine, {result.memory_utilization:.0%} used"
         )
         self.stdout.write(
             f"KV budget        {result.kv_budget_bytes / GIB:.2f} GiB = {result.kv_capacity_tokens:,} tokens"
         )
         self.stdout.write(
-            f"at {result.context_tokens:,} tokens    {result.max_concurrent_requests} concurrent requests"
+            f"at {result.context_tokens:,} tokens    {result.max_concurrent_requests} concurrent requests per engine"
+        )
+        self.stdout.write(
+            f"cluster          {result.engines} engine(s): {result.cluster_kv_capacity_tokens:,} KV tokens, "
+            f"{result.cluster_max_concurrent_requests} concurrent requests"
         )
         if engine:
             self.stdout.write(
