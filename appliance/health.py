@@ -86,12 +86,13 @@ def check_workers(broker_ok: bool) -> dict:
 
 
 def check_engine() -> dict:
+    client = EngineClient.from_settings()
     try:
-        stats = EngineClient.from_settings().stats(timeout_s=2.0)
+        stats = client.stats(timeout_s=2.0)
     except EngineRestarting as exc:
         return {"ok": False, "state": EngineState.RESTARTING, "detail": f"the engine is restarting: {exc}"}
     except (EngineUnavailable, EngineRequestError, OSError) as exc:
-        return {"ok": False, "detail": str(exc)}
+        return _other_nodes_engines(client, str(exc))
     engine = EngineStats.from_message(stats)
     state = engine.state
     result: dict[str, Any] = {
@@ -112,6 +113,31 @@ def check_engine() -> dict:
     if "detail" in result and result["restarts"] is not None:
         result["detail"] += f" ({result['restarts']} restart(s) since its host started)"
     return result
+
+
+def _other_nodes_engines(client: EngineClient, why: str) -> dict:
+    """This node reaches no engine (a web node of a cluster has none of its own): the engine part
+    is up when other nodes report engines that are ready, since their workers run the jobs this
+    node queues. This node's own engine is never counted from its last report: it is the one that
+    did not answer."""
+    from appliance.cluster import nodes
+    from inference.placement import engine_key
+
+    here = engine_key(settings.APPLIANCE_NODE_NAME, str(client.address))
+    try:
+        listed = nodes()
+    except redis.RedisError:
+        listed = []
+    ready = [
+        f"{node['name']}"
+        for node in listed
+        if node["up"] and node["engine"].get("state") == EngineState.READY
+        and engine_key(node["name"], node.get("engine_url") or "") != here
+    ]  # fmt: skip
+    if not ready:
+        return {"ok": False, "detail": why}
+    return {"ok": True, "state": EngineState.READY, "detail": f"no engine here ({why}); ready on: {', '.join(ready)}",
+            "nodes_with_engine_ready": len(ready)}  # fmt: skip
 
 
 @never_cache

@@ -47,6 +47,21 @@ def test_healthz_reports_a_missing_engine_host(settings, tmp_path):
     assert "not answering" in response.json()["engine"]["detail"]
 
 
+def test_a_node_without_an_engine_is_up_while_another_nodes_engine_is_ready(settings, tmp_path, monkeypatch):
+    """A web node of a cluster reaches no engine of its own; the engines of the GPU nodes serve."""
+    settings.APPLIANCE_NODE_NAME = "web-node"
+    settings.APPLIANCE_ENGINE_SOCKET = tmp_path / "nothing-listens-here.sock"
+    gpu = {"name": "gpu-1", "up": True, "engine_url": "tls://10.0.0.5:7000", "engine": {"state": "ready"}}
+    itself = {"name": "web-node", "up": True, "engine_url": f"unix:{tmp_path / 'nothing-listens-here.sock'}",
+              "engine": {"state": "ready"}}  # its own last report: not counted  # fmt: skip
+    monkeypatch.setattr("appliance.cluster.nodes", lambda: [itself, gpu])
+    engine = Client().get("/healthz").json()["engine"]
+    assert engine["ok"] is True and "ready on: gpu-1" in engine["detail"] and "not answering" in engine["detail"]
+    gpu["up"] = False  # the GPU node stopped reporting: nothing can run the jobs
+    engine = Client().get("/healthz").json()["engine"]
+    assert engine["ok"] is False and "not answering" in engine["detail"]
+
+
 @pytest.fixture
 def workers_up(monkeypatch):
     """The workers part answered as up: no worker pools run in these unit tests, and the engine's
