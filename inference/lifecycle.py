@@ -264,6 +264,16 @@ def _remember_engine(document_id: int, engine: str) -> None:
         logger.warning("the engine of document %s could not be remembered", document_id)
 
 
+def _forget_engine(document_id: int, engine: str) -> None:
+    key = f"{placement.AFFINITY_PREFIX}{document_id}"
+    try:
+        client = streaming.sync_client()
+        if client.get(key) in (engine, engine.encode()):
+            client.delete(key)
+    except PUBLISH_ERRORS:
+        logger.warning("the engine of document %s could not be forgotten", document_id)
+
+
 def _remembered_engines(document_ids: list[int]) -> dict[int, str]:
     if not document_ids:
         return {}
@@ -479,7 +489,7 @@ def jobs_recover_stale() -> tuple[int, int]:
     stale = Job.objects.filter(state=Job.State.RUNNING).filter(
         Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at=None, started_at__lt=cutoff)
     )
-    for job in stale.only("pk", "queue", "celery_queue", "attempts", "heartbeat_at"):
+    for job in stale.only("pk", "queue", "celery_queue", "attempts", "heartbeat_at", "document_id", "engine"):
         seen = Job.objects.filter(
             pk=job.pk, state=Job.State.RUNNING, attempts=job.attempts, heartbeat_at=job.heartbeat_at
         )
@@ -493,6 +503,8 @@ def jobs_recover_stale() -> tuple[int, int]:
         if not seen.update(state=Job.State.QUEUED, heartbeat_at=None, dispatched_at=None):
             continue
         logger.warning("job %s: its worker stopped reporting; sending it to the %s queue again", job.pk, job.queue)
+        if job.document_id is not None and job.engine:  # its node may be lost: no job waits for it
+            _forget_engine(job.document_id, job.engine)
         streaming.fence_release(job.pk, job.attempts)
         streaming.publish_fenced(job.pk, "waiting", {"reason": "worker_lost", "position": None}, attempt=None)
         try:

@@ -538,6 +538,21 @@ def test_a_documents_job_goes_to_the_engine_that_ran_its_last_job(alice, sent, t
     assert lifecycle._remembered_engines([document.pk]) == {document.pk: HERE}
 
 
+def test_a_job_handed_on_from_a_lost_engine_does_not_wait_for_that_engine(alice, sent, settings, two_engines):
+    stale = _stale_here_only(settings)
+    document = Document.objects.create(
+        owner=alice, title="On a lost node", filename="l.txt", size_bytes=1, sha256="f" * 64, state=Document.State.READY
+    )
+    job = _job(alice, document=document, state=Job.State.RUNNING, attempts=1, started_at=stale, heartbeat_at=stale,
+               engine=OTHER)  # fmt: skip
+    lifecycle._remember_engine(document.pk, OTHER)
+    assert lifecycle.jobs_recover_stale() == (1, 0)
+    assert lifecycle._remembered_engines([document.pk]) == {}
+    # The lost node still shows up for a few seconds; the job is taken here at once all the same.
+    done = lifecycle.job_run_next(celery_queue="decode", job_id=job.pk, client=FakeEngine())
+    assert done.pk == job.pk and done.engine == HERE
+
+
 def test_a_job_running_elsewhere_or_gone_is_left_alone(alice):
     job = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=timezone.now(), heartbeat_at=timezone.now())
     result = lifecycle.job_run(job_id=job.pk, client=object())  # never reaches the engine
