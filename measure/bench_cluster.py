@@ -94,15 +94,9 @@ class Node:
 
     def kill(self) -> None:
         """SIGKILL the node's serve and everything it started: a node that loses power."""
-        import psutil
+        from appliance.processes import kill_tree
 
-        with contextlib.suppress(psutil.NoSuchProcess):
-            root = psutil.Process(self.process.pid)
-            tree = [*root.children(recursive=True), root]
-            for process in tree:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-            psutil.wait_procs(tree, timeout=30)
+        kill_tree(self.process.pid)
 
     def forget(self) -> None:
         from appliance.cluster import forget

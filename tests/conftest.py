@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import time
@@ -157,13 +156,9 @@ class EngineHosts:
 
     def kill(self) -> None:
         """SIGKILL the engine host and everything it started: a crash, not a shutdown."""
-        import psutil
+        from appliance.processes import kill_tree
 
-        host = psutil.Process(int(self.client.stats()["pid"]))
-        for process in [*host.children(recursive=True), host]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs([host], timeout=30)
+        kill_tree(int(self.client.stats()["pid"]))
         if self.process is not None:
             self.process.wait()
 

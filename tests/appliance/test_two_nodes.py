@@ -13,7 +13,6 @@ A, and the web process's cluster view shows node B down.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
@@ -21,12 +20,11 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
 import pytest
 from django.conf import settings
 
 from appliance.cluster import NODES_KEY, Announcer, nodes
-from appliance.processes import start
+from appliance.processes import kill_tree, start
 from inference import lifecycle, services, streaming
 from inference.engine.client import EngineClient
 from inference.models import Job
@@ -81,19 +79,8 @@ def node_b(tmp_path, node_a):
         wait_until(ready, timeout_s=600, interval_s=1.0, message="node B's engine")
         yield SimpleNamespace(engine=_node_b_engine(var_dir), process=process)
     finally:
-        _kill_tree(process.pid)
+        kill_tree(process.pid)
         streaming.sync_client().hdel(NODES_KEY, NODE_B)
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a process and all it started: a node that loses power, not one that shuts down."""
-    with contextlib.suppress(psutil.NoSuchProcess):
-        root = psutil.Process(pid)
-        tree = [*root.children(recursive=True), root]
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        psutil.wait_procs(tree, timeout=30)
 
 
 def _finished(job_id):
@@ -143,7 +130,7 @@ def test_jobs_spread_over_two_nodes_follow_their_document_and_survive_a_node_los
         timeout_s=600, message="a job running on node B",
     )  # fmt: skip
     time.sleep(2)  # in the middle of it
-    _kill_tree(node_b.process.pid)
+    kill_tree(node_b.process.pid)
     victim = wait_until(lambda: _finished(victim.pk), timeout_s=900, message="the job node B held")
     assert victim.state == Job.State.SUCCEEDED, victim.error
     assert victim.engine == here and victim.attempts >= 2
