@@ -49,8 +49,14 @@ def library_for_user(
     title: str = "",
     group_id: int | None = None,
 ) -> QuerySet[Document]:
-    """The library page: top-level documents the user may read, with the page's filters."""
-    documents = documents_readable_by(user).filter(parent__isnull=True).select_related("owner")
+    """The library page: top-level documents the user may read, with the page's filters. A file
+    of a source that changed is listed once, as its latest version (the earlier ones are linked
+    from its page)."""
+    documents = (
+        documents_readable_by(user)
+        .filter(parent__isnull=True, replaced_by__isnull=True)
+        .select_related("owner", "source")
+    )
     if owner == "mine":
         documents = documents.filter(owner=user)
     elif owner == "shared":
@@ -64,6 +70,16 @@ def library_for_user(
     if group_id:
         documents = documents.filter(shared_with__id=group_id)
     return documents.prefetch_related("shared_with").order_by("-created_at")
+
+
+def versions_of(*, user: User, document: Document) -> dict:
+    """A source's file that changed: the newer version of this one (``newer``) and the earlier
+    ones (``earlier``, newest first) that ``user`` may read."""
+    readable = documents_readable_by(user)
+    return {
+        "newer": readable.filter(pk=document.replaced_by_id).first() if document.replaced_by_id else None,
+        "earlier": list(readable.filter(replaced_by=document).order_by("-created_at")),
+    }
 
 
 def pages_of(document: Document) -> QuerySet[Page]:
