@@ -78,7 +78,9 @@ class _Poll:
     source: Source
     started: float = field(default_factory=time.monotonic)
     counts: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(("new", "changed", "removed", "back", "failed", "waiting"), 0)
+        default_factory=lambda: dict.fromkeys(
+            ("new", "changed", "removed", "back", "already in the library", "failed", "waiting"), 0
+        )
     )
     batch: Batch | None = None
     created: int = 0
@@ -286,7 +288,7 @@ def _take_file(poll: _Poll, root: Path, key: str, now: Listed, item: SourceItem 
             poll.counts["back"] += 1
         return
     try:
-        document, _ = poll.take(name=Path(key).name, data=data, content_type="", path=key)
+        document, created = poll.take(name=Path(key).name, data=data, content_type="", path=key)
     except UploadRejected as exc:
         _record(source, key, state=SourceItem.State.FAILED, error=str(exc), sha256=sha256, **record)
         poll.counts["failed"] += 1
@@ -296,7 +298,7 @@ def _take_file(poll: _Poll, root: Path, key: str, now: Listed, item: SourceItem 
         if previous is not None and previous != document.pk:
             Document.objects.filter(pk=previous).update(replaced_by=document)
             Document.objects.filter(pk=document.pk).update(replaced_by=None)  # changed back to earlier bytes
-    poll.counts["changed" if previous is not None else "new"] += 1
+    poll.counts["changed" if previous is not None else "new" if created else "already in the library"] += 1
 
 
 def _too_large(size_bytes: int) -> str:
@@ -388,7 +390,9 @@ def _take_message(poll: _Poll, mailbox: Mailbox, uid: int, size_bytes: int, fold
         data = mailbox.fetch(uid)
         if data:  # None: deleted on the server since it was listed
             try:
-                document, _ = poll.take(name=f"message-{uid}.eml", data=data, content_type="message/rfc822", path=path)
+                document, created = poll.take(
+                    name=f"message-{uid}.eml", data=data, content_type="message/rfc822", path=path
+                )
             except UploadRejected as exc:
                 _record(source, key, state=SourceItem.State.FAILED, error=str(exc), size_bytes=len(data))
                 poll.counts["failed"] += 1
@@ -396,7 +400,7 @@ def _take_message(poll: _Poll, mailbox: Mailbox, uid: int, size_bytes: int, fold
                 sha256 = hashlib.sha256(data).hexdigest()
                 _record(source, key, state=SourceItem.State.PRESENT, error="", sha256=sha256, document=document,
                         size_bytes=len(data))  # fmt: skip
-                poll.counts["new"] += 1
+                poll.counts["new" if created else "already in the library"] += 1
     # Each message taken moves the mark, so a poll stopped half-way takes none of them twice.
     Source.objects.filter(pk=source.pk).update(imap_last_uid=uid)
 

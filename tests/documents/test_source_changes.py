@@ -37,7 +37,11 @@ def test_a_file_whose_size_or_time_changed_is_read_again():
 
 
 def test_a_file_gone_is_removed_and_one_back_unchanged_is_present_again_without_reading():
-    seen = {"gone.pdf": Seen(1, OLD, present=True), "back.pdf": Seen(2, OLD, present=False), "x.txt": Seen(3, OLD, True)}
+    seen = {
+        "gone.pdf": Seen(1, OLD, present=True),
+        "back.pdf": Seen(2, OLD, present=False),
+        "x.txt": Seen(3, OLD, True),
+    }
     listed = {"back.pdf": Listed(2, OLD), "x.txt": Listed(3, OLD)}
     changes = folder_changes(seen, listed, now_ns=NOW, settle_ns=0)
     assert changes.removed == ["gone.pdf"] and changes.back == ["back.pdf"] and changes.to_read == []
