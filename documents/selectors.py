@@ -86,6 +86,17 @@ def pages_of(document: Document) -> QuerySet[Page]:
     return Page.objects.filter(document=document).order_by("number")
 
 
+def reply_context(*, user: User, document_id: int) -> tuple[str, list[int]]:
+    """An e-mail ``user`` may read, to draft a reply to: its text (headers and body, as read) and
+    its attachments that are ready to ground the reply on. ("", []) for anything else."""
+    email = documents_readable_by(user).filter(pk=document_id, kind=Document.Kind.EMAIL).first()
+    if email is None:
+        return "", []
+    text = "\n\n".join(pages_of(email).values_list("text", flat=True))
+    attachments = documents_readable_by(user).filter(parent=email, state=Document.State.READY)
+    return text, list(attachments.values_list("pk", flat=True))
+
+
 # --- batches: their owner's alone -------------------------------------------------------------
 
 

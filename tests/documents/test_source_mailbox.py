@@ -12,7 +12,9 @@ import socket
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, User
+from django.test import Client
+from django.urls import reverse
 
 from documents.models import Document, Source, SourceItem
 from documents.source_services import source_poll
@@ -106,9 +108,17 @@ def test_a_mailbox_s_messages_arrive_once_as_e_mails_with_their_attachments(
     read(attachment)
     assert attachment.filename == "lease.pdf" and attachment.state == Document.State.READY
     assert attachment.owner == alice and list(attachment.shared_with.all()) == [legal]
-    # Ready to draft a reply to: its page offers it, the reply grounded on the e-mail.
+    # Ready to draft a reply to: its page offers it; the form holds the e-mail as the message to
+    # answer, grounded on its attachment.
     page = browser.get(f"/documents/{email.pk}/").content.decode()
-    assert "Draft a reply" in page and "Records mailbox" in page
+    assert "Draft a reply to this e-mail" in page and "Records mailbox" in page
+    form = browser.get(reverse("inference:draft_new"), {"reply_to": email.pk}).content.decode()
+    assert "Can you confirm the rent from May?" in form and "Subject: Lease renewal for the third floor" in form
+    assert f'<option value="{attachment.pk}" selected>' in form
+    outsider = Client()
+    outsider.force_login(User.objects.create_user(username="mallory", password="not in Legal at all"))
+    form = outsider.get(reverse("inference:draft_new"), {"reply_to": email.pk}).content.decode()
+    assert "Can you confirm the rent" not in form  # an e-mail one may not read is not answered
     # The mailbox is only read: the message is not marked read.
     assert "\\Seen" not in dovecot.flags()[first]
     assert Source.objects.get(pk=source.pk).imap_last_uid == first
