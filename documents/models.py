@@ -117,16 +117,26 @@ class Source(models.Model):
 
     def clean(self) -> None:
         """What the admin form refuses: a source that could never be polled."""
-        from pathlib import PurePosixPath
+        from pathlib import Path, PurePosixPath
 
         from django.core.exceptions import ValidationError
 
         errors: dict[str, str] = {}
+        var_dir = Path(settings.VAR_DIR).resolve()
+
+        def near_var_dir(path: str, *, or_above: bool = False) -> bool:
+            # The appliance's own data (database, secrets, uploads) is no source, and no file
+            # whose first line may be sent to a mail server as a password.
+            resolved = Path(path).resolve()
+            return resolved.is_relative_to(var_dir) or (or_above and var_dir.is_relative_to(resolved))
+
         if self.poll_interval_s < MIN_POLL_INTERVAL_S:
             errors["poll_interval_s"] = f"Poll at most every {MIN_POLL_INTERVAL_S} seconds."
         if self.kind == self.Kind.FOLDER:
             if not PurePosixPath(self.folder_path).is_absolute():
                 errors["folder_path"] = "Give the folder's absolute path, e.g. /srv/shares/contracts."
+            elif near_var_dir(self.folder_path, or_above=True):
+                errors["folder_path"] = f"The folder may not hold the appliance's own data ({var_dir})."
         elif self.kind == self.Kind.IMAP:
             for field in ("imap_host", "imap_username"):
                 if not getattr(self, field).strip():
@@ -135,6 +145,8 @@ class Source(models.Model):
                 errors["imap_password_file"] = (
                     "Give the absolute path of a file holding the password (readable by the ingest workers)."  # noqa: S105 - a message, not a password
                 )
+            elif near_var_dir(self.imap_password_file):
+                errors["imap_password_file"] = f"The password file may not be in the appliance's own data ({var_dir})."
             if self.imap_ca_file and not PurePosixPath(self.imap_ca_file).is_absolute():
                 errors["imap_ca_file"] = "Give the CA file's absolute path, or leave it empty."
         if errors:

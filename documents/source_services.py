@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import transaction
 from django.db.models import Q
@@ -160,6 +161,7 @@ def source_poll(*, source_id: int, only_if_due: bool = False) -> Source | None:
     poll = _Poll(source)
     error = ""
     try:
+        _check(source)
         if source.kind == Source.Kind.FOLDER:
             _poll_folder(poll)
         else:
@@ -187,6 +189,15 @@ def source_poll(*, source_id: int, only_if_due: bool = False) -> Source | None:
     return Source.objects.filter(pk=source_id).first()
 
 
+def _check(source: Source) -> None:
+    """The admin form's checks, again at each poll: a source saved another way, or settings
+    changed since (``APPLIANCE_VAR_DIR``), is not polled with what the form would refuse."""
+    try:
+        source.clean()
+    except ValidationError as exc:
+        raise SourceUnavailable("This source's settings are refused: " + " ".join(exc.messages)) from exc
+
+
 # --- a watched folder ----------------------------------------------------------------------------
 
 
@@ -196,7 +207,8 @@ def _poll_folder(poll: _Poll) -> None:
     if not root.is_dir():
         raise SourceUnavailable(f"The folder {root} does not exist or is not a folder: is the share mounted?")
     listed, unlisted = _list_folder(root, patterns=source.include_patterns.split())
-    items = {item.key: item for item in SourceItem.objects.filter(source=source)}
+    fields = ("key", "state", "size_bytes", "mtime_ns", "sha256", "document_id")
+    items = {item.key: item for item in SourceItem.objects.filter(source=source).only(*fields)}
     seen = {
         key: Seen(size_bytes=item.size_bytes, mtime_ns=item.mtime_ns, present=item.state != SourceItem.State.MISSING)
         for key, item in items.items()
@@ -295,7 +307,9 @@ def _take_file(poll: _Poll, root: Path, key: str, now: Listed, item: SourceItem 
         return
     with transaction.atomic():
         _record(source, key, state=SourceItem.State.PRESENT, error="", sha256=sha256, document=document, **record)
-        if previous is not None and previous != document.pk:
+        copies = SourceItem.objects.filter(source=source, document_id=previous, state=SourceItem.State.PRESENT)
+        if previous is not None and previous != document.pk and not copies.exists():
+            # (a copy of the file elsewhere in the folder still holds the old bytes: not replaced)
             Document.objects.filter(pk=previous).update(replaced_by=document)
             Document.objects.filter(pk=document.pk).update(replaced_by=None)  # changed back to earlier bytes
     poll.counts["changed" if previous is not None else "new" if created else "already in the library"] += 1

@@ -235,3 +235,31 @@ def test_an_administrator_adds_a_folder_in_the_admin_console_and_polls_it_now(al
     assert source.last_result == "1 new" and source.last_error == ""
     listing = client.get(reverse("admin:documents_source_changelist")).content.decode()
     assert "OK, polled" in listing
+
+
+def test_beat_s_tick_polls_the_sources_due_through_the_worker(alice, legal, share, source, workers):
+    from documents.tasks import poll_due_sources
+
+    put(share, "GPL-3.txt", (LICENCES / "GPL-3").read_bytes())
+    Source.objects.filter(pk=source.pk).update(last_polled_at=timezone.now())  # not due yet
+    poll_due_sources.delay()
+    time.sleep(3)
+    assert not of_source(source).exists()
+    Source.objects.filter(pk=source.pk).update(last_polled_at=timezone.now() - timedelta(seconds=301))
+    poll_due_sources.delay()
+    document = wait_until(lambda: of_source(source).first(), timeout_s=120, message="the tick's poll")
+    assert document.source_path == "GPL-3.txt" and list(document.shared_with.all()) == [legal]
+
+
+def test_the_appliance_s_own_data_is_no_source(alice, settings):
+    secrets = Path(settings.VAR_DIR) / "secrets"
+    for number, fields in enumerate((
+        {"kind": Source.Kind.FOLDER, "folder_path": str(secrets)},
+        {"kind": Source.Kind.FOLDER, "folder_path": "/"},  # would walk into it
+        {"kind": Source.Kind.IMAP, "imap_host": "mail.example.org", "imap_username": "x",
+         "imap_password_file": str(secrets / "secret_key")},  # its first line sent as a password
+    )):  # fmt: skip
+        source = Source.objects.create(name=f"Bad source {number}", owner=alice, **fields)  # not by the form
+        polled = source_poll(source_id=source.pk)
+        assert "settings are refused" in polled.last_error and "the appliance's own data" in polled.last_error
+        assert not Document.objects.exists()
