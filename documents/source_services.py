@@ -85,6 +85,7 @@ class _Poll:
     )
     batch: Batch | None = None
     created: int = 0
+    note: str = ""
     groups: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -168,9 +169,8 @@ def source_poll(*, source_id: int, only_if_due: bool = False) -> Source | None:
             _poll_mailbox(poll)
     except SourceUnavailable as exc:
         error = str(exc)
-    except _OwnerFull as exc:
-        poll.counts["waiting"] += 1
-        error = f"Stopped for now: {exc} The next poll goes on from here."
+    except _OwnerFull as exc:  # not a failure: the source is taken at the pace the workers read
+        poll.note = f"stopped for now, the next poll goes on: {exc}"
     except Exception:
         logger.exception("source %s: the poll failed", source_id)
         error = "An internal error stopped this poll; the administrator can find it in the logs."
@@ -180,7 +180,7 @@ def source_poll(*, source_id: int, only_if_due: bool = False) -> Source | None:
         updates: dict = {
             "poll_started_at": None,
             "last_polled_at": finished,
-            "last_result": poll_summary(poll.counts)[:500],
+            "last_result": "; ".join(filter(None, [poll_summary(poll.counts), poll.note]))[:500],
             "last_error": error,
         }
         if not error:
@@ -371,8 +371,7 @@ def _poll_mailbox(poll: _Poll) -> None:
     access = mailbox_access(source)
     try:
         with Mailbox(access) as mailbox:
-            same = source.imap_uidvalidity == mailbox.uidvalidity
-            found = mailbox.uids_from(source.imap_last_uid + 1 if same else 1)
+            found = mailbox.uids_from(1)  # every message: which are new, and which are gone
             plan = mailbox_plan(
                 known_uidvalidity=source.imap_uidvalidity,
                 last_uid=source.imap_last_uid,
@@ -381,7 +380,12 @@ def _poll_mailbox(poll: _Poll) -> None:
                 limit=settings.APPLIANCE_SOURCE_MAX_ITEMS_PER_POLL,
             )
             if plan.restart:
+                # The UIDs of the mailbox as it was name nothing now: its messages are read again
+                # (the content hash keeps each one document).
+                SourceItem.objects.filter(source=source).delete()
                 Source.objects.filter(pk=source.pk).update(imap_uidvalidity=mailbox.uidvalidity, imap_last_uid=0)
+            else:
+                poll.counts["removed"] += _mark_messages_removed(source, mailbox.uidvalidity, set(found))
             poll.counts["waiting"] += plan.more
             sizes = mailbox.sizes(plan.uids)
             for position, uid in enumerate(plan.uids):
@@ -391,6 +395,22 @@ def _poll_mailbox(poll: _Poll) -> None:
                 _take_message(poll, mailbox, uid, sizes.get(uid, 0), access.mailbox)
     except MailboxError as exc:
         raise SourceUnavailable(str(exc)) from exc
+
+
+def _mark_messages_removed(source: Source, uidvalidity: int, found: set[int]) -> int:
+    """Messages taken before that the folder no longer holds (deleted, or moved to another
+    folder): their documents are marked removed, as a deleted file's are. Returns how many."""
+    prefix = item_key(uidvalidity, 0)[:-1]
+    gone = [
+        item
+        for item in SourceItem.objects.filter(source=source, state=SourceItem.State.PRESENT, key__startswith=prefix)
+        .only("pk", "key", "document_id")
+        .iterator()
+        if int(item.key[len(prefix) :]) not in found
+    ]
+    for item in gone:
+        _mark_removed(source, item)
+    return len(gone)
 
 
 def _take_message(poll: _Poll, mailbox: Mailbox, uid: int, size_bytes: int, folder: str) -> None:

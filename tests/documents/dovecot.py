@@ -61,6 +61,16 @@ class Dovecot:
         finally:
             imap.logout()
 
+    def delete(self, uid: int, *, mailbox: str = "INBOX") -> None:
+        """Delete a message for good (flagged \\Deleted, then expunged), as a person would."""
+        imap = self.client()
+        try:
+            imap.select(mailbox)
+            imap.uid("STORE", str(uid), "+FLAGS.SILENT", "(\\Deleted)")
+            imap.expunge()
+        finally:
+            imap.logout()
+
     def flags(self, *, mailbox: str = "INBOX") -> dict[int, str]:
         """Each message's flags, by UID (read-only, so that looking sets nothing)."""
         imap = self.client()

@@ -131,16 +131,24 @@ def test_a_mailbox_s_messages_arrive_once_as_e_mails_with_their_attachments(
     assert source.last_result == "1 new" and emails(source).count() == 2
     assert emails(source).filter(source_path=f"INBOX, UID {second}").exists()
 
+    # A message deleted on the server (or moved out of the folder): its document stays, marked.
+    dovecot.delete(first)
+    source = source_poll(source_id=source.pk)
+    assert source.last_result == "1 removed" and emails(source).count() == 2
+    email.refresh_from_db()
+    assert email.source_removed_at is not None and email.state == Document.State.READY
+    assert emails(source).get(source_path=f"INBOX, UID {second}").source_removed_at is None
+
     # The mailbox rebuilt on the server (a new UIDVALIDITY): read again from the first message,
     # and the content hash keeps every message one document.
     uidvalidity = source.imap_uidvalidity
     Source.objects.filter(pk=source.pk).update(imap_uidvalidity=uidvalidity - 1, imap_last_uid=99)
     source = source_poll(source_id=source.pk)
-    assert source.last_error == "" and source.last_result == "2 already in the library"  # both read again...
+    assert source.last_error == "" and source.last_result == "1 already in the library"  # read again...
     assert source.imap_uidvalidity == uidvalidity and source.imap_last_uid == second
-    assert emails(source).count() == 2  # ...and neither became a second document
+    assert emails(source).count() == 2  # ...and not a second document
     assert Document.objects.filter(owner=alice, kind=Document.Kind.EMAIL).count() == 2
-    assert SourceItem.objects.filter(source=source, document__isnull=False).count() == 2
+    assert list(SourceItem.objects.filter(source=source).values_list("key", flat=True)) == [f"{uidvalidity}:{second}"]
     assert "\\Seen" not in dovecot.flags()[second]
 
 

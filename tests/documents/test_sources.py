@@ -263,3 +263,16 @@ def test_the_appliance_s_own_data_is_no_source(alice, settings):
         polled = source_poll(source_id=source.pk)
         assert "settings are refused" in polled.last_error and "the appliance's own data" in polled.last_error
         assert not Document.objects.exists()
+
+
+def test_a_full_queue_stops_a_poll_and_the_next_goes_on_from_there(alice, share, source, settings):
+    settings.APPLIANCE_MAX_INGESTING_PER_USER = 2  # no worker here: what is queued stays waiting
+    for name in ("Apache-2.0", "BSD", "GPL-3", "MPL-2.0"):
+        put(share, f"{name}.txt", (LICENCES / name).read_bytes())
+    source = poll(source)
+    assert source.last_error == "" and of_source(source).count() == 2
+    assert source.last_result.startswith("2 new; stopped for now, the next poll goes on:")
+    assert "still being read" in source.last_result
+    settings.APPLIANCE_MAX_INGESTING_PER_USER = 0
+    source = poll(source)
+    assert source.last_result == "2 new" and of_source(source).count() == 4
