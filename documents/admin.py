@@ -1,5 +1,8 @@
 from django.contrib import admin, messages
+from django.db.models import Count
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from documents.models import Batch, Document, Page, Source, SourceItem
@@ -84,7 +87,7 @@ class SourceAdmin(admin.ModelAdmin):
     """Watched folders and IMAP mailboxes: what a source is, whose its documents become, and what
     its last poll did (or why it failed), with "Poll now"."""
 
-    list_display = ("name", "kind", "owner", "enabled", "state", "last_result", "last_polled_at")
+    list_display = ("name", "kind", "owner", "enabled", "state", "last_result", "last_polled_at", "documents")
     list_filter = ("kind", "enabled")
     search_fields = ("name", "folder_path", "imap_host", "imap_username", "owner__username")
     list_select_related = ("owner",)
@@ -114,6 +117,14 @@ class SourceAdmin(admin.ModelAdmin):
         ),
         ("Last polls", {"fields": readonly_fields}),
     )
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(document_count=Count("documents"))
+
+    @admin.display(description="Documents", ordering="document_count")
+    def documents(self, source: Source) -> str:
+        url = reverse("admin:documents_document_changelist") + f"?source__id__exact={source.pk}"
+        return format_html('<a href="{}">{}</a>', url, getattr(source, "document_count", 0))  # annotated above
 
     @admin.display(description="State")
     def state(self, source: Source) -> str:

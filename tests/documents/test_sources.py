@@ -234,7 +234,10 @@ def test_an_administrator_adds_a_folder_in_the_admin_console_and_polls_it_now(al
     source.refresh_from_db()
     assert source.last_result == "1 new" and source.last_error == ""
     listing = client.get(reverse("admin:documents_source_changelist")).content.decode()
-    assert "OK, polled" in listing
+    assert "OK, polled" in listing and f'?source__id__exact={source.pk}">1</a>' in listing
+    filtered = client.get(reverse("admin:documents_document_changelist"), {"source__id__exact": source.pk})
+    assert filtered.status_code == 200 and "BSD" in filtered.content.decode()
+    assert client.get(reverse("admin:documents_source_change", args=[source.pk])).status_code == 200
 
 
 def test_beat_s_tick_polls_the_sources_due_through_the_worker(alice, legal, share, source, workers):
