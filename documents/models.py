@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path, PurePosixPath
+
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
+from django.core.exceptions import ValidationError
 from django.db import models
 from pgvector.django import HnswIndex, VectorField
 
@@ -117,10 +120,6 @@ class Source(models.Model):
 
     def clean(self) -> None:
         """What the admin form refuses: a source that could never be polled."""
-        from pathlib import Path, PurePosixPath
-
-        from django.core.exceptions import ValidationError
-
         errors: dict[str, str] = {}
         var_dir = Path(settings.VAR_DIR).resolve()
 

@@ -312,11 +312,12 @@ def _take_file(poll: _Poll, root: Path, key: str, now: Listed, item: SourceItem 
         return
     with transaction.atomic():
         _record(source, key, state=SourceItem.State.PRESENT, error="", sha256=sha256, document=document, **record)
-        copies = SourceItem.objects.filter(source=source, document_id=previous, state=SourceItem.State.PRESENT)
-        if previous is not None and previous != document.pk and not copies.exists():
-            # (a copy of the file elsewhere in the folder still holds the old bytes: not replaced)
-            Document.objects.filter(pk=previous).update(replaced_by=document)
-            Document.objects.filter(pk=document.pk).update(replaced_by=None)  # changed back to earlier bytes
+        if previous is not None and previous != document.pk:
+            # The file's bytes now are current, even when it changed back to an earlier version's.
+            Document.objects.filter(pk=document.pk).update(replaced_by=None)
+            copies = SourceItem.objects.filter(source=source, document_id=previous, state=SourceItem.State.PRESENT)
+            if not copies.exists():  # a copy elsewhere in the folder still holds the old bytes: not replaced
+                Document.objects.filter(pk=previous).update(replaced_by=document)
     poll.counts["changed" if previous is not None else "new" if created else "already in the library"] += 1
 
 

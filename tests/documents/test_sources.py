@@ -279,3 +279,30 @@ def test_a_full_queue_stops_a_poll_and_the_next_goes_on_from_there(alice, share,
     settings.APPLIANCE_MAX_INGESTING_PER_USER = 0
     source = poll(source)
     assert source.last_result == "2 new" and of_source(source).count() == 4
+
+
+def test_a_file_changed_back_makes_its_earlier_version_current_and_a_copy_keeps_one_current(share, source):
+    put(share, "terms.txt", b"Payment is due within 30 days of the invoice.")
+    put(share, "copy of terms.txt", b"Payment is due within 30 days of the invoice.")  # the same bytes: one document
+    source = poll(source)
+    first = of_source(source).get()
+    put(share, "terms.txt", b"Payment is due within 60 days of the invoice.", mtime=HOUR_AGO + 60)
+    source = poll(source)
+    assert source.last_result == "1 changed"
+    second = of_source(source).exclude(pk=first.pk).get()
+    first.refresh_from_db()
+    assert first.replaced_by is None  # "copy of terms.txt" still holds its bytes
+    (share / "copy of terms.txt").unlink()
+    poll(source)
+    put(share, "terms.txt", b"Payment is due within 60 days of the invoice, or 90 for public bodies.",
+        mtime=HOUR_AGO + 120)  # fmt: skip
+    poll(source)
+    third = of_source(source).exclude(pk__in=[first.pk, second.pk]).get()
+    second.refresh_from_db()
+    assert second.replaced_by == third
+    put(share, "terms.txt", b"Payment is due within 60 days of the invoice.", mtime=HOUR_AGO + 180)  # back again
+    source = poll(source)
+    assert source.last_result == "1 changed" and of_source(source).count() == 3
+    second.refresh_from_db()
+    third.refresh_from_db()
+    assert second.replaced_by is None and third.replaced_by == second
