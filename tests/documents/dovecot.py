@@ -15,7 +15,6 @@ import imaplib
 import os
 import pwd
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -23,17 +22,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from appliance.embedded import free_port
 from tests.tls import make_certificates
 
 DOVECOT = "/usr/sbin/dovecot"
 USERNAME = "records@example.org"
 PASSWORD = "the mailbox's own password"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -165,7 +159,7 @@ def start_dovecot() -> Dovecot:
     else:
         user, group = pwd.getpwuid(os.geteuid()).pw_name, grp.getgrgid(os.getegid()).gr_name
     uid, gid = pwd.getpwnam(user).pw_uid, grp.getgrnam(group).gr_gid
-    imap_port, imaps_port = _free_port(), _free_port()
+    imap_port, imaps_port = free_port(), free_port()
     (folder / "dovecot.conf").write_text(
         _config(folder, user=user, group=group, uid=uid, gid=gid, imap_port=imap_port, imaps_port=imaps_port)
     )

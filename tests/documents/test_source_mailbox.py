@@ -16,6 +16,7 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.urls import reverse
 
+from appliance.embedded import free_port
 from documents.models import Document, Source, SourceItem
 from documents.source_services import source_poll
 from tests.conftest import wait_until
@@ -185,9 +186,7 @@ def test_a_mailbox_that_cannot_be_read_says_why_and_nothing_else_breaks(
     if change.get("plain_port"):
         fields["imap_port"] = dovecot.imap_port
     if change.get("closed_port"):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            fields["imap_port"] = sock.getsockname()[1]
+        fields["imap_port"] = free_port()
     broken = mailbox_source(dovecot, alice, password_file, **fields)
     broken = source_poll(source_id=broken.pk)
     assert message in broken.last_error, broken.last_error
