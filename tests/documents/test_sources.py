@@ -306,3 +306,17 @@ def test_a_file_changed_back_makes_its_earlier_version_current_and_a_copy_keeps_
     second.refresh_from_db()
     third.refresh_from_db()
     assert second.replaced_by is None and third.replaced_by == second
+
+
+def test_the_api_says_where_a_document_came_from(alice, share, source):
+    from django.test import Client
+
+    from api.services import token_create
+
+    put(share, "letters/reply.txt", b"We accept the offer of 3 March.")
+    source = poll(source)
+    document = of_source(source).get()
+    _, secret = token_create(user=alice, name="a records tool", scopes=["read"])
+    body = Client().get(f"/api/v1/documents/{document.pk}", HTTP_AUTHORIZATION=f"Bearer {secret}").json()
+    assert body["source_id"] == source.pk and body["source_path"] == "letters/reply.txt"
+    assert body["source_removed_at"] is None and body["replaced_by_id"] is None
