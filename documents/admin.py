@@ -92,7 +92,7 @@ class SourceAdmin(admin.ModelAdmin):
     search_fields = ("name", "folder_path", "imap_host", "imap_username", "owner__username")
     list_select_related = ("owner",)
     filter_horizontal = ("groups",)
-    actions = ["poll_now"]
+    actions = ["poll_now", "retry_failed"]
     inlines = [SourceItemInline]
     readonly_fields = (
         "state", "last_result", "last_error", "last_polled_at", "last_success_at", "poll_started_at",
@@ -148,5 +148,19 @@ class SourceAdmin(admin.ModelAdmin):
         self.message_user(
             request,
             f"{len(enabled)} source(s) queued for a poll; refresh this page to see what it found.",
+            messages.SUCCESS,
+        )
+
+    @admin.action(description="Poll the selected sources now, trying again what failed", permissions=["change"])
+    def retry_failed(self, request, queryset):
+        from documents.source_services import source_forget_failed, source_poll_now
+
+        enabled = list(queryset.filter(enabled=True))
+        for source in enabled:
+            source_forget_failed(source=source)
+            source_poll_now(source=source)
+        self.message_user(
+            request,
+            f"{len(enabled)} source(s) queued for a poll that tries their failed files and messages again.",
             messages.SUCCESS,
         )

@@ -453,3 +453,20 @@ def source_poll_now(*, source: Source) -> None:
     from documents.tasks import poll_source
 
     poll_source.delay(source.pk)
+
+
+def source_forget_failed(*, source: Source) -> int:
+    """Let the next poll try again what could not be taken (over a limit since raised,
+    unreadable then): a folder's failed files are forgotten, so the poll reads them as new; a
+    mailbox is read again from its first failed message (those taken since are already in the
+    library, by their content hash). Returns how many failed."""
+    with transaction.atomic():
+        failed = SourceItem.objects.filter(source=source, state=SourceItem.State.FAILED)
+        if source.kind == Source.Kind.IMAP and source.imap_uidvalidity is not None:
+            prefix = item_key(source.imap_uidvalidity, 0)[:-1]
+            keys = failed.filter(key__startswith=prefix).values_list("key", flat=True)
+            uids = [int(key[len(prefix) :]) for key in keys]
+            if uids:
+                Source.objects.filter(pk=source.pk).update(imap_last_uid=min(uids) - 1)
+        forgotten, _ = failed.delete()
+    return forgotten

@@ -18,7 +18,7 @@ from django.urls import reverse
 
 from appliance.embedded import free_port
 from documents.models import Document, Source, SourceItem
-from documents.source_services import source_poll
+from documents.source_services import source_forget_failed, source_poll
 from tests.conftest import wait_until
 from tests.documents import dovecot as imap_server
 from tests.pdfs import make_eml, make_pdf
@@ -210,3 +210,26 @@ def test_a_server_that_does_not_answer_times_out_with_a_message(alice, password_
                                        imap_password_file=str(password_file))  # fmt: skip
         source = source_poll(source_id=source.pk)
     assert "did not answer within 1 s" in source.last_error, source.last_error
+
+
+def test_a_message_over_the_size_limit_fails_alone_and_is_tried_again_when_asked(
+    dovecot, alice, password_file, settings
+):
+    settings.APPLIANCE_MAX_UPLOAD_MB = 1
+    big = dovecot.append(
+        letter("Scans of the deeds", "The scans.", attachments=[("deeds.txt", b"deed " * 250_000, "text/plain")]),
+        mailbox="Big",
+    )
+    source = mailbox_source(dovecot, alice, password_file, imap_mailbox="Big")
+    source = source_poll(source_id=source.pk)
+    assert source.last_error == "" and source.last_result == "1 failed"
+    item = SourceItem.objects.get(source=source, state=SourceItem.State.FAILED)
+    assert item.key.endswith(f":{big}") and "documents may be at most 1 MB" in item.error
+    small = dovecot.append(letter("A short note", "See you on Monday."), mailbox="Big")
+    source = source_poll(source_id=source.pk)
+    assert source.last_result == "1 new" and source.imap_last_uid == small  # the big one is not waited for
+    settings.APPLIANCE_MAX_UPLOAD_MB = 2
+    assert source_forget_failed(source=source) == 1
+    source = source_poll(source_id=source.pk)
+    assert source.last_result == "1 new, 1 already in the library", source.last_result
+    assert emails(source).count() == 2 and not SourceItem.objects.filter(state=SourceItem.State.FAILED).exists()

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from documents.models import Batch, Chunk, Document, Source, SourceItem
 from documents.search import searchable_document_ids
-from documents.source_services import source_poll, sources_due
+from documents.source_services import source_forget_failed, source_poll, sources_due
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -162,7 +162,9 @@ def test_a_folder_s_new_changed_and_deleted_files_across_polls(alice, legal, sha
     assert source.last_error == "" and source.last_result == "nothing new"
 
 
-def test_a_file_over_the_size_limit_fails_alone_and_is_tried_again_when_it_changes(share, source, settings):
+def test_a_file_over_the_size_limit_fails_alone_and_is_tried_again_when_it_changes_or_when_asked(
+    share, source, settings
+):
     settings.APPLIANCE_MAX_UPLOAD_MB = 1
     put(share, "big.txt", b"a" * (1024 * 1024 + 1))
     put(share, "small.txt", b"A short letter about the lease of the third floor.")
@@ -171,9 +173,14 @@ def test_a_file_over_the_size_limit_fails_alone_and_is_tried_again_when_it_chang
     item = SourceItem.objects.get(source=source, key="big.txt")
     assert item.state == SourceItem.State.FAILED and "at most 1 MB" in item.error
     assert source_poll(source_id=source.pk).last_result == "nothing new"  # not read again unchanged
-    put(share, "big.txt", b"a shorter file now", mtime=HOUR_AGO + 60)
+    settings.APPLIANCE_MAX_UPLOAD_MB = 2  # raised: the administrator has the failed files tried again
+    assert source_forget_failed(source=source) == 1
     assert source_poll(source_id=source.pk).last_result == "1 new"
     assert of_source(source).filter(source_path="big.txt").exists()
+    put(share, "huge.txt", b"a" * (2 * 1024 * 1024 + 1))
+    assert source_poll(source_id=source.pk).last_result == "1 failed"
+    put(share, "huge.txt", b"a shorter file now", mtime=HOUR_AGO + 60)  # changed: tried again by itself
+    assert source_poll(source_id=source.pk).last_result == "1 new"
 
 
 def test_a_poll_never_runs_twice_at_once_and_a_dead_poll_s_hold_expires(share, source):
