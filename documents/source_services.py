@@ -228,7 +228,11 @@ def _poll_folder(poll: _Poll) -> None:
             f"marked removed."
         ) from None
     poll.counts["waiting"] += len(changes.settling)
+    to_read = list(changes.to_read)
     for key in changes.back:
+        if items[key].document_id is None:  # back, but never taken (it had failed): read it
+            to_read.append(key)
+            continue
         _mark_back(items[key])
         poll.counts["back"] += 1
     if unlisted:
@@ -240,9 +244,9 @@ def _poll_folder(poll: _Poll) -> None:
         _mark_removed(source, items[key])
         poll.counts["removed"] += 1
     limit = settings.APPLIANCE_SOURCE_MAX_ITEMS_PER_POLL
-    for taken, key in enumerate(changes.to_read):
+    for taken, key in enumerate(to_read):
         if taken >= limit or poll.out_of_time():
-            poll.counts["waiting"] += len(changes.to_read) - taken
+            poll.counts["waiting"] += len(to_read) - taken
             break
         _take_file(poll, root, key, listed[key], items.get(key))
     if unlisted:
@@ -321,9 +325,9 @@ def _take_file(poll: _Poll, root: Path, key: str, now: Listed, item: SourceItem 
     poll.counts["changed" if previous is not None else "new" if created else "already in the library"] += 1
 
 
-def _too_large(size_bytes: int) -> str:
+def _too_large(size_bytes: int, what: str = "file") -> str:
     return (
-        f"The file is {size_bytes / 1024 / 1024:.1f} MB; documents may be at most "
+        f"The {what} is {size_bytes / 1024 / 1024:.1f} MB; documents may be at most "
         f"{settings.APPLIANCE_MAX_UPLOAD_MB} MB (APPLIANCE_MAX_UPLOAD_MB)."
     )
 
@@ -424,7 +428,9 @@ def _take_message(poll: _Poll, mailbox: Mailbox, uid: int, size_bytes: int, fold
     key = item_key(mailbox.uidvalidity, uid)
     path = f"{folder}, UID {uid}"
     if size_bytes > max_upload_bytes():
-        _record(source, key, state=SourceItem.State.FAILED, error=_too_large(size_bytes), size_bytes=size_bytes)
+        _record(
+            source, key, state=SourceItem.State.FAILED, error=_too_large(size_bytes, "message"), size_bytes=size_bytes
+        )
         poll.counts["failed"] += 1
     else:
         data = mailbox.fetch(uid)
