@@ -23,6 +23,7 @@ from types import TracebackType
 IMPLICIT_TLS = "implicit"
 STARTTLS = "starttls"
 
+_UID = re.compile(rb"UID (\d+)")
 _FETCH_SIZE = re.compile(rb"UID (\d+) RFC822\.SIZE (\d+)|RFC822\.SIZE (\d+) UID (\d+)")
 
 
@@ -72,6 +73,7 @@ class Mailbox:
     def __init__(self, access: MailboxAccess) -> None:
         self.access = access
         self.uidvalidity = 0
+        self.messages: int | None = None  # how many the folder holds, as the server said on opening it
         self._imap: imaplib.IMAP4 | None = None
 
     def __enter__(self) -> Mailbox:
@@ -100,6 +102,8 @@ class Mailbox:
             if not values or values[0] is None:
                 raise MailboxError(f"The mail server {self.access.where} did not say the folder's UIDVALIDITY.")
             self.uidvalidity = int(values[0])
+            _, exists = self._imap.response("EXISTS")
+            self.messages = int(exists[-1]) if exists and exists[-1] is not None else None
         return self
 
     def __exit__(
@@ -140,12 +144,21 @@ class Mailbox:
 
     def uids_from(self, first_uid: int) -> list[int]:
         """The UIDs of the folder's messages from ``first_uid`` on (the server may add the
-        highest UID even when it is below: ``n:*`` includes ``*``)."""
+        highest UID even when it is below: ``n:*`` includes ``*``). Asked with ``UID FETCH``, one
+        line per message, rather than ``UID SEARCH``, whose one line for a mailbox of ten years
+        (150,000 messages and more) is longer than ``imaplib`` reads."""
+        if self.messages == 0:
+            return []  # some servers answer a range on an empty folder with an error
         with self._explained("listing the messages of"):
-            kind, data = self.imap.uid("SEARCH", "UID", f"{max(1, first_uid)}:*")
+            kind, data = self.imap.uid("FETCH", f"{max(1, first_uid)}:*", "(UID)")
             if kind != "OK":
                 raise MailboxError(f"The mail server {self.access.where} did not list the folder's messages.")
-            return [int(uid) for line in data if line for uid in bytes(line).split()]
+        uids = []
+        for line in data:
+            match = _UID.search(bytes(line[0] if isinstance(line, tuple) else line or b""))
+            if match:
+                uids.append(int(match.group(1)))
+        return uids
 
     def sizes(self, uids: list[int]) -> dict[int, int]:
         """Each message's size in bytes, asked before fetching it (one request for all)."""

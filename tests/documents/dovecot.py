@@ -55,6 +55,13 @@ class Dovecot:
         finally:
             imap.logout()
 
+    def create(self, mailbox: str) -> None:
+        imap = self.client()
+        try:
+            imap.create(mailbox)
+        finally:
+            imap.logout()
+
     def delete(self, uid: int, *, mailbox: str = "INBOX") -> None:
         """Delete a message for good (flagged \\Deleted, then expunged), as a person would."""
         imap = self.client()

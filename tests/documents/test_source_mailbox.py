@@ -184,6 +184,10 @@ def test_starttls_and_another_folder(queued, dovecot, alice, password_file):
     source = source_poll(source_id=source.pk)
     assert source.last_error == "" and source.last_result == "1 new"
     assert emails(source).get().source_path.startswith("Archive/2026, UID ")
+    dovecot.create("Empty")
+    empty = mailbox_source(dovecot, alice, password_file, name="Empty folder", imap_mailbox="Empty")
+    empty = source_poll(source_id=empty.pk)
+    assert empty.last_error == "" and empty.last_result == "nothing new"
 
 
 @pytest.mark.parametrize(
