@@ -95,7 +95,7 @@ class SourceAdmin(admin.ModelAdmin):
     actions = ["poll_now", "retry_failed"]
     inlines = [SourceItemInline]
     readonly_fields = (
-        "state", "last_result", "last_error", "last_polled_at", "last_success_at", "poll_started_at",
+        "state", "last_result", "last_error", "last_polled_at", "last_success_at", "poll_started_at", "backlog",
         "imap_uidvalidity", "imap_last_uid", "created_at",
     )  # fmt: skip
     fieldsets = (
@@ -136,7 +136,8 @@ class SourceAdmin(admin.ModelAdmin):
             return "Not polled yet"
         if source.last_error:
             return f"Failed {timesince(source.last_polled_at, timezone.now())} ago: {source.last_error}"
-        return f"OK, polled {timesince(source.last_polled_at, timezone.now())} ago"
+        more = "; more to take at the next tick" if source.backlog else ""
+        return f"OK, polled {timesince(source.last_polled_at, timezone.now())} ago{more}"
 
     @admin.action(description="Poll the selected sources now", permissions=["change"])
     def poll_now(self, request, queryset):

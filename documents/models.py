@@ -110,6 +110,10 @@ class Source(models.Model):
     last_success_at = models.DateTimeField(null=True, blank=True)
     last_result = models.CharField(max_length=500, blank=True)  # "3 new, 1 changed, 2 removed"
     last_error = models.TextField(blank=True)  # why the last poll failed, for a person; "" when it did not
+    # The last poll left files or messages for later (its limit, its time, the owner's queue full,
+    # files still being copied): the source is polled again at beat's next tick, not after its
+    # interval, so that a backlog is taken at the pace the workers read it.
+    backlog = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -86,6 +86,7 @@ class _Poll:
     batch: Batch | None = None
     created: int = 0
     note: str = ""
+    backlog: bool = False  # stopped before the end (the owner's queue full): poll again soon
     groups: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -139,11 +140,12 @@ def sources_due(*, now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     due = []
     for source in Source.objects.filter(enabled=True).only(
-        "pk", "poll_interval_s", "last_polled_at", "poll_started_at"
+        "pk", "poll_interval_s", "last_polled_at", "poll_started_at", "backlog"
     ):
         if source.poll_started_at is not None and now - source.poll_started_at < timedelta(seconds=POLL_LEASE_S):
             continue
-        if source.last_polled_at is None or now - source.last_polled_at >= timedelta(seconds=source.poll_interval_s):
+        interval = timedelta(seconds=source.poll_interval_s)
+        if source.backlog or source.last_polled_at is None or now - source.last_polled_at >= interval:
             due.append(source.pk)
     return due
 
@@ -176,6 +178,7 @@ def source_poll(*, source_id: int, only_if_due: bool = False) -> Source | None:
         error = str(exc)
     except _OwnerFull as exc:  # not a failure: the source is taken at the pace the workers read
         poll.note = f"stopped for now, the next poll goes on: {exc}"
+        poll.backlog = True
     except Exception:
         logger.exception("source %s: the poll failed", source_id)
         error = "An internal error stopped this poll; the administrator can find it in the logs."
@@ -187,6 +190,7 @@ def source_poll(*, source_id: int, only_if_due: bool = False) -> Source | None:
             "last_polled_at": finished,
             "last_result": "; ".join(filter(None, [poll_summary(poll.counts), poll.note]))[:500],
             "last_error": error,
+            "backlog": (poll.backlog or bool(poll.counts["waiting"])) and not error,
         }
         if not error:
             updates["last_success_at"] = finished

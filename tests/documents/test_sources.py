@@ -309,9 +309,21 @@ def test_a_full_queue_stops_a_poll_and_the_next_goes_on_from_there(queued, alice
     assert sorted(queued) == sorted(of_source(source).values_list("pk", flat=True))  # queued for the worker
     assert source.last_result.startswith("2 new; stopped for now, the next poll goes on:")
     assert "still being read" in source.last_result
+    assert source.backlog and source.pk in sources_due()  # again at beat's next tick, not in 5 minutes
     settings.APPLIANCE_MAX_INGESTING_PER_USER = 0
     source = poll(source)
     assert source.last_result == "2 new" and of_source(source).count() == 4
+    assert not source.backlog and source.pk not in sources_due()
+
+
+def test_a_poll_takes_at_most_its_limit_and_the_rest_at_the_next_tick(queued, share, source, settings):
+    settings.APPLIANCE_SOURCE_MAX_ITEMS_PER_POLL = 2
+    for name in ("Apache-2.0", "BSD", "GPL-3"):
+        put(share, f"{name}.txt", (LICENCES / name).read_bytes())
+    source = poll(source)
+    assert source.last_result == "2 new, 1 waiting" and source.backlog and source.pk in sources_due()
+    source = poll(source)
+    assert source.last_result == "1 new" and not source.backlog and of_source(source).count() == 3
 
 
 def test_a_file_changed_back_makes_its_earlier_version_current_and_a_copy_keeps_one_current(queued, share, source):
