@@ -14,7 +14,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from documents.batch_progress import Sample, batch_rate, format_duration, pages_of_unopened
-from documents.models import UNFINISHED_STATES, Batch, Document, Page
+from documents.models import UNFINISHED_STATES, Batch, Document, Page, Source
 
 
 def readable_filter(user: User, *, document_field: str = "pk", owner_field: str = "owner") -> Q:
@@ -194,3 +194,11 @@ def batch_status(batch: Batch, *, now: datetime | None = None) -> BatchStatus:
         eta_s=None if finished or cancelled or rate.eta_s is None else round(rate.eta_s),
         finished=finished,
     )
+
+
+# --- sources: the administrator's ---------------------------------------------------------------
+
+
+def enabled_sources() -> QuerySet[Source]:
+    """The sources being polled, with what their last polls did (for ``/metrics``)."""
+    return Source.objects.filter(enabled=True).only("name", "kind", "last_error", "last_success_at").order_by("name")

@@ -365,3 +365,29 @@ def test_the_api_says_where_a_document_came_from(queued, alice, share, source):
     body = Client().get(f"/api/v1/documents/{document.pk}", HTTP_AUTHORIZATION=f"Bearer {secret}").json()
     assert body["source_id"] == source.pk and body["source_path"] == "letters/reply.txt"
     assert body["source_removed_at"] is None and body["replaced_by_id"] is None
+
+
+def test_metrics_say_which_source_is_failing_and_when_it_last_succeeded(queued, share, source):
+    from django.test import Client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape() -> dict:
+        text = Client().get("/metrics").content.decode()
+        return {
+            (sample.name, sample.labels.get("source")): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name.startswith("appliance_source_")
+        }
+
+    put(share, "a.txt", b"A letter about the lease.")
+    poll(source)
+    samples = scrape()
+    assert samples[("appliance_source_failing", "Contracts share")] == 0
+    succeeded = samples[("appliance_source_last_success_timestamp_seconds", "Contracts share")]
+    assert abs(succeeded - time.time()) < 60
+    shutil.rmtree(share)  # the share is gone
+    poll(source)
+    samples = scrape()
+    assert samples[("appliance_source_failing", "Contracts share")] == 1
+    assert samples[("appliance_source_last_success_timestamp_seconds", "Contracts share")] == succeeded
