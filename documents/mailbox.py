@@ -123,6 +123,8 @@ class Mailbox:
             return imaplib.IMAP4_SSL(
                 self.access.host, self.access.port, ssl_context=context, timeout=self.access.timeout_s
             )
+        if self.access.tls != STARTTLS:
+            raise MailboxError(f"Unknown TLS mode {self.access.tls!r}: a mailbox is read over TLS only.")
         imap = imaplib.IMAP4(self.access.host, self.access.port, timeout=self.access.timeout_s)
         if "STARTTLS" not in imap.capabilities:
             imap.shutdown()
