@@ -140,7 +140,8 @@ def _node_families():
 
 
 def _database_families():
-    """What is read from the database: job counts, per-queue latency histograms, token counters."""
+    """What is read from the database: job counts, sources, per-queue latency histograms, token
+    counters."""
     jobs = GaugeMetricFamily("appliance_jobs", "Jobs per queue and state", labels=["queue", "state"])
     counts = {(row["queue"], row["state"]): row["n"] for row in _job_counts()}
     for queue in Queue.values:
@@ -148,6 +149,7 @@ def _database_families():
             jobs.add_metric([queue, state], counts.get((queue, state), 0))
     yield jobs
 
+    yield from _source_families()
     yield _histogram("appliance_request_ttft_seconds", "Time to first token, per queue", "ttft_ms", TTFT_BUCKETS_S)
     yield _histogram(
         "appliance_request_itl_seconds",
@@ -168,6 +170,24 @@ def _database_families():
         QUEUE_WAIT_BUCKETS_S,
     )
     yield from _token_counters()
+
+
+def _source_families():
+    """Each enabled source (watched folder, mailbox): whether its last poll failed, and when one
+    last succeeded, so that an alert can say that a mailbox has not been read for a day."""
+    from documents.selectors import enabled_sources
+
+    labels = ["source", "kind"]
+    failing = GaugeMetricFamily("appliance_source_failing", "1 when the source's last poll failed", labels=labels)
+    success = GaugeMetricFamily(
+        "appliance_source_last_success_timestamp_seconds", "When the source's last poll succeeded", labels=labels
+    )
+    for source in enabled_sources():
+        failing.add_metric([source.name, source.kind], int(bool(source.last_error)))
+        if source.last_success_at is not None:
+            success.add_metric([source.name, source.kind], source.last_success_at.timestamp())
+    yield failing
+    yield success
 
 
 def _job_counts():

@@ -382,6 +382,15 @@ APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD = env_int("APPLIANCE_MAX_ATTACHMENTS_PER_UP
 # than 100 times); anything else in it is listed as skipped, with the reason.
 APPLIANCE_BATCH_ZIP_MAX_FILES = env_int("APPLIANCE_BATCH_ZIP_MAX_FILES", 1000, minimum=1)
 APPLIANCE_BATCH_ZIP_MAX_UNPACKED_MB = env_int("APPLIANCE_BATCH_ZIP_MAX_UNPACKED_MB", 2048, minimum=1)
+# Sources (watched folders, IMAP mailboxes; configured in the admin console): Celery beat looks
+# for sources due a poll every APPLIANCE_SOURCE_TICK_S (0: sources are never polled). A poll
+# takes at most this many new or changed files or messages (the rest at the next poll), leaves a
+# file modified in the last APPLIANCE_SOURCE_SETTLE_S for the next (it may still be being
+# copied), and gives up on a mail server that does not answer in APPLIANCE_SOURCE_IMAP_TIMEOUT_S.
+APPLIANCE_SOURCE_TICK_S = env_int("APPLIANCE_SOURCE_TICK_S", 60, minimum=0)
+APPLIANCE_SOURCE_MAX_ITEMS_PER_POLL = env_int("APPLIANCE_SOURCE_MAX_ITEMS_PER_POLL", 200, minimum=1)
+APPLIANCE_SOURCE_SETTLE_S = env_int("APPLIANCE_SOURCE_SETTLE_S", 30, minimum=0)
+APPLIANCE_SOURCE_IMAP_TIMEOUT_S = env_float("APPLIANCE_SOURCE_IMAP_TIMEOUT_S", 30.0, minimum=1.0)
 # --- API ------------------------------------------------------------------------------------
 # Requests per minute for one API token unless the token sets its own limit.
 APPLIANCE_API_RATE_LIMIT_PER_MINUTE = env_int("APPLIANCE_API_RATE_LIMIT_PER_MINUTE", 300, minimum=1)
@@ -518,9 +527,16 @@ if APPLIANCE_OIDC_DISCOVERY_URL:
 APPLIANCE_OIDC_SYNC_INTERVAL_S = env_int("APPLIANCE_OIDC_SYNC_INTERVAL_S", 900, minimum=0)
 if 0 < APPLIANCE_OIDC_SYNC_INTERVAL_S < 5:
     raise EnvError("APPLIANCE_OIDC_SYNC_INTERVAL_S must be 0 (off) or at least 5")
-# Celery beat's schedule (the `beat` process, started with the web role when a schedule is set);
+# Celery beat's schedule (the `beat` process, started with the web role when a schedule is set:
+# always, unless sources are turned off and no directory is configured);
 # each run expires after its interval, so that never two wait.
 CELERY_BEAT_SCHEDULE = {}
+if APPLIANCE_SOURCE_TICK_S:
+    CELERY_BEAT_SCHEDULE["sources-poll"] = {
+        "task": "documents.tasks.poll_due_sources",
+        "schedule": float(APPLIANCE_SOURCE_TICK_S),
+        "options": {"expires": float(APPLIANCE_SOURCE_TICK_S)},
+    }
 if APPLIANCE_LDAP_URLS:
     CELERY_BEAT_SCHEDULE["ldap-sync"] = {
         "task": "directory.tasks.ldap_sync",

@@ -56,6 +56,12 @@ class DocumentOut(Schema):
     is_owner: bool
     shared_with: list[GroupOut]
     parent_id: int | None
+    source_id: int | None = Field(None, description="The source (watched folder, mailbox) it came from.")
+    source_path: str = Field("", description="Where in its source: the file's path, or the folder and UID.")
+    source_removed_at: datetime | None = Field(
+        None, description="When its file was deleted from the source (or its message from the mailbox)."
+    )
+    replaced_by_id: int | None = Field(None, description="The newer version, when its source's file changed.")
     created_at: datetime
     updated_at: datetime
 

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path, PurePosixPath
+
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
+from django.core.exceptions import ValidationError
 from django.db import models
 from pgvector.django import HnswIndex, VectorField
 
@@ -42,6 +45,153 @@ class Batch(models.Model):
         return self.name
 
 
+class Source(models.Model):
+    """A place documents arrive from by themselves: a watched folder (a local path or a mounted
+    share) or an IMAP mailbox, configured by an administrator with the owner and groups its
+    documents get. Polled by Celery beat (``documents.source_services.source_poll``); what each
+    poll found, and why one failed, is kept here for the admin console.
+
+    A mailbox's password is never stored here: ``imap_password_file`` names a file the workers
+    read it from (``*_FILE`` style, e.g. a systemd credential or a mounted secret)."""
+
+    class Kind(models.TextChoices):
+        FOLDER = "folder", "Watched folder"
+        IMAP = "imap", "IMAP mailbox"
+
+    class Tls(models.TextChoices):
+        IMPLICIT = "implicit", "TLS from the start (IMAPS, port 993)"
+        STARTTLS = "starttls", "STARTTLS (port 143)"
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    enabled = models.BooleanField(default=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,  # its documents are theirs: delete the source first
+        related_name="sources",
+        help_text="The person whose documents the files and messages become.",
+    )
+    groups = models.ManyToManyField(
+        Group, blank=True, related_name="sources", help_text="The groups its documents are shared with."
+    )
+    poll_interval_s = models.PositiveIntegerField(
+        default=300, help_text="Seconds between polls (at least 30; beat looks for due sources every minute)."
+    )
+    # A watched folder.
+    folder_path = models.CharField(
+        max_length=1000, blank=True, help_text="An absolute path on the machine that runs the ingest workers."
+    )
+    include_patterns = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Only files matching one of these patterns, separated by spaces (e.g. “*.pdf contracts/*”); "
+        "empty: every kind of document the appliance reads.",
+    )
+    # An IMAP mailbox.
+    imap_host = models.CharField(max_length=255, blank=True)
+    imap_port = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: 993 (TLS) or 143 (STARTTLS).")
+    imap_tls = models.CharField(max_length=8, choices=Tls.choices, default=Tls.IMPLICIT)
+    imap_ca_file = models.CharField(
+        max_length=1000,
+        blank=True,
+        help_text="A CA certificate file for a server with a private CA; empty: the system's.",
+    )
+    imap_username = models.CharField(max_length=255, blank=True)
+    imap_password_file = models.CharField(
+        max_length=1000, blank=True, help_text="The path of a file holding the password (never stored here)."
+    )
+    imap_mailbox = models.CharField(max_length=255, default="INBOX", blank=True)
+    # Where the mailbox's reading stands: UIDs are only meaningful within one UIDVALIDITY.
+    imap_uidvalidity = models.BigIntegerField(null=True, blank=True)
+    imap_last_uid = models.BigIntegerField(default=0)
+    # What the last polls did, for the admin console.
+    poll_started_at = models.DateTimeField(null=True, blank=True)  # a poll holds the source while set
+    last_polled_at = models.DateTimeField(null=True, blank=True)  # the last poll that finished, well or not
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_result = models.CharField(max_length=500, blank=True)  # "3 new, 1 changed, 2 removed"
+    last_error = models.TextField(blank=True)  # why the last poll failed, for a person; "" when it did not
+    # The last poll left files or messages for later (its limit, its time, the owner's queue full,
+    # files still being copied): the source is polled again at beat's next tick, not after its
+    # interval, so that a backlog is taken at the pace the workers read it.
+    backlog = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """What the admin form refuses: a source that could never be polled."""
+        errors: dict[str, str] = {}
+        var_dir = Path(settings.VAR_DIR).resolve()
+
+        def near_var_dir(path: str, *, or_above: bool = False) -> bool:
+            # The appliance's own data (database, secrets, uploads) is no source, and no file
+            # whose first line may be sent to a mail server as a password.
+            resolved = Path(path).resolve()
+            return resolved.is_relative_to(var_dir) or (or_above and var_dir.is_relative_to(resolved))
+
+        if self.poll_interval_s < MIN_POLL_INTERVAL_S:
+            errors["poll_interval_s"] = f"Poll at most every {MIN_POLL_INTERVAL_S} seconds."
+        if self.kind == self.Kind.FOLDER:
+            if not PurePosixPath(self.folder_path).is_absolute():
+                errors["folder_path"] = "Give the folder's absolute path, e.g. /srv/shares/contracts."
+            elif near_var_dir(self.folder_path, or_above=True):
+                errors["folder_path"] = f"The folder may not hold the appliance's own data ({var_dir})."
+        elif self.kind == self.Kind.IMAP:
+            for field in ("imap_host", "imap_username"):
+                if not getattr(self, field).strip():
+                    errors[field] = "A mailbox needs this."
+            if not PurePosixPath(self.imap_password_file).is_absolute():
+                errors["imap_password_file"] = (
+                    "Give the absolute path of a file holding the password (readable by the ingest workers)."  # noqa: S105 - a message, not a password
+                )
+            elif near_var_dir(self.imap_password_file):
+                errors["imap_password_file"] = f"The password file may not be in the appliance's own data ({var_dir})."
+            if self.imap_ca_file and not PurePosixPath(self.imap_ca_file).is_absolute():
+                errors["imap_ca_file"] = "Give the CA file's absolute path, or leave it empty."
+        if errors:
+            raise ValidationError(errors)
+
+    @property
+    def imap_port_or_default(self) -> int:
+        return self.imap_port or (993 if self.imap_tls == self.Tls.IMPLICIT else 143)
+
+
+MIN_POLL_INTERVAL_S = 30
+
+
+class SourceItem(models.Model):
+    """One file of a folder (by its path) or one message of a mailbox (by UIDVALIDITY and UID),
+    as the last poll saw it: how polls tell new, changed and removed apart, and which document it
+    became. A file is read again only when its size or modification time changes, and becomes a
+    new document only when its bytes do (content hash)."""
+
+    class State(models.TextChoices):
+        PRESENT = "present", "Present"
+        MISSING = "missing", "Removed from the source"
+        FAILED = "failed", "Could not be taken"  # read again when it changes
+
+    source = models.ForeignKey(Source, on_delete=models.CASCADE, related_name="items")
+    key = models.CharField(max_length=1000)  # the path inside the folder, or "<uidvalidity>:<uid>"
+    document = models.ForeignKey("Document", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    state = models.CharField(max_length=8, choices=State.choices, default=State.PRESENT)
+    size_bytes = models.BigIntegerField(default=0)
+    mtime_ns = models.BigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64, blank=True)
+    error = models.TextField(blank=True)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["source", "key"], name="source_item_unique_key")]
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.key}"
+
+
 class Document(models.Model):
     class State(models.TextChoices):
         UPLOADED = "uploaded", "Uploaded"
@@ -78,6 +228,16 @@ class Document(models.Model):
     pages_needing_ocr = models.PositiveIntegerField(default=0)
     embedding_model = models.CharField(max_length=255, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)  # ingestion runs started (redeliveries count)
+    # Where it came from when a source brought it: the source, and the file's path in the folder
+    # or the message's place in the mailbox. ``source_removed_at``: the file was deleted from the
+    # folder (the document stays, marked); ``replaced_by``: the file changed, and its new bytes
+    # are that document (this one stays for what cites it, out of search and the library list).
+    source = models.ForeignKey(Source, on_delete=models.SET_NULL, null=True, blank=True, related_name="documents")
+    source_path = models.CharField(max_length=1000, blank=True)
+    source_removed_at = models.DateTimeField(null=True, blank=True)
+    replaced_by = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="earlier_versions"
+    )
     # Set by a cancel while the document is being read; the worker checks it between steps and
     # between embedding batches, and stops with nothing of the document searchable.
     cancel_requested = models.BooleanField(default=False)

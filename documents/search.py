@@ -84,10 +84,13 @@ def readable_documents(user: User | None, *, ready_only: bool = False) -> QueryS
 
 
 def searchable_document_ids(user: User | None, document_ids: Sequence[int] | None = None) -> list[int]:
-    """Ids of the ready documents ``user`` may read, limited to ``document_ids`` if given."""
+    """Ids of the ready documents ``user`` may read, limited to ``document_ids`` if given; with
+    none given, a source's file that changed is searched as its latest version only."""
     documents = readable_documents(user, ready_only=True)
     if document_ids is not None:
         documents = documents.filter(pk__in=list(document_ids))
+    else:
+        documents = documents.filter(replaced_by__isnull=True)
     return list(documents.order_by().values_list("pk", flat=True))
 
 

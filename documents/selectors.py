@@ -14,7 +14,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
 from documents.batch_progress import Sample, batch_rate, format_duration, pages_of_unopened
-from documents.models import UNFINISHED_STATES, Batch, Document, Page
+from documents.models import UNFINISHED_STATES, Batch, Document, Page, Source
 
 
 def readable_filter(user: User, *, document_field: str = "pk", owner_field: str = "owner") -> Q:
@@ -49,8 +49,14 @@ def library_for_user(
     title: str = "",
     group_id: int | None = None,
 ) -> QuerySet[Document]:
-    """The library page: top-level documents the user may read, with the page's filters."""
-    documents = documents_readable_by(user).filter(parent__isnull=True).select_related("owner")
+    """The library page: top-level documents the user may read, with the page's filters. A file
+    of a source that changed is listed once, as its latest version (the earlier ones are linked
+    from its page)."""
+    documents = (
+        documents_readable_by(user)
+        .filter(parent__isnull=True, replaced_by__isnull=True)
+        .select_related("owner", "source")
+    )
     if owner == "mine":
         documents = documents.filter(owner=user)
     elif owner == "shared":
@@ -66,8 +72,29 @@ def library_for_user(
     return documents.prefetch_related("shared_with").order_by("-created_at")
 
 
+def versions_of(*, user: User, document: Document) -> dict:
+    """A source's file that changed: the newer version of this one (``newer``) and the earlier
+    ones (``earlier``, newest first) that ``user`` may read."""
+    readable = documents_readable_by(user)
+    return {
+        "newer": readable.filter(pk=document.replaced_by_id).first() if document.replaced_by_id else None,
+        "earlier": list(readable.filter(replaced_by=document).order_by("-created_at")),
+    }
+
+
 def pages_of(document: Document) -> QuerySet[Page]:
     return Page.objects.filter(document=document).order_by("number")
+
+
+def reply_context(*, user: User, document_id: int) -> tuple[str, list[int]]:
+    """An e-mail ``user`` may read, to draft a reply to: its text (headers and body, as read) and
+    its attachments that are ready to ground the reply on. ("", []) for anything else."""
+    email = documents_readable_by(user).filter(pk=document_id, kind=Document.Kind.EMAIL).first()
+    if email is None:
+        return "", []
+    text = "\n\n".join(pages_of(email).values_list("text", flat=True))
+    attachments = documents_readable_by(user).filter(parent=email, state=Document.State.READY)
+    return text, list(attachments.values_list("pk", flat=True))
 
 
 # --- batches: their owner's alone -------------------------------------------------------------
@@ -167,3 +194,11 @@ def batch_status(batch: Batch, *, now: datetime | None = None) -> BatchStatus:
         eta_s=None if finished or cancelled or rate.eta_s is None else round(rate.eta_s),
         finished=finished,
     )
+
+
+# --- sources: the administrator's ---------------------------------------------------------------
+
+
+def enabled_sources() -> QuerySet[Source]:
+    """The sources being polled, with what their last polls did (for ``/metrics``)."""
+    return Source.objects.filter(enabled=True).only("name", "kind", "last_error", "last_success_at").order_by("name")

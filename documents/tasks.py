@@ -1,4 +1,5 @@
-"""Celery tasks of the ``ingest`` queue: thin, they take ids and call one service.
+"""Celery tasks of the ``ingest`` queue: thin, they take ids and call one service. Sources are
+polled here too (Celery beat queues ``poll_due_sources`` every minute).
 
 A cancelled document's task is not revoked: when a worker takes it, the service finds the
 document finished (cancelled) and returns at once; a document cancelled while it runs stops at
@@ -11,7 +12,7 @@ import logging
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from documents import services
+from documents import services, source_services
 
 logger = logging.getLogger(__name__)
 
@@ -48,3 +49,25 @@ def ingest_document(document_id: int) -> None:
 @shared_task(acks_late=True, reject_on_worker_lost=True, **_LIMITS)
 def embed_document(document_id: int) -> None:
     _guarded(document_id, services.document_embed, fail=False)
+
+
+# A poll stops taking new files at source_services.POLL_BUDGET_S (10 minutes); these bound it.
+SOURCE_POLL_TIME_LIMIT_S = 900
+
+
+@shared_task(name="documents.tasks.poll_due_sources", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def poll_due_sources() -> None:
+    """Celery beat's tick (``APPLIANCE_SOURCE_TICK_S``): a poll queued for each source due one."""
+    for source_id in source_services.sources_due():
+        poll_source.delay(source_id, only_if_due=True)
+
+
+@shared_task(
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    soft_time_limit=SOURCE_POLL_TIME_LIMIT_S,
+    time_limit=SOURCE_POLL_TIME_LIMIT_S + 60,
+)
+def poll_source(source_id: int, only_if_due: bool = False) -> None:
+    source_services.source_poll(source_id=source_id, only_if_due=only_if_due)

@@ -194,6 +194,7 @@ def detail(request, document_id: int):
             "pages": pages,
             "jobs": jobs,
             "children": selectors.documents_readable_by(request.user).filter(parent=document),
+            "versions": selectors.versions_of(user=request.user, document=document),
             "summary_lengths": list(SUMMARY_LENGTHS),
             "clause_categories": TAXONOMIES["cuad"],
             "is_owner": document.owner_id == request.user.pk,

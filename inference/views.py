@@ -70,6 +70,13 @@ def draft_new(request):
         "tone": DEFAULT_DRAFT_TONE,
         "length": DEFAULT_DRAFT_LENGTH,
     }
+    reply_to = _int(request.GET.get("reply_to")) if request.method == "GET" else None
+    if reply_to:
+        # An e-mail in the library (a mailbox source's): the message is its text, and the
+        # reply is grounded on its attachments unless other documents are chosen.
+        message, attachments = document_selectors.reply_context(user=request.user, document_id=reply_to)
+        values["message"] = message[:MESSAGE_MAX_CHARS]
+        values["document_ids"] = values["document_ids"] or attachments
     status = 200
     if request.method == "POST":
         values = {

@@ -37,6 +37,7 @@ PURE = {
     "documents.extraction.text",
     "documents.ocr",
     "documents.rerank",
+    "documents.source_changes",
     "inference.clauses",
     "inference.drafting",
     "inference.engine.protocol",

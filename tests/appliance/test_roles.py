@@ -29,12 +29,13 @@ def test_a_role_that_does_not_exist_is_refused_naming_the_roles(text):
 
 def test_each_role_is_one_process_and_a_node_runs_only_its_roles():
     every = appliance_processes(python=sys.executable, port=8123, settings=settings)
-    assert [spec.role for spec in every] == list(ROLES)
+    # ... and Celery beat beside the web server, for the sources' polls (APPLIANCE_SOURCE_TICK_S).
+    assert [spec.role for spec in every] == [*ROLES, "web"]
     node = appliance_processes(python=sys.executable, port=8123, settings=settings, roles=("prefill", "decode"))
     assert [spec.name for spec in node] == ["prefill-worker", "decode-worker"]
     assert [spec.argv for spec in node] == [spec.argv for spec in every if spec.role in ("prefill", "decode")]
-    (web,) = appliance_processes(python=sys.executable, port=8123, settings=settings, roles=("web",))
-    assert "8123" in web.argv
+    web, beat = appliance_processes(python=sys.executable, port=8123, settings=settings, roles=("web",))
+    assert "8123" in web.argv and beat.name == "beat"
 
 
 def _without_external_services(monkeypatch):
@@ -67,7 +68,7 @@ def test_a_node_with_four_gpus_runs_an_engine_per_pair_each_with_its_own_workers
     settings.APPLIANCE_ENGINE_LISTEN = "0.0.0.0:8470"  # noqa: S104 - a GPU node listens for other nodes
     specs = {spec.name: spec for spec in appliance_processes(python=sys.executable, port=8123, settings=settings)}
     assert list(specs) == ["engine", "engine-1", "ingest-worker", "prefill-worker", "prefill-worker-1",
-                           "decode-worker", "decode-worker-1", "web"]  # fmt: skip
+                           "decode-worker", "decode-worker-1", "web", "beat"]  # fmt: skip
     assert specs["engine"].env == {"CUDA_VISIBLE_DEVICES": "0,1"}  # the first keeps the node's socket and port
     assert specs["engine-1"].env == {
         "CUDA_VISIBLE_DEVICES": "2,3",

@@ -116,7 +116,8 @@ def test_the_validation_finds_a_broken_object():
 
 def test_web_and_ingest_deployments_and_gpu_nodes():
     objects = render()
-    assert set(by_kind(objects, "Deployment")) == {"docs-appliance-web", "docs-appliance-ingest"}
+    # Beat is on by default: it schedules the sources' polls.
+    assert set(by_kind(objects, "Deployment")) == {"docs-appliance-web", "docs-appliance-ingest", "docs-appliance-beat"}
     assert set(by_kind(objects, "StatefulSet")) == {"docs-appliance-gpu"}
     assert set(by_kind(objects, "Service")) == {"docs-appliance-web", "docs-appliance-gpu"}
     assert set(by_kind(objects, "PersistentVolumeClaim")) == {"docs-appliance-media"}

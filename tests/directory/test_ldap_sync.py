@@ -195,10 +195,12 @@ def test_the_settings_schedule_the_sync_when_ldap_is_configured(tmp_path):
 
     code = "from django.conf import settings as s; import json; print(json.dumps([s.CELERY_BEAT_SCHEDULE, s.AUTHENTICATION_BACKENDS]))"
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "appliance.settings_test"}
-    for name in [n for n in env if n.startswith("APPLIANCE_LDAP_")]:
+    for name in [n for n in env if n.startswith(("APPLIANCE_LDAP_", "APPLIANCE_SOURCE_TICK_S"))]:
         del env[name]
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert json.loads(off.stdout.strip().splitlines()[-1]) == [{}, ["django.contrib.auth.backends.ModelBackend"]]
+    schedule, backends = json.loads(off.stdout.strip().splitlines()[-1])
+    assert set(schedule) == {"sources-poll"}  # sources are polled whether a directory is configured or not
+    assert backends == ["django.contrib.auth.backends.ModelBackend"]
     env.update(
         APPLIANCE_LDAP_URL="ldaps://dc1.example.org,ldaps://dc2.example.org",
         APPLIANCE_LDAP_USER_SEARCH_BASE="ou=people,dc=example,dc=org",

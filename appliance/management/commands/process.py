@@ -66,7 +66,10 @@ def declared_process(name: str, *, settings, python: str, port: int) -> ProcessS
         if spec.name == wanted:
             return spec
     if role == "beat":
-        raise NoSuchProcess("beat: no periodic task is configured (LDAP or OIDC sign-in with a sync interval)")
+        raise NoSuchProcess(
+            "beat: no periodic task is configured (sources turned off with APPLIANCE_SOURCE_TICK_S=0, and no LDAP "
+            "or OIDC sign-in with a sync interval)"
+        )
     raise NoSuchProcess(f"{name}: the declaration has no process {wanted!r}")  # pragma: no cover
 
 
