@@ -14,6 +14,7 @@ A, and the web process's cluster view shows node B down.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import urllib.request
@@ -22,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.conf import settings
+from django.test import Client
 
 from appliance.cluster import NODES_KEY, Announcer, nodes
 from appliance.processes import kill_tree, start
@@ -93,16 +95,32 @@ def _get(url: str) -> str:
         return response.read().decode()
 
 
+def _console_nodes(client) -> dict[str, str]:
+    """The console overview's Nodes table: each node's row, as text."""
+    page = client.get("/console/").content.decode()
+    table = page[page.index('id="console-nodes"') :]
+    table = table[: table.index("</table>")]
+    rows = [re.sub(r"<[^>]+>", " ", row) for row in table.split("<tr")[1:]]
+    return {
+        name: " ".join(row.split()) for row in rows for name in (NODE_B, settings.APPLIANCE_NODE_NAME) if name in row
+    }
+
+
 def test_jobs_spread_over_two_nodes_follow_their_document_and_survive_a_node_lost(
-    alice, node_a, node_b, live_appliance
+    alice, node_a, node_b, live_appliance, django_user_model
 ):
+    console = Client()
+    console.force_login(django_user_model.objects.create_superuser(username="operator", password="x" * 20))
     here, there = node_a, node_b.engine
+    node_name = settings.APPLIANCE_NODE_NAME
     # The cluster view of the one web process lists both nodes, up, each with its engine.
     health = json.loads(_get(f"{live_appliance}/healthz"))
     listed = {n["name"]: n for n in health["nodes"]["nodes"]}
     assert listed[NODE_B]["up"] and listed[settings.APPLIANCE_NODE_NAME]["up"]
     assert listed[NODE_B]["engine"]["kv_capacity_tokens"] > 0
     assert f'appliance_node_up{{node="{NODE_B}"}} 1.0' in _get(f"{live_appliance}/metrics")
+    rows = _console_nodes(console)
+    assert rows[NODE_B].startswith(f"{NODE_B} up") and rows[node_name].startswith(f"{node_name} up"), rows
 
     # Spread: more summaries at once than node A's prefill pool holds.
     texts = ["Apache-2.0", "MPL-2.0", "GPL-2", "LGPL-2.1", "Artistic", "CC0-1.0"]
@@ -146,3 +164,5 @@ def test_jobs_spread_over_two_nodes_follow_their_document_and_survive_a_node_los
 
     wait_until(b_down, timeout_s=settings.APPLIANCE_NODE_DOWN_AFTER_S + 30, message="node B shown down")
     assert f'appliance_node_up{{node="{NODE_B}"}} 0.0' in _get(f"{live_appliance}/metrics")
+    rows = _console_nodes(console)
+    assert rows[NODE_B].startswith(f"{NODE_B} down") and rows[node_name].startswith(f"{node_name} up"), rows
