@@ -264,6 +264,14 @@ def _remember_engine(document_id: int, engine: str) -> None:
         logger.warning("the engine of document %s could not be remembered", document_id)
 
 
+def _engines_down() -> list[str]:
+    """The engines of nodes the cluster view shows down (none when it cannot be read)."""
+    try:
+        return [e.key for e in placement.cluster_engines(cluster.nodes()) if not e.up]
+    except PUBLISH_ERRORS:
+        return []
+
+
 def _forget_engine(document_id: int, engine: str) -> None:
     key = f"{placement.AFFINITY_PREFIX}{document_id}"
     try:
@@ -483,12 +491,20 @@ def jobs_recover_stale() -> tuple[int, int]:
     it, and it takes the job's fence from the attempt: if that attempt was only slow, it finds
     its next write refused and stops.
 
+    A job on an engine whose node the cluster view shows down is handed on sooner: once its
+    heartbeat is two of its beats old (``APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S`` / 2), not at the
+    full timeout, since the node that would beat for it has stopped reporting too.
+
     Run by every inference worker when it starts and then periodically (``tasks.py``)."""
-    cutoff = timezone.now() - timedelta(seconds=settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S)
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S)
     requeued = failed = 0
-    stale = Job.objects.filter(state=Job.State.RUNNING).filter(
-        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at=None, started_at__lt=cutoff)
-    )
+    lost = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at=None, started_at__lt=cutoff)
+    down = _engines_down()
+    if down:
+        sooner = now - timedelta(seconds=settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S / 2)
+        lost |= Q(engine__in=down) & (Q(heartbeat_at__lt=sooner) | Q(heartbeat_at=None, started_at__lt=sooner))
+    stale = Job.objects.filter(state=Job.State.RUNNING).filter(lost)
     for job in stale.only("pk", "queue", "celery_queue", "attempts", "heartbeat_at", "document_id", "engine"):
         seen = Job.objects.filter(
             pk=job.pk, state=Job.State.RUNNING, attempts=job.attempts, heartbeat_at=job.heartbeat_at

@@ -553,6 +553,20 @@ def test_a_job_handed_on_from_a_lost_engine_does_not_wait_for_that_engine(alice,
     assert done.pk == job.pk and done.engine == HERE
 
 
+def test_a_job_on_a_node_shown_down_is_handed_on_before_the_full_heartbeat_timeout(alice, sent, settings, two_engines):
+    settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S = 60
+    half_stale = timezone.now() - timedelta(seconds=40)  # older than half the timeout, not all of it
+    there = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=half_stale, heartbeat_at=half_stale,
+                 engine=OTHER)  # fmt: skip
+    here = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=half_stale, heartbeat_at=half_stale,
+                engine=HERE)  # fmt: skip
+    assert lifecycle.jobs_recover_stale() == (0, 0)  # its node still reports: it may only be slow
+    two_engines["up"] = False
+    assert lifecycle.jobs_recover_stale() == (1, 0)
+    assert Job.objects.get(pk=there.pk).state == Job.State.QUEUED
+    assert Job.objects.get(pk=here.pk).state == Job.State.RUNNING  # its node is not the one down
+
+
 def test_a_job_running_elsewhere_or_gone_is_left_alone(alice):
     job = _job(alice, state=Job.State.RUNNING, attempts=1, started_at=timezone.now(), heartbeat_at=timezone.now())
     result = lifecycle.job_run(job_id=job.pk, client=object())  # never reaches the engine
