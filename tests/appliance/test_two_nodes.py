@@ -100,7 +100,7 @@ def _console_nodes(client) -> dict[str, str]:
     page = client.get("/console/").content.decode()
     table = page[page.index('id="console-nodes"') :]
     table = table[: table.index("</table>")]
-    rows = [re.sub(r"<[^>]+>", " ", row) for row in table.split("<tr")[1:]]
+    rows = [re.sub(r"<[^>]+>", " ", row) for row in table.split("<tr>")[1:]]
     return {
         name: " ".join(row.split()) for row in rows for name in (NODE_B, settings.APPLIANCE_NODE_NAME) if name in row
     }
