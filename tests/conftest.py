@@ -315,6 +315,28 @@ def wait_for_web_server(url: str, *, timeout_s: float = 60) -> None:
     wait_until(answers, timeout_s=timeout_s, message="the web server")
 
 
+def read(document, timeout_s: float = 300):
+    """The document once the ingest worker has finished with it (read, failed or cancelled)."""
+
+    def finished():
+        document.refresh_from_db()
+        return document if document.is_finished else None
+
+    return wait_until(finished, timeout_s=timeout_s, message=f"{document.filename} to be read")
+
+
+def all_read(timeout_s: float = 300) -> None:
+    """Wait for the ingest worker to finish every document, so that none is being read while the
+    test database is emptied after the test."""
+    from documents.models import UNFINISHED_STATES, Document
+
+    wait_until(
+        lambda: not Document.objects.filter(state__in=UNFINISHED_STATES).exists(),
+        timeout_s=timeout_s,
+        message="every document to be read",
+    )
+
+
 def wait_until(predicate, *, timeout_s: float, interval_s: float = 0.25, message: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -17,9 +17,9 @@ from django.test import Client
 from django.urls import reverse
 
 from appliance.embedded import free_port
-from documents.models import UNFINISHED_STATES, Document, Source, SourceItem
+from documents.models import Document, Source, SourceItem
 from documents.source_services import source_forget_failed, source_poll
-from tests.conftest import wait_until
+from tests.conftest import all_read, read, wait_until
 from tests.documents import dovecot as imap_server
 from tests.pdfs import make_eml, make_pdf
 
@@ -85,24 +85,6 @@ def mailbox_source(dovecot, owner, password_file: Path, **fields) -> Source:
 def letter(subject: str, body: str, attachments=None) -> bytes:
     return make_eml(subject=subject, plain=body, attachments=attachments).replace(
         b"<test-1@example.com>", f"<{abs(hash(subject))}@example.com>".encode()
-    )
-
-
-def read(document: Document, timeout_s: float = 300) -> Document:
-    def finished():
-        document.refresh_from_db()
-        return document if document.is_finished else None
-
-    return wait_until(finished, timeout_s=timeout_s, message=f"{document.title} to be read")
-
-
-def all_read(timeout_s: float = 300) -> None:
-    """Wait for the worker to finish every document, so that none is being read while the test
-    database is emptied after the test."""
-    wait_until(
-        lambda: not Document.objects.filter(state__in=UNFINISHED_STATES).exists(),
-        timeout_s=timeout_s,
-        message="every document to be read",
     )
 
 

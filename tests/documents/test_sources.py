@@ -19,10 +19,10 @@ from django.contrib.auth.models import Group, User
 from django.urls import reverse
 from django.utils import timezone
 
-from documents.models import UNFINISHED_STATES, Batch, Chunk, Document, Source, SourceItem
+from documents.models import Batch, Chunk, Document, Source, SourceItem
 from documents.search import searchable_document_ids
 from documents.source_services import source_forget_failed, source_poll, sources_due
-from tests.conftest import wait_until
+from tests.conftest import all_read, read, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -80,24 +80,6 @@ def poll(source: Source) -> Source:
     polled = source_poll(source_id=source.pk)
     assert polled is not None
     return polled
-
-
-def read(document: Document, timeout_s: float = 300) -> Document:
-    def finished():
-        document.refresh_from_db()
-        return document if document.is_finished else None
-
-    return wait_until(finished, timeout_s=timeout_s, message=f"{document.filename} to be read")
-
-
-def all_read(timeout_s: float = 300) -> None:
-    """Wait for the worker to finish every document, so that none is being read while the test
-    database is emptied after the test."""
-    wait_until(
-        lambda: not Document.objects.filter(state__in=UNFINISHED_STATES).exists(),
-        timeout_s=timeout_s,
-        message="every document to be read",
-    )
 
 
 def of_source(source: Source):
