@@ -26,19 +26,6 @@ from tests.pdfs import make_eml, make_pdf
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def queued(monkeypatch) -> list[int]:
-    """For the tests of what a poll records, without the worker: the documents a poll queues
-    are listed here, not sent, since this test's transaction commits and an ingest worker left
-    running by another test of the session would start reading them while the test database is
-    emptied (the race ``test_batches_api`` met). Ingestion is tested with the real worker."""
-    from documents import services
-
-    ids: list[int] = []
-    monkeypatch.setattr(services, "_dispatch_upload", lambda document: ids.append(document.pk))
-    return ids
-
-
 @pytest.fixture(scope="module")
 def dovecot():
     server = imap_server.start_dovecot()

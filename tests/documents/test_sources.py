@@ -33,19 +33,6 @@ HOUR_AGO = time.time() - 3600
 
 
 @pytest.fixture
-def queued(monkeypatch) -> list[int]:
-    """For the tests of what a poll records, without the worker: the documents a poll queues
-    are listed here, not sent, since this test's transaction commits and an ingest worker left
-    running by another test of the session would start reading them while the test database is
-    emptied (the race ``test_batches_api`` met). Ingestion is tested with the real worker."""
-    from documents import services
-
-    ids: list[int] = []
-    monkeypatch.setattr(services, "_dispatch_upload", lambda document: ids.append(document.pk))
-    return ids
-
-
-@pytest.fixture
 def legal(alice) -> Group:
     group = Group.objects.create(name="Legal")
     alice.groups.add(group)
