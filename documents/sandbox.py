@@ -5,9 +5,12 @@ costs only the child. The child is ``python -m documents.sandbox``: a plain subp
 caller is a Celery prefork child (a daemonic process, which multiprocessing refuses to give
 children) and because a fresh interpreter shares no state with the worker.
 
-The child is warm: one long-lived child per calling process, started on first use, imports the
-extraction modules once and then serves one file after another (starting an interpreter and
-importing pypdf for every file cost about 0.17 s a file). Whatever goes wrong with a file (time
+The child is warm: a long-lived child, started on first use, imports the extraction modules once
+and then serves one file after another (starting an interpreter and importing pypdf for every
+file cost about 0.17 s a file). A process whose threads extract at once (the ingest worker's
+pool) gets a warm child per thread that extracts: a call takes an idle child or starts one, and
+gives it back when the file is done, so files are read side by side, each in a child of its own,
+and never more children than calls at once (at most ``MAX_IDLE_CHILDREN`` stay warm). Whatever goes wrong with a file (time
 limit, crash, memory, a broken pipe, an answer that breaks the protocol) the parent kills the
 child's whole process group, and the next call starts a fresh child. A child is also retired after
 ``MAX_FILES_PER_CHILD`` files and after any file that ran out of memory, so that nothing one file
@@ -65,6 +68,7 @@ logger = logging.getLogger(__name__)
 _IMPORT_ROOT = str(Path(__file__).resolve().parent.parent)
 _EXIT_MEMORY = 3  # the child's exit status when memory ran out before it could report
 MAX_FILES_PER_CHILD = 200  # then a fresh child, so that slow memory creep cannot build up
+MAX_IDLE_CHILDREN = 8  # warm children kept between files; more at once are retired when done
 _MAX_REPLY_BYTES = 1 << 31  # more than any child within its memory limit can send
 _STDERR_TAIL_BYTES = 64 * 1024  # what is kept of the child's stderr for one file
 
@@ -116,56 +120,64 @@ def extract_in_sandbox(
         }
     ).encode()
     request = len(header).to_bytes(4, "big") + header + data
-    with _lock:
-        # The time limit counts from here: a child started for this file starts on its time.
-        deadline = time.monotonic() + sandbox.timeout_s
-        child = _child_for(sandbox)
-        try:
-            payload, stderr = child.exchange(request, deadline)
-        except _TimedOut:
-            _retire(child)
-            raise ExtractionError(_timeout_message(sandbox)) from None
-        except _ChildGone as gone:
-            returncode = child.reap(deadline)  # None: still running at the deadline
-            child.kill_group()
-            stderr = gone.stderr + child.rest_of_stderr()
-            _retire(child)
-            if returncode is None:
-                raise ExtractionError(_timeout_message(sandbox)) from None
-            _raise_for_exit(returncode, stderr, sandbox)
-        except _ProtocolError as exc:
-            _retire(child)
-            logger.error("extraction sandbox broke the protocol: %s", exc)
-            raise ExtractionError(_CRASHED_MESSAGE) from None
-        except BaseException:
-            _retire(child)  # interrupted in the middle of an exchange (a Celery time limit)
-            raise
-        child.files_served += 1
-        try:
-            report = json.loads(payload)
-        except ValueError:
-            report = None
-        status = report.get("status") if isinstance(report, dict) else None
-        if isinstance(report, dict):
-            _note_confinement(report.get("confinement"))
-        if child.files_served >= MAX_FILES_PER_CHILD:
-            _retire(child)
-        if status == "ok":
-            try:
-                return _document_from_json(report["document"])
-            except (KeyError, TypeError, ValueError) as exc:
-                _retire(child)
-                logger.error("extraction sandbox sent a malformed document: %r", exc)
-                raise ExtractionError(_CRASHED_MESSAGE) from exc
-        if status == "error" and isinstance(report.get("message"), str):
-            raise ExtractionError(report["message"])
-        # After a memory error the child may be half-way through anything: it is not reused.
+    # The time limit counts from here: a child started for this file starts on its time.
+    deadline = time.monotonic() + sandbox.timeout_s
+    child = _child_for(sandbox)
+    try:
+        return _extract_with(child, request, deadline, sandbox)
+    finally:
+        _give_back(child)
+
+
+def _extract_with(child: _Child, request: bytes, deadline: float, sandbox: SandboxLimits) -> ExtractedDocument:
+    """One file through ``child``, which is this call's alone; a child that cannot serve another
+    file is retired here (``_give_back`` then leaves it)."""
+    try:
+        payload, stderr = child.exchange(request, deadline)
+    except _TimedOut:
         _retire(child)
-        if status == "memory":
-            raise ExtractionError(_memory_message(sandbox))
-        detail = stderr.decode("utf-8", errors="replace")[-2000:]
-        logger.error("extraction sandbox broke the protocol (answer %r): %s", payload[:200], detail)
-        raise ExtractionError(_CRASHED_MESSAGE)
+        raise ExtractionError(_timeout_message(sandbox)) from None
+    except _ChildGone as gone:
+        returncode = child.reap(deadline)  # None: still running at the deadline
+        child.kill_group()
+        stderr = gone.stderr + child.rest_of_stderr()
+        _retire(child)
+        if returncode is None:
+            raise ExtractionError(_timeout_message(sandbox)) from None
+        _raise_for_exit(returncode, stderr, sandbox)
+    except _ProtocolError as exc:
+        _retire(child)
+        logger.error("extraction sandbox broke the protocol: %s", exc)
+        raise ExtractionError(_CRASHED_MESSAGE) from None
+    except BaseException:
+        _retire(child)  # interrupted in the middle of an exchange (a Celery time limit)
+        raise
+    child.files_served += 1
+    try:
+        report = json.loads(payload)
+    except ValueError:
+        report = None
+    status = report.get("status") if isinstance(report, dict) else None
+    if isinstance(report, dict):
+        _note_confinement(report.get("confinement"))
+    if child.files_served >= MAX_FILES_PER_CHILD:
+        _retire(child)
+    if status == "ok":
+        try:
+            return _document_from_json(report["document"])
+        except (KeyError, TypeError, ValueError) as exc:
+            _retire(child)
+            logger.error("extraction sandbox sent a malformed document: %r", exc)
+            raise ExtractionError(_CRASHED_MESSAGE) from exc
+    if status == "error" and isinstance(report.get("message"), str):
+        raise ExtractionError(report["message"])
+    # After a memory error the child may be half-way through anything: it is not reused.
+    _retire(child)
+    if status == "memory":
+        raise ExtractionError(_memory_message(sandbox))
+    detail = stderr.decode("utf-8", errors="replace")[-2000:]
+    logger.error("extraction sandbox broke the protocol (answer %r): %s", payload[:200], detail)
+    raise ExtractionError(_CRASHED_MESSAGE)
 
 
 # --- the parent's side of the child --------------------------------------------------------------
@@ -198,6 +210,7 @@ class _Child:
         self.executable = sys.executable
         self.owner_pid = os.getpid()
         self.files_served = 0
+        self.retired = False
         for stream in (self.stdin, self.stdout, self.stderr):
             os.set_blocking(stream.fileno(), False)
 
@@ -351,24 +364,37 @@ def _read_until_eof(fd: int, deadline: float) -> bytes:
     return bytes(out)
 
 
-_lock = threading.Lock()
-_child: _Child | None = None
+_lock = threading.Lock()  # guards _idle only: each exchange has its child to itself
+_idle: list[_Child] = []  # warm children no call is using, the one given back last at the end
 _forgotten: list[_Child] = []  # children of the process we were forked from: not ours to reap
 
 
 def _child_for(sandbox: SandboxLimits) -> _Child:
-    """The warm child, started if there is none (or none fit for these limits). Holds _lock."""
-    global _child
-    if _child is not None and not _child.usable_for(sandbox):
-        if _child.owner_pid != os.getpid():
-            _child.forget()
-            _forgotten.append(_child)
-            _child = None
-        else:
-            _retire(_child)
-    if _child is None:
-        _child = _start_child(sandbox.memory_bytes)
-    return _child
+    """An idle warm child fit for these limits (the one given back last), or a new one; the
+    caller's alone until ``_give_back``. Idle children unfit for these limits are retired."""
+    unfit: list[_Child] = []
+    found = None
+    with _lock:
+        while _idle:
+            child = _idle.pop()
+            if child.usable_for(sandbox):
+                found = child
+                break
+            unfit.append(child)
+    for child in unfit:
+        _retire(child)
+    return found if found is not None else _start_child(sandbox.memory_bytes)
+
+
+def _give_back(child: _Child) -> None:
+    """``child`` is idle again, unless it was retired (or this process is a fork of its owner)."""
+    if child.retired or child.owner_pid != os.getpid():
+        return
+    with _lock:
+        if len(_idle) < MAX_IDLE_CHILDREN:
+            _idle.append(child)
+            return
+    _retire(child)
 
 
 def _start_child(memory_bytes: int) -> _Child:
@@ -398,10 +424,8 @@ def _start_child(memory_bytes: int) -> _Child:
 
 
 def _retire(child: _Child) -> None:
-    """Kill and reap ``child``; the next call starts a fresh one."""
-    global _child
-    if _child is child:
-        _child = None
+    """Kill and reap ``child`` (not idle: its caller's, or taken from the idle ones)."""
+    child.retired = True
     child.stop()
 
 
@@ -426,28 +450,31 @@ def last_confinement() -> dict | None:
 
 
 def _sandbox_pid() -> int | None:
-    """The pid of this process's warm child, if it has one (for tests and diagnostics)."""
-    child = _child
+    """The pid of the warm child the next call takes, if there is one (for tests and diagnostics)."""
+    with _lock:
+        child = _idle[-1] if _idle else None
     if child is None or child.owner_pid != os.getpid() or child.process.poll() is not None:
         return None
     return child.process.pid
 
 
 def _after_fork_in_child() -> None:
-    # A forked process (a Celery prefork child) must not share its parent's child: the pipes would
-    # interleave two conversations. It also gets a fresh lock, in case another thread held it.
-    global _child, _lock
+    # A forked process (a Celery prefork child) must not share its parent's children: the pipes
+    # would interleave two conversations. It also gets a fresh lock, in case another thread held it.
+    global _lock
     _lock = threading.Lock()
-    if _child is not None:
-        _child.forget()
-        _forgotten.append(_child)
-        _child = None
+    for child in _idle:
+        child.forget()
+        _forgotten.append(child)
+    _idle.clear()
 
 
 def _shutdown() -> None:
     with _lock:
-        if _child is not None and _child.owner_pid == os.getpid():
-            _retire(_child)
+        children = [child for child in _idle if child.owner_pid == os.getpid()]
+        _idle.clear()
+    for child in children:
+        _retire(child)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

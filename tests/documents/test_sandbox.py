@@ -215,6 +215,24 @@ def test_files_in_a_row_are_read_by_the_same_child(contract_pdf):
     assert first == second == extract(contract_pdf, filename="contract.pdf")
 
 
+def test_a_file_read_while_another_is_gets_a_child_of_its_own(contract_pdf):
+    """The ingest worker's threads read files side by side: a call takes an idle child or starts
+    one, never one another call is using, and both stay warm afterwards."""
+    from documents import sandbox
+
+    extract_in_sandbox(contract_pdf)
+    busy = sandbox._child_for(SandboxLimits())  # another thread's file, in the middle of its read
+    try:
+        assert _sandbox_pid() is None  # no idle child left
+        assert "Northwind" in extract_in_sandbox(contract_pdf).pages[0].text
+        other = _sandbox_pid()
+        assert other not in (None, busy.process.pid)
+    finally:
+        sandbox._give_back(busy)
+    assert {child.process.pid for child in sandbox._idle} == {busy.process.pid, other}
+    sandbox._shutdown()  # the other tests start from one warm child at most
+
+
 def test_after_a_timeout_the_next_file_gets_a_new_child(contract_pdf):
     extract_in_sandbox(contract_pdf)
     stuck = _sandbox_pid()
