@@ -13,6 +13,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from appliance.credentials import EmbeddedCredentials, generated_secret
 from appliance.env import EnvError, env_bool, env_choice, env_float, env_int, env_list, env_str
+from appliance.sizing import ingest_threads, this_machine
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("APPLIANCE_VAR_DIR") or BASE_DIR / "var").resolve()
@@ -197,8 +198,9 @@ CELERY_TASK_ROUTES = {
 CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_TASK_ALWAYS_EAGER = False
 
-# Worker pools: one per queue, each with its own concurrency cap.
-APPLIANCE_INGEST_CONCURRENCY = env_int("APPLIANCE_INGEST_CONCURRENCY", 1, minimum=1)
+# Worker pools: one per queue, each with its own concurrency cap. The ingest's is threads reading
+# documents side by side (0: sized from the machine, appliance.sizing.ingest_threads).
+APPLIANCE_INGEST_CONCURRENCY = env_int("APPLIANCE_INGEST_CONCURRENCY", 0, minimum=0)
 APPLIANCE_PREFILL_CONCURRENCY = env_int("APPLIANCE_PREFILL_CONCURRENCY", 2, minimum=1)
 APPLIANCE_DECODE_CONCURRENCY = env_int("APPLIANCE_DECODE_CONCURRENCY", 8, minimum=1)
 
@@ -401,6 +403,11 @@ APPLIANCE_MAX_PAGES = env_int("APPLIANCE_MAX_PAGES", 5000, minimum=1)
 # Each file is parsed in a child process with these limits, so a hostile file fails alone.
 APPLIANCE_EXTRACTION_TIMEOUT_S = env_int("APPLIANCE_EXTRACTION_TIMEOUT_S", 300, minimum=5)
 APPLIANCE_EXTRACTION_MEMORY_MB = env_int("APPLIANCE_EXTRACTION_MEMORY_MB", 2048, minimum=256)
+if not APPLIANCE_INGEST_CONCURRENCY:
+    _cores, _memory = this_machine()
+    APPLIANCE_INGEST_CONCURRENCY = ingest_threads(
+        cores=_cores, memory_bytes=_memory, extraction_memory_bytes=APPLIANCE_EXTRACTION_MEMORY_MB * 1024 * 1024
+    )
 # OCR of image-only PDF pages, when Tesseract is installed (Debian: tesseract-ocr, poppler-utils).
 APPLIANCE_OCR = env_bool("APPLIANCE_OCR", True)
 # Embeddings: a sentence-transformers model directory; default all-MiniLM-L6-v2 from its wheel.
@@ -411,6 +418,11 @@ APPLIANCE_EMBEDDING_MODEL = env_str("APPLIANCE_EMBEDDING_MODEL")
 # from the engine's steps), the torch default where it has a GPU.
 APPLIANCE_EMBEDDING_THREADS = env_int("APPLIANCE_EMBEDDING_THREADS", 0, minimum=0, maximum=256)
 APPLIANCE_EMBEDDING_BATCH = env_int("APPLIANCE_EMBEDDING_BATCH", 64, minimum=1)
+# Where the ingest embeds: "cpu", or "cuda" (the GPU beside vLLM, on a node that runs both the
+# ingest and an engine: APPLIANCE_EMBEDDING_GPU_MEMORY_MB of the GPU is then left out of vLLM's
+# share). Search and a job's checks embed a sentence or two and stay on the CPU.
+APPLIANCE_EMBEDDING_DEVICE = env_choice("APPLIANCE_EMBEDDING_DEVICE", "cpu", ("cpu", "cuda"))
+APPLIANCE_EMBEDDING_GPU_MEMORY_MB = env_int("APPLIANCE_EMBEDDING_GPU_MEMORY_MB", 1024, minimum=0)
 # all-MiniLM-L6-v2 reads 254 tokens of text; the overlap costs its share of embedding time again.
 APPLIANCE_CHUNK_TOKENS = env_int("APPLIANCE_CHUNK_TOKENS", 224, minimum=16, maximum=510)
 APPLIANCE_CHUNK_OVERLAP_TOKENS = env_int("APPLIANCE_CHUNK_OVERLAP_TOKENS", 24, minimum=0)

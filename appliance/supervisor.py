@@ -166,11 +166,9 @@ def appliance_processes(*, python: str, port: int, settings, roles: Sequence[str
                 "-n",
                 "ingest@%h",
                 "--pool",
-                "prefork",
+                "threads",  # documents side by side, their passages embedded together
                 "-c",
                 str(settings.APPLIANCE_INGEST_CONCURRENCY),
-                "--max-tasks-per-child",
-                "50",
             ],
             role="ingest",
         ),  # fmt: skip

@@ -7,6 +7,7 @@ sentence-transformers model directory; its vectors must have the size of ``Chunk
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -17,12 +18,17 @@ from typing import Any
 
 import numpy as np
 
+from documents.embedding_batcher import EmbeddingBatcher
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 
 _lock = threading.Lock()
 _embedder: Embedder | None = None
+_passage_embedder: Embedder | None = None
+_batcher: EmbeddingBatcher | None = None
+_local = threading.local()
 
 
 @dataclass(frozen=True)
@@ -30,7 +36,7 @@ class Embedder:
     model_name: str
     dimensions: int
     max_seq_tokens: int  # the model reads this many tokens (special ones included) and drops the rest
-    tokenizer: Any  # the model's Hugging Face fast tokenizer, for chunking in its tokens
+    tokenizer: Any  # a copy of the model's Hugging Face fast tokenizer, for chunking in its tokens
     model: Any = field(repr=False)  # sentence_transformers.SentenceTransformer
 
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
@@ -80,7 +86,8 @@ def embedding_threads() -> int:
 
 
 def get_embedder() -> Embedder:
-    """The process's embedder, loaded on first use (thread-safe)."""
+    """The process's embedder, loaded on first use (thread-safe), on the CPU: for a query or a
+    sentence's check, a few texts at a time."""
     global _embedder
     if _embedder is None:
         with _lock:
@@ -89,7 +96,56 @@ def get_embedder() -> Embedder:
     return _embedder
 
 
-def _load() -> Embedder:
+def passage_embedder() -> Embedder:
+    """The embedder of the ingest's passages, on ``APPLIANCE_EMBEDDING_DEVICE``: the CPU one of
+    ``get_embedder`` unless the ingest embeds on the GPU."""
+    from django.conf import settings
+
+    device = settings.APPLIANCE_EMBEDDING_DEVICE
+    if device == "cpu":
+        return get_embedder()
+    global _passage_embedder
+    if _passage_embedder is None:
+        with _lock:
+            if _passage_embedder is None:
+                _passage_embedder = _load(device=device)
+    return _passage_embedder
+
+
+def passage_batcher() -> EmbeddingBatcher:
+    """The process's batcher of passages (``documents.embedding_batcher``): the threads of an
+    ingest worker hand it their documents' passages, and it embeds them together in full batches
+    of ``APPLIANCE_EMBEDDING_BATCH``."""
+    from django.conf import settings
+
+    global _batcher
+    if _batcher is None:
+        embedder = passage_embedder()
+        with _lock:
+            if _batcher is None:
+                _batcher = EmbeddingBatcher(
+                    lambda texts: embedder.encode(texts, batch_size=len(texts)),
+                    batch_size=settings.APPLIANCE_EMBEDDING_BATCH,
+                )
+    return _batcher
+
+
+def chunking_tokenizer(embedder: Embedder) -> Any:
+    """The embedder's tokenizer for this thread. A Hugging Face fast tokenizer is one Rust object
+    whose settings each call may change; two threads calling it at once fail ("Already
+    borrowed"). So each thread chunks with a copy of its own, made from ``embedder.tokenizer``,
+    which is not the one the model's encode() calls."""
+    copies = getattr(_local, "tokenizers", None)
+    if copies is None:
+        copies = _local.tokenizers = {}
+    key = id(embedder)
+    if key not in copies:
+        with _lock:
+            copies[key] = copy.deepcopy(embedder.tokenizer)
+    return copies[key]
+
+
+def _load(device: str = "cpu") -> Embedder:
     # Before sentence-transformers (and huggingface_hub) are imported: they read it then.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
@@ -103,11 +159,17 @@ def _load() -> Embedder:
 
         torch.set_num_threads(threads)
     logger.info(
-        "loading embedding model %s from %s (%s)", name, path, f"{threads} thread(s)" if threads else "torch's threads"
+        "loading embedding model %s from %s on %s (%s)",
+        name,
+        path,
+        device,
+        f"{threads} thread(s)" if threads else "torch's threads",
     )
-    model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+    model = SentenceTransformer(str(path), device=device, local_files_only=True)
     model.eval()
-    tokenizer = model.tokenizer
+    # A copy for chunking, apart from the one encode() calls (and changes) on every batch: the
+    # ingest's threads copy this one, which nothing calls at the same time (chunking_tokenizer).
+    tokenizer = copy.deepcopy(model.tokenizer)
     # Chunking tokenises whole pages, longer than the model reads, on purpose (it then cuts them
     # to fit); the "sequence is longer than the maximum" warning that would give is noise there.
     warnings_shown = getattr(tokenizer, "deprecation_warnings", None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Iterable
 from pathlib import PurePath
 
@@ -46,6 +47,11 @@ KIND_BY_SUFFIX = {
 
 
 MAX_INGEST_ATTEMPTS = 3
+# A document's ingest stops after this long. The ingest worker's pool is threads, where Celery
+# keeps no time limit, so the service keeps it: checked where a cancel is (after extraction,
+# which has its own limit in the sandbox, and between embedding batches).
+INGEST_TIME_LIMIT_S = 3600
+TIME_LIMIT_REASON = "Processing this file took over an hour and was stopped."
 
 
 class UploadRejected(ValueError):
@@ -65,6 +71,19 @@ class NotAllowed(PermissionError):
 
 class IngestCancelled(Exception):
     """The document's ingestion was cancelled while it ran (raised between steps)."""
+
+
+class IngestTimedOut(Exception):
+    """The document's ingestion ran past ``INGEST_TIME_LIMIT_S`` (raised between steps)."""
+
+
+def _deadline() -> float:
+    return time.monotonic() + INGEST_TIME_LIMIT_S
+
+
+def _raise_if_past(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise IngestTimedOut()
 
 
 def _sha256_chunks(chunks: Iterable[bytes]) -> str:
@@ -261,12 +280,17 @@ def _document_cancelled(document_id: int) -> Document | None:
     return Document.objects.filter(pk=document_id).first()
 
 
-def batch_settle(*, batch_id: int | None) -> None:
-    """A batch whose documents have all finished is finished (or stays cancelled), with the time."""
+def batch_settle(*, batch_id: int | None, filled: bool = False) -> None:
+    """A batch whose documents have all finished is finished (or stays cancelled), with the time.
+    A batch still being filled (its ``files_total`` is counted when the upload or the poll that
+    fills it is done, 0 until then) is not settled by a worker that finished the documents made
+    so far: its filler settles it, ``filled=True``."""
     if batch_id is None:
         return
     unfinished = Document.objects.filter(batch_id=OuterRef("pk"), state__in=UNFINISHED_STATES)
     settled = Batch.objects.filter(pk=batch_id, finished_at__isnull=True).exclude(Exists(unfinished))
+    if not filled:
+        settled = settled.filter(files_total__gt=0)
     settled.filter(state=Batch.State.RUNNING).update(state=Batch.State.FINISHED, finished_at=timezone.now())
     settled.update(finished_at=timezone.now())
 
@@ -326,12 +350,14 @@ def document_ingest(*, document_id: int) -> Document | None:
         document = Document.objects.filter(pk=document_id).first()
         return _document_cancelled(document_id) if document and document.cancel_requested else document
     try:
-        return _ingest(document, document_id)
+        return _ingest(document, document_id, _deadline())
     except IngestCancelled:
         return _document_cancelled(document_id)
+    except IngestTimedOut:
+        return document_fail(document_id=document_id, reason=TIME_LIMIT_REASON)
 
 
-def _ingest(document: Document, document_id: int) -> Document | None:
+def _ingest(document: Document, document_id: int, deadline: float) -> Document | None:
     from documents.sandbox import SandboxLimits, extract_in_sandbox
 
     try:
@@ -357,11 +383,12 @@ def _ingest(document: Document, document_id: int) -> Document | None:
         return document_fail(document_id=document_id, reason="The stored file could not be read. Upload it again.")
 
     _raise_if_cancelled(document_id)
+    _raise_if_past(deadline)
     _store_pages(document, extracted)
     document.refresh_from_db()
     if not any(page.text.strip() for page in extracted.pages) and not extracted.attachments:
         return document_fail(document_id=document_id, reason=no_text_reason(len(extracted.pages)))
-    return document_embed(document_id=document_id)
+    return _embed(document, document_id, deadline)
 
 
 def no_text_reason(pages: int) -> str:
@@ -490,31 +517,41 @@ def document_embed(*, document_id: int) -> Document | None:
     if document is None:
         return None
     try:
-        return _embed(document, document_id)
+        return _embed(document, document_id, _deadline())
     except IngestCancelled:
         return _document_cancelled(document_id)
+    except IngestTimedOut:
+        if document.state == Document.State.READY:  # a re-embedding: the old passages stay
+            logger.error("document %s: re-embedding stopped at the time limit", document_id)
+            return Document.objects.filter(pk=document_id).first()
+        return document_fail(document_id=document_id, reason=TIME_LIMIT_REASON)
 
 
-def _embed(document: Document, document_id: int) -> Document | None:
+def _embed(document: Document, document_id: int, deadline: float) -> Document | None:
+    """Passages of the stored pages, embedded through the process's batcher: a piece of
+    ``APPLIANCE_EMBEDDING_BATCH`` passages at a time, which the batcher embeds together with
+    other documents' pieces (``documents.embedding_batcher``), reporting pages done after each."""
     from documents.chunking import chunk_pages
-    from documents.embeddings import embed_spans, get_embedder
+    from documents.embeddings import chunking_tokenizer, passage_batcher, passage_embedder
 
     reembedding = document.state == Document.State.READY
-    embedder = get_embedder()
+    embedder = passage_embedder()
+    batcher = passage_batcher()
     pages = list(Page.objects.filter(document=document).order_by("number").values_list("number", "char_start", "text"))
     spans = chunk_pages(
         pages,
-        tokenizer=embedder.tokenizer,
+        tokenizer=chunking_tokenizer(embedder),
         max_tokens=settings.APPLIANCE_CHUNK_TOKENS,
         overlap_tokens=settings.APPLIANCE_CHUNK_OVERLAP_TOKENS,
     )
     if not reembedding:
         _set_state(document_id, Document.State.EMBEDDING, pages_done=0)
     chunks: list[Chunk] = []
-    batch_size = settings.APPLIANCE_EMBEDDING_BATCH
-    for start in range(0, len(spans), batch_size):
-        batch = spans[start : start + batch_size]
-        vectors = embed_spans(embedder, batch, batch_size=batch_size)
+    piece = batcher.batch_size
+    for start in range(0, len(spans), piece):
+        _raise_if_past(deadline)
+        batch = spans[start : start + piece]
+        vectors = batcher.embed([span.text for span in batch])
         chunks.extend(chunk_rows(document, batch, vectors, embedder.model_name))
         if not reembedding:  # pages before the last one this batch reached are done; a cancel stops here
             done = max(0, batch[-1].page_end - 1)

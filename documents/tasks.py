@@ -16,9 +16,10 @@ from documents import services, source_services
 
 logger = logging.getLogger(__name__)
 
-# Extraction has its own time limit inside the sandbox; these are the outer bounds.
+# Extraction has its own time limit inside the sandbox; these are the outer bounds, which Celery
+# keeps on a prefork pool; on the ingest worker's threads pool the service keeps the same limit.
 # (settings.CELERY_BROKER_TRANSPORT_OPTIONS keeps the visibility timeout above these.)
-INGEST_TIME_LIMIT_S = 3600
+INGEST_TIME_LIMIT_S = services.INGEST_TIME_LIMIT_S
 _LIMITS = {"soft_time_limit": INGEST_TIME_LIMIT_S, "time_limit": INGEST_TIME_LIMIT_S + 60}
 
 
@@ -27,10 +28,8 @@ def _guarded(document_id: int, step, *, fail: bool = True) -> None:
     re-embedding leaves a ready document as it was: ``fail=False``.)"""
     try:
         step(document_id=document_id)
-    except SoftTimeLimitExceeded:
-        services.document_fail(
-            document_id=document_id, reason="Processing this file took over an hour and was stopped."
-        )
+    except SoftTimeLimitExceeded:  # a prefork pool's limit (the default threads pool has none: the service keeps it)
+        services.document_fail(document_id=document_id, reason=services.TIME_LIMIT_REASON)
     except Exception:
         logger.exception("document %s: processing failed", document_id)
         if not fail:

@@ -24,10 +24,12 @@ PRODUCT = ("appliance", "documents", "inference", "console", "api", "directory")
 
 PURE = {
     "appliance.rendering",
+    "appliance.sizing",
     "directory.mapping",
     "documents.archives",
     "documents.batch_progress",
     "documents.chunking",
+    "documents.embedding_batcher",
     "documents.extraction",
     "documents.extraction.base",
     "documents.extraction.detect",

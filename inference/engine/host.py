@@ -71,6 +71,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0
     gpu_memory_utilization: float | None = None  # None: the capacity planner's
+    embedding_gpu_bytes: int = 0  # what the ingest's embedder takes of the GPU beside vLLM
     cpu_kv_cache_gib: int = 2
     kv_block_size: int | None = None  # None: vLLM's default for the device
     kv_capacity_tokens: int | None = None  # None: all the KV cache vLLM finds room for
@@ -109,6 +110,11 @@ class EngineConfig:
             max_num_batched_tokens=settings.APPLIANCE_MAX_NUM_BATCHED_TOKENS,
             long_prefill_token_threshold=settings.APPLIANCE_LONG_PREFILL_TOKEN_THRESHOLD,
             gpu_memory_utilization=settings.APPLIANCE_GPU_MEMORY_UTILIZATION,
+            embedding_gpu_bytes=(
+                settings.APPLIANCE_EMBEDDING_GPU_MEMORY_MB * 1024 * 1024
+                if settings.APPLIANCE_EMBEDDING_DEVICE == "cuda"
+                else 0
+            ),
             cpu_kv_cache_gib=settings.APPLIANCE_CPU_KV_CACHE_GIB,
             kv_block_size=settings.APPLIANCE_KV_BLOCK_SIZE,
             kv_capacity_tokens=settings.APPLIANCE_KV_CAPACITY_TOKENS,
@@ -300,13 +306,16 @@ class EngineHost:
             return replace(cfg, dtype=dtype, max_num_seqs=cfg.max_num_seqs or 32)
         if cfg.max_num_seqs is not None and cfg.gpu_memory_utilization is not None:
             return cfg
-        from inference.capacity import gpu_engine_defaults, shape_of_model_dir
+        from inference.capacity import GPU_RUNTIME_RESERVE_BYTES, gpu_engine_defaults, shape_of_model_dir
 
         shape = shape_of_model_dir(cfg.model, weight_dtype=cfg.dtype, kv_dtype=cfg.kv_cache_dtype)
         # Tensor parallel: the model and its KV cache are split over the group's GPUs (the
         # visible ones, CUDA_VISIBLE_DEVICES), so the planner sees their memory together.
         memory = int(torch.cuda.get_device_properties(0).total_memory) * cfg.tensor_parallel_size
-        defaults = gpu_engine_defaults(shape, device_memory_bytes=memory)
+        # The ingest's embedder on this GPU (APPLIANCE_EMBEDDING_DEVICE=cuda) is left its share.
+        defaults = gpu_engine_defaults(
+            shape, device_memory_bytes=memory, reserve_bytes=GPU_RUNTIME_RESERVE_BYTES + cfg.embedding_gpu_bytes
+        )
         logger.info("GPU defaults from the capacity planner: %s", defaults.reason)
         return replace(
             cfg,

@@ -144,3 +144,33 @@ def test_an_upload_over_the_size_limit_is_refused_with_a_message(browser, alice,
     )
     assert b"the limit is 1 MB" in response.content
     assert not Document.objects.exists()
+
+
+def test_documents_read_together_each_get_their_own_passages_vectors(browser, alice, workers):
+    """The worker reads several documents at once and embeds their passages together in shared
+    batches: each passage's stored vector is still the one the model gives for its own text."""
+    import numpy as np
+
+    from documents.embeddings import get_embedder
+
+    subjects = ("a lease of the Leeds warehouse", "the payroll audit", "rail travel in standard class",
+                "the supplier insurance", "the pension scheme trustees", "a refund of the deposit")  # fmt: skip
+    files = {
+        f"together-{n}.pdf": make_pdf([f"Page {page} of the note on {subject}. " * 12 for page in range(1, 4)])
+        for n, subject in enumerate(subjects)
+    }
+    response = browser.post(
+        reverse("documents:library"),
+        {"files": [SimpleUploadedFile(name, data, content_type="application/pdf") for name, data in files.items()]},
+    )
+    assert response.status_code == 302
+    documents = [Document.objects.get(filename=name, parent__isnull=True) for name in files]
+    embedder = get_embedder()
+    for document, subject in zip(documents, subjects, strict=True):
+        document = finished(document.pk)
+        assert document.state == Document.State.READY, document.failure_reason
+        chunks = list(Chunk.objects.filter(document=document).order_by("index"))
+        assert chunks and all(subject in " ".join(chunk.text.split()) for chunk in chunks)  # lines wrap
+        stored = np.array([chunk.embedding for chunk in chunks], dtype=np.float32)
+        alone = embedder.encode([chunk.text for chunk in chunks], batch_size=1)
+        assert np.min(np.sum(stored * alone, axis=1)) > 0.999  # unit rows: cosine similarity

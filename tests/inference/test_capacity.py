@@ -136,6 +136,19 @@ def test_gpu_defaults_come_from_the_planner_not_from_the_cpu():
     # fp8 KV halves the bytes per token: twice the requests.
     fp8 = gpu_engine_defaults(dataclasses.replace(llama, kv_dtype="fp8"), device_memory_bytes=24 * GIB)
     assert fp8.max_num_seqs == 56 and "max_num_seqs 56" in fp8.reason
+    # The ingest's embedder on the same GPU (APPLIANCE_EMBEDDING_DEVICE=cuda): its share is left out.
+    beside = gpu_engine_defaults(llama, device_memory_bytes=24 * GIB, reserve_bytes=int(2.5 * GIB))
+    assert beside.gpu_memory_utilization == 0.89 and beside.kv_capacity_tokens < small.kv_capacity_tokens
+
+
+def test_the_engine_leaves_the_gpu_embedder_its_share_only_when_the_ingest_embeds_there(settings):
+    from inference.engine.host import EngineConfig
+
+    settings.APPLIANCE_EMBEDDING_GPU_MEMORY_MB = 1024
+    settings.APPLIANCE_EMBEDDING_DEVICE = "cpu"
+    assert EngineConfig.from_settings().embedding_gpu_bytes == 0
+    settings.APPLIANCE_EMBEDDING_DEVICE = "cuda"
+    assert EngineConfig.from_settings().embedding_gpu_bytes == GIB
 
 
 def test_a_kv_capacity_must_hold_one_whole_context_beside_vllms_reserved_block():

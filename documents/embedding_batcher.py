@@ -1,0 +1,166 @@
+"""Passages of several documents embedded together, in full batches. No Django, no ORM.
+
+The ingest worker reads several documents at once (a pool of threads: extraction runs in the
+sandbox's child process, database writes wait on the socket), but there is one embedder per
+process, and the embedder is what sets the pace. Each document's thread hands its passages to
+the process's ``EmbeddingBatcher`` and waits; one thread of the batcher's own takes what is
+waiting, across documents and in the order it came, fills a batch of ``batch_size`` passages, and
+embeds it. A small document's five passages ride with the next one's fifty, so the embedder
+mostly sees full batches; and while it embeds, the other threads extract, chunk and store, so
+the rest of the ingest runs beside it instead of between its batches.
+
+A batch is never held back to fill it: what waits is embedded as soon as the embedder is free,
+so a lone document is not slowed down, and batches fill by themselves when documents queue.
+
+Everything ``encode`` raises goes to each caller whose passages were in that batch; the batcher
+keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Encode = Callable[[list[str]], np.ndarray]  # texts -> (len(texts), dimensions) rows
+
+
+@dataclass
+class _Request:
+    texts: Sequence[str]
+    rows: list[np.ndarray | None]
+    taken: int = 0  # texts handed to a batch so far
+    filled: int = 0  # texts whose rows came back
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class BatcherStats:
+    batches: int = 0
+    texts: int = 0
+    full_batches: int = 0  # batches of exactly batch_size texts
+    requests_per_batch_max: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        return self.texts / self.batches if self.batches else 0.0
+
+
+class EmbeddingBatcher:
+    """One embedder shared by the threads of a process, fed in full batches across callers."""
+
+    def __init__(self, encode: Encode, *, batch_size: int, name: str = "embedding-batcher") -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self._encode = encode
+        self.batch_size = batch_size
+        self._name = name
+        self._waiting: deque[_Request] = deque()
+        self._condition = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.stats = BatcherStats()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Rows for ``texts``, in order; blocks until they are embedded. Raises what the
+        embedder raised on a batch that held any of them."""
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        request = _Request(texts=texts, rows=[None] * len(texts))
+        with self._condition:
+            if self._stopping:
+                raise RuntimeError("the embedding batcher is stopped")
+            self._start_locked()
+            self._waiting.append(request)
+            self._condition.notify_all()
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        return np.stack([row for row in request.rows if row is not None])
+
+    def stop(self) -> None:
+        """Ends the batcher's thread once what waits is embedded (for tests and shutdown)."""
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _start_locked(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _next_batch(self) -> list[tuple[_Request, int, int]] | None:
+        """Slices (request, start, end) making the next batch, oldest request first; None when
+        stopping with nothing waiting."""
+        with self._condition:
+            while not self._waiting:
+                if self._stopping:
+                    return None
+                self._condition.wait()
+            return take_batch(self._waiting, self.batch_size)
+
+    def _serve(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            texts = [text for request, start, end in batch for text in request.texts[start:end]]
+            try:
+                vectors = self._encode(texts)
+                if len(vectors) != len(texts):
+                    raise RuntimeError(f"the embedder gave {len(vectors)} rows for {len(texts)} texts")
+            except BaseException as exc:  # noqa: BLE001 - handed to the callers, who raise it
+                self._fail(batch, exc)
+                continue
+            self._record(batch, len(texts))
+            row = 0
+            for request, start, end in batch:
+                for index in range(start, end):
+                    request.rows[index] = vectors[row]
+                    row += 1
+                request.filled += end - start
+                if request.filled == len(request.texts):
+                    request.done.set()
+
+    def _fail(self, batch: list[tuple[_Request, int, int]], error: BaseException) -> None:
+        with self._condition:
+            for request, _, _ in batch:
+                if request.error is None:
+                    request.error = error
+                try:  # the rest of a failed request is not embedded
+                    self._waiting.remove(request)
+                except ValueError:
+                    pass
+                request.done.set()
+
+    def _record(self, batch: list[tuple[_Request, int, int]], size: int) -> None:
+        stats = self.stats
+        stats.batches += 1
+        stats.texts += size
+        stats.full_batches += size == self.batch_size
+        stats.requests_per_batch_max = max(stats.requests_per_batch_max, len(batch))
+
+
+def take_batch(waiting: deque[_Request], batch_size: int) -> list[tuple[_Request, int, int]]:
+    """Up to ``batch_size`` texts from the front of ``waiting``, oldest request first; a request
+    longer than what is left of the batch is split, and stays at the front for the next one.
+    Requests fully taken leave ``waiting``."""
+    batch: list[tuple[_Request, int, int]] = []
+    room = batch_size
+    while waiting and room:
+        request = waiting[0]
+        start = request.taken
+        end = min(len(request.texts), start + room)
+        batch.append((request, start, end))
+        request.taken = end
+        room -= end - start
+        if end == len(request.texts):
+            waiting.popleft()
+    return batch

@@ -1,0 +1,140 @@
+"""The embedding batcher's packing, order and errors, with a fake embedder (pure logic: the real
+one is exercised by every ingest test through the worker)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import numpy as np
+import pytest
+
+from documents.embedding_batcher import EmbeddingBatcher, _Request, take_batch
+
+
+class FakeEncoder:
+    """A fake embedder: each text's row is [its number, its length]; records every batch, can be
+    held at its next call (``hold``) and made to fail on texts containing "boom"."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.held = threading.Event()
+        self.held.set()
+        self.entered = threading.Event()
+
+    def hold(self) -> None:
+        self.held.clear()
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.entered.set()
+        self.held.wait(10)
+        self.batches.append(list(texts))
+        if any("boom" in text for text in texts):
+            raise ValueError("the embedder broke on this batch")
+        return np.array([[float(text.split("-")[-1]), len(text)] for text in texts], dtype=np.float32)
+
+
+def _texts(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}-{i}" for i in range(n)]
+
+
+@pytest.fixture
+def encoder():
+    return FakeEncoder()
+
+
+@pytest.fixture
+def batcher(encoder):
+    made = EmbeddingBatcher(encoder, batch_size=8)
+    yield made
+    encoder.held.set()
+    made.stop()
+
+
+def _in_thread(batcher, texts, results, key):
+    def run():
+        try:
+            results[key] = batcher.embed(texts)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            results[key] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _wait_queued(batcher, n: int) -> None:
+    for _ in range(1000):
+        with batcher._condition:
+            if len(batcher._waiting) >= n:
+                return
+        threading.Event().wait(0.005)
+    raise AssertionError(f"{n} requests never queued")
+
+
+def test_each_caller_gets_its_own_rows_in_order(batcher):
+    rows = batcher.embed(_texts("a", 20))  # longer than a batch: split over three
+    assert rows[:, 0].tolist() == list(range(20))
+    assert batcher.stats.batches == 3 and batcher.stats.texts == 20
+
+
+def test_documents_waiting_together_are_embedded_in_full_batches(batcher, encoder):
+    encoder.hold()
+    results: dict = {}
+    first = _in_thread(batcher, _texts("first", 2), results, "first")
+    assert encoder.entered.wait(5)  # the embedder is busy with the first document's passages
+    threads = []
+    for n in range(4):  # one after another, so that they queue in this order
+        threads.append(_in_thread(batcher, _texts(f"doc{n}", 3), results, n))
+        _wait_queued(batcher, n + 1)
+    encoder.held.set()
+    for thread in [first, *threads]:
+        thread.join(10)
+    # Four documents of three passages waited meanwhile: one full batch of eight, then the rest.
+    assert [len(batch) for batch in encoder.batches] == [2, 8, 4]
+    assert encoder.batches[1] == [*_texts("doc0", 3), *_texts("doc1", 3), *_texts("doc2", 2)]
+    for n in range(4):
+        assert results[n][:, 0].tolist() == [0, 1, 2]
+        assert results[n][:, 1].tolist() == [len(text) for text in _texts(f"doc{n}", 3)]
+    assert batcher.stats.full_batches == 1 and batcher.stats.requests_per_batch_max == 3
+
+
+def test_a_lone_document_is_not_held_back_to_fill_a_batch(batcher, encoder):
+    rows = batcher.embed(_texts("alone", 3))
+    assert rows.shape == (3, 2)
+    assert [len(batch) for batch in encoder.batches] == [3]
+
+
+def test_an_embedder_error_reaches_the_callers_of_that_batch_only(batcher, encoder):
+    encoder.hold()
+    results: dict = {}
+    first = _in_thread(batcher, _texts("first", 8), results, "first")
+    assert encoder.entered.wait(5)
+    bad = _in_thread(batcher, ["boom-0", *_texts("bad", 9)], results, "bad")  # over two batches
+    _wait_queued(batcher, 1)
+    encoder.held.set()
+    first.join(10)
+    bad.join(10)
+    later = batcher.embed(_texts("later", 2))
+    assert isinstance(results["bad"], ValueError)
+    assert results["first"][:, 0].tolist() == list(range(8))
+    assert later[:, 0].tolist() == [0, 1]
+    # The failed request's second half was never embedded.
+    assert all("bad-8" not in batch for batch in encoder.batches)
+
+
+def test_take_batch_splits_a_long_request_and_keeps_it_first():
+    long, short = _Request(texts=_texts("long", 10), rows=[None] * 10), _Request(texts=["s-0"], rows=[None])
+    waiting = deque([long, short])
+    assert [(r is long, start, end) for r, start, end in take_batch(waiting, 4)] == [(True, 0, 4)]
+    assert list(waiting) == [long, short]
+    assert [(r is long, start, end) for r, start, end in take_batch(waiting, 8)] == [(True, 4, 10), (False, 0, 1)]
+    assert not waiting
+
+
+def test_a_stopped_batcher_refuses_new_work(encoder):
+    batcher = EmbeddingBatcher(encoder, batch_size=4)
+    batcher.embed(["x-1"])
+    batcher.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        batcher.embed(["x-2"])
