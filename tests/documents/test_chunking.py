@@ -118,6 +118,22 @@ def test_prefers_to_end_at_a_sentence_or_paragraph():
         assert span.text.endswith("kappa.")
         assert text[span.char_end : span.char_end + 2] in (PAGE_SEPARATOR, "")
     assert spans[0].token_count == 30
+    for before, after in zip(spans, spans[1:], strict=False):  # no sentence was cut: nothing repeated
+        assert text[before.char_end : after.char_start] == PAGE_SEPARATOR
+
+
+def test_a_cut_at_a_sentence_end_repeats_nothing_and_one_inside_a_sentence_overlaps():
+    short = "alpha beta gamma delta epsilon zeta eta theta iota kappa."  # 10 tokens
+    long = " ".join(f"w{i}" for i in range(60)) + "."  # one sentence longer than a chunk
+    pages = pages_with_offsets([" ".join([short] * 4 + [long])])
+    spans = chunk_pages(pages, FakeTokenizer(), max_tokens=35, overlap_tokens=5)
+    text = document_text(pages)
+    assert spans[0].text.endswith("kappa.") and spans[0].token_count == 30
+    assert text[spans[0].char_end : spans[1].char_start] == " "  # the next sentence, nothing repeated
+    inside = [(a, b) for a, b in zip(spans, spans[1:], strict=False) if not a.text.endswith(".")]
+    assert inside  # the long sentence had to be cut
+    for before, after in inside:
+        assert after.text.split()[:5] == before.text.split()[-5:]
 
 
 def test_small_and_degenerate_inputs():
@@ -176,6 +192,10 @@ def test_real_tokenizer_limits_offsets_and_pages(tokenizer):
     assert any("XK-42-ZULU" in span.text and span.page_start <= 2 <= span.page_end for span in spans)
     # The model reads these whole: the longest chunk plus [CLS] and [SEP] fits its 256.
     assert max(span.token_count for span in spans) + 2 <= 256
-    # Overlap: each chunk starts inside the previous one.
+    # Each chunk starts inside the previous one (a cut inside a sentence: they overlap), or right
+    # after it, at the sentence, paragraph or page that the previous one ended with.
+    text = document_text(pages)
     for before, after in zip(spans, spans[1:], strict=False):
-        assert after.char_start < before.char_end
+        if after.char_start >= before.char_end:
+            assert not text[before.char_end : after.char_start].strip()
+            assert before.text.endswith((".", "?", "!", ";", ":")) or "\n\n" in text[before.char_end : after.char_start]

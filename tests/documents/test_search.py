@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 
@@ -65,8 +66,18 @@ def _document(owner, title: str, pages: list[str], embedder, *, state=Document.S
     Page.objects.bulk_create(
         [Page(document=document, number=p.number, text=p.text, char_start=p.char_start) for p in page_texts]
     )
-    # Small chunks, so that each page here is a passage of its own.
-    spans = chunk_pages(page_texts, embedder.tokenizer, max_tokens=48, overlap_tokens=8)
+    # Each page here is a passage of its own (or a few, if long): chunked alone, placed at its offset.
+    spans = []
+    for page in page_texts:
+        for span in chunk_pages([(page.number, 0, page.text)], embedder.tokenizer, max_tokens=48, overlap_tokens=8):
+            spans.append(
+                dataclasses.replace(
+                    span,
+                    index=len(spans),
+                    char_start=page.char_start + span.char_start,
+                    char_end=page.char_start + span.char_end,
+                )
+            )
     vectors = embed_spans(embedder, spans)
     Chunk.objects.bulk_create(chunk_rows(document, spans, vectors, embedder.model_name))
     Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
