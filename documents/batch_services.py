@@ -131,7 +131,7 @@ def batch_create(
     Batch.objects.filter(pk=batch.pk).update(
         files_total=found.files, files_skipped=found.files - len(found.created), skipped=found.skipped
     )
-    batch_settle(batch_id=batch.pk)  # nothing to read (all skipped): finished at once
+    batch_settle(batch_id=batch.pk, filled=True)  # all read already, or nothing to read (all skipped)
     batch.refresh_from_db()
     return batch, found.created
 

@@ -122,13 +122,10 @@ class _Poll:
         if not self.created:  # every file was in the library already
             self.batch.delete()
             return
-        # A worker that read every document taken so far may have settled the batch while the
-        # poll was still taking more: it is running again until those are read too.
-        Batch.objects.filter(pk=self.batch.pk, state=Batch.State.FINISHED).update(
-            state=Batch.State.RUNNING, finished_at=None
-        )
+        # Until now files_total was 0, so a worker that read every document taken so far left
+        # the batch running (services.batch_settle); now it is counted, and settled if all are read.
         Batch.objects.filter(pk=self.batch.pk).update(files_total=self.created)
-        batch_settle(batch_id=self.batch.pk)
+        batch_settle(batch_id=self.batch.pk, filled=True)
 
 
 # --- which sources, and holding one --------------------------------------------------------------

@@ -154,3 +154,29 @@ def test_a_document_cancelled_while_it_is_read_leaves_nothing_searchable(browser
     after = Document.objects.get(filename="Artistic.txt")
     wait_until(lambda: Document.objects.get(pk=after.pk).is_finished, timeout_s=180, message="the next upload")
     assert Document.objects.get(pk=after.pk).state == Document.State.READY
+
+
+def test_a_worker_that_reads_the_first_files_before_the_rest_are_added_leaves_the_batch_running(alice):
+    """The ingest worker reads files side by side, so it can finish a batch's first file while the
+    upload is still saving the next one: the batch is not finished until it is filled."""
+    from documents.services import batch_settle
+
+    batch = Batch.objects.create(owner=alice, name="2 files")  # being filled: files_total not counted yet
+    Document.objects.create(
+        owner=alice, batch=batch, title="first", filename="first.txt", size_bytes=1, sha256="1" * 64,
+        state=Document.State.READY,
+    )  # fmt: skip
+    batch_settle(batch_id=batch.pk)  # what the worker does when the first file is ready
+    batch.refresh_from_db()
+    assert batch.state == Batch.State.RUNNING and batch.finished_at is None
+    second = Document.objects.create(
+        owner=alice, batch=batch, title="second", filename="second.txt", size_bytes=1, sha256="2" * 64
+    )
+    Batch.objects.filter(pk=batch.pk).update(files_total=2)
+    batch_settle(batch_id=batch.pk, filled=True)  # the upload is done; the second file is not read yet
+    batch.refresh_from_db()
+    assert batch.finished_at is None
+    Document.objects.filter(pk=second.pk).update(state=Document.State.READY)
+    batch_settle(batch_id=batch.pk)  # the worker, after the last file
+    batch.refresh_from_db()
+    assert batch.state == Batch.State.FINISHED and batch.finished_at is not None
