@@ -1,11 +1,13 @@
 """``manage.py bench ingest``: ingest throughput and search quality/latency, measured in one run.
 
-1. Ingest: synthetic PDFs go through the appliance's own ingest service
-   (``services.document_ingest``: sandboxed extraction, pages, chunking in the embedding model's
-   tokens, embedding, chunk rows with their full-text vectors) and, on the same files, through
-   the direct baseline (pypdf, then ``embedder.encode`` of each page's text). The ratio of the
-   two in pages/s is the appliance's overhead; target >= 0.8. A breakdown shows where the
-   appliance's time goes.
+1. Ingest (``measure/ingest_throughput.py``): synthetic PDFs through the real ingest worker
+   (started as ``make run`` starts it: sandboxed extraction, pages, chunking in the embedding
+   model's tokens, passages of several documents embedded together, chunk rows with their
+   full-text vectors) and, on the same files, through the direct baseline (pypdf, then
+   ``embedder.encode`` of each page's text), in rounds with a 95 % interval; targets >= 0.9x
+   per page and >= 0.95x per embedded token. Then a backlog (``--backlog-pages``, 10,000 by
+   default) queued at once: pages/s and the time to the first document searchable. A
+   breakdown shows where the appliance's time goes.
 2. Search: a synthetic corpus of ``--chunks`` chunks (random unit vectors clustered around 200
    centres, each cluster spread along its own few directions as real embeddings are, plus text)
    is loaded with COPY and indexed with the HNSW index of the Chunk table; perturbed corpus
@@ -29,9 +31,7 @@ import io
 import random
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from unittest import mock
 
 from django.conf import settings
 from django.core.management.base import CommandError
@@ -40,10 +40,10 @@ from measure.benchmarking import (
     Progress,
     bench_user,
     check_migrated,
+    ensure_embedded_broker,
     ensure_embedded_database,
     machine,
     synthetic_rng,
-    synthetic_text,
 )
 
 HELP = "ingest pages/s against pypdf + encode, and HNSW search recall@10 and latency on a synthetic corpus"
@@ -54,15 +54,16 @@ BENCH_GROUP = "bench-ingest"
 SYNTHETIC_MODEL = "synthetic (bench)"
 HNSW_INDEX_NAME = "chunk_embedding_hnsw"
 
-TARGET_INGEST_RATIO = 0.8
 TARGET_RECALL = 0.95
 TARGET_P95_MS = 50.0
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--documents", type=int, default=20, help="synthetic PDFs for the ingest measurement")
+    parser.add_argument("--documents", type=int, default=20, help="synthetic PDFs for the ingest ratios")
     parser.add_argument("--pages", type=int, default=10, help="pages per PDF")
-    parser.add_argument("--rounds", type=int, default=2, help="ingest rounds; the best of each arm counts")
+    parser.add_argument("--rounds", type=int, default=3, help="ingest rounds (each arm once per round)")
+    parser.add_argument("--backlog-pages", type=int, default=10_000, help="pages of the backlog (0: none)")
+    parser.add_argument("--backlog-document-pages", type=int, default=20, help="pages per PDF of the backlog")
     parser.add_argument("--chunks", type=int, default=100_000, help="chunks in the synthetic search corpus")
     parser.add_argument("--queries", type=int, default=200, help="vector queries for recall and latency")
     parser.add_argument("--text-queries", type=int, default=50, help="queries for the hybrid search timing")
@@ -79,6 +80,7 @@ def run(command, **options) -> dict:
 
     progress = Progress(write)
     started_postgres = ensure_embedded_database(progress)
+    started_broker = None if options["skip_ingest"] else ensure_embedded_broker(progress)
     try:
         check_migrated(progress)
         from documents.embeddings import get_embedder
@@ -91,15 +93,7 @@ def run(command, **options) -> dict:
         results: dict = {"machine": machine(), "parameters": {k: options[k] for k in _PARAMETERS}}
         try:
             if not options["skip_ingest"]:
-                results["ingest"] = _bench_ingest(
-                    progress,
-                    embedder,
-                    owner,
-                    options["documents"],
-                    options["pages"],
-                    options["rounds"],
-                    options["seed"],
-                )
+                results["ingest"] = _bench_ingest(progress, embedder, owner, options)
             if not options["skip_search"]:
                 results["search"] = _bench_search(
                     progress,
@@ -121,12 +115,18 @@ def run(command, **options) -> dict:
             write(line)
         return results
     finally:
+        if started_broker is not None:
+            progress("stopping the embedded Valkey this benchmark started")
+            started_broker.stop()
         if started_postgres is not None:
             progress("stopping the embedded Postgres this benchmark started")
             started_postgres.stop()
 
 
-_PARAMETERS = ("documents", "pages", "rounds", "chunks", "queries", "text_queries", "seed", "keep")
+_PARAMETERS = (
+    "documents", "pages", "rounds", "backlog_pages", "backlog_document_pages", "chunks", "queries", "text_queries",
+    "seed", "keep",
+)  # fmt: skip
 
 
 # --- set-up ----------------------------------------------------------------------------------
@@ -276,119 +276,39 @@ def _baseline(data: bytes, embedder, batch_size: int) -> list[str]:
     return texts
 
 
-def _bench_ingest(progress, embedder, owner, n_documents: int, n_pages: int, rounds: int, seed: int) -> dict:
-    from django.core.files.base import ContentFile
-    from django.db.models import Count, Sum
+def _bench_ingest(progress, embedder, owner, options: dict) -> dict:
+    from pathlib import Path
 
-    from documents import services
-    from documents.models import Chunk, Document
+    from measure import ingest_throughput
 
-    if n_documents < 1 or n_pages < 1 or rounds < 1:
-        raise CommandError("--documents, --pages and --rounds must be at least 1")
-    batch_size = settings.APPLIANCE_EMBEDDING_BATCH
-    rng = synthetic_rng(seed)
-    progress(f"ingest: making {n_documents} PDFs of {n_pages} pages")
-    # Pages of 110-160 words: about 150-230 word pieces, inside the model's 256, so that the
-    # baseline embeds all of each page's text as the appliance does.
-    files = [make_pdf([synthetic_text(rng, rng.randint(110, 160)) for _ in range(n_pages)]) for _ in range(n_documents)]
-    documents = []
-    for number, data in enumerate(files, 1):
-        filename = f"bench-{number:03d}.pdf"
-        documents.append(
-            Document.objects.create(
-                owner=owner,
-                title=f"Benchmark document {number}",
-                filename=filename,
-                kind=Document.Kind.PDF,
-                content_type="application/pdf",
-                size_bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
-                file=ContentFile(data, name=filename),
+    worker = ingest_throughput.start_worker(progress, Path(settings.VAR_DIR) / "bench" / "logs")
+    try:
+        result: dict = {
+            "ratios": ingest_throughput.ratios(
+                progress,
+                embedder,
+                owner,
+                n_documents=options["documents"],
+                n_pages=options["pages"],
+                rounds=options["rounds"],
+                seed=options["seed"],
             )
-        )
-    ids = [document.pk for document in documents]
-
-    def appliance(document_id: int) -> None:
-        document = services.document_ingest(document_id=document_id)
-        if document is None or document.state != Document.State.READY:
-            reason = document.failure_reason if document is not None else "the document is gone"
-            raise CommandError(f"the appliance did not ingest benchmark document {document_id}: {reason}")
-
-    def appliance_in_process(document_id: int) -> None:
-        # The same service with the sandbox's child process replaced by a call in this process:
-        # what the process boundary costs.
-        with mock.patch("documents.sandbox.extract_in_sandbox", _extract_in_process):
-            appliance(document_id)
-
-    arms: dict[str, Callable[[int], object]] = {
-        "baseline": lambda i: _baseline(files[i], embedder, batch_size),
-        "appliance": lambda i: appliance(ids[i]),
-    }
-    if _has_sandbox():
-        arms["appliance_in_process"] = lambda i: appliance_in_process(ids[i])
-
-    progress("ingest: warming up (model, sandbox, database) on one document")
-    for arm in arms.values():
-        Document.objects.filter(pk=ids[0]).update(state=Document.State.UPLOADED)
-        arm(0)
-
-    seconds: dict[str, list[float]] = {name: [] for name in arms}
-    for round_number in range(1, rounds + 1):
-        spent = dict.fromkeys(arms, 0.0)
-        for i in range(n_documents):
-            # Interleaved and in turns, so that a burst of other work on the machine or a warm
-            # cache favours no arm.
-            names = list(arms)
-            shift = (i + round_number) % len(names)
-            for name in names[shift:] + names[:shift]:
-                Document.objects.filter(pk=ids[i]).update(state=Document.State.UPLOADED)
-                started = time.perf_counter()
-                arms[name](i)
-                spent[name] += time.perf_counter() - started
-        for name, value in spent.items():
-            seconds[name].append(value)
-        progress(
-            f"ingest: round {round_number}/{rounds}: "
-            + ", ".join(f"{name} {value:.2f} s" for name, value in spent.items())
-        )
-
-    pages = n_documents * n_pages
-    stored = Chunk.objects.filter(document_id__in=ids).aggregate(chunks=Count("id"), tokens=Sum("token_count"))
-    page_texts = [text for data in files for text in _pdf_page_texts(data)]
-    tokenizer = embedder.tokenizer
-    page_tokens = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in page_texts]
-    special = 2  # [CLS] and [SEP]
-    read_limit = embedder.max_seq_tokens - special
-
-    appliance_tokens = (stored["tokens"] or 0) + special * stored["chunks"]
-    baseline_tokens = sum(min(count, read_limit) + special for count in page_tokens)
-
+        }
+        if options["backlog_pages"]:
+            result["backlog"] = ingest_throughput.backlog(
+                progress,
+                owner,
+                pages=options["backlog_pages"],
+                document_pages=options["backlog_document_pages"],
+                seed=options["seed"],
+                baseline_pages_per_s=result["ratios"]["pages_per_s"]["baseline"]["mean"],
+            )
+    finally:
+        ingest_throughput.stop_worker(worker)
     progress("ingest: timing the appliance's steps one by one (breakdown)")
-    breakdown = _ingest_breakdown(files, embedder, batch_size)
-    best = {name: min(values) for name, values in seconds.items()}
-    accounted = sum(value for name, value in breakdown.items() if name != "extraction_in_process_s")
-    breakdown["rest_s"] = max(0.0, best["appliance"] - accounted)
-    return {
-        "documents": n_documents,
-        "pages": pages,
-        "rounds": rounds,
-        "seconds": seconds,
-        "pages_per_s": {name: pages / value for name, value in best.items()},
-        "ratio": {name: best["baseline"] / value for name, value in best.items() if name != "baseline"},
-        # The same, per token embedded: the appliance embeds more tokens (chunks overlap), so
-        # this separates its overhead from the extra work its chunking asks for.
-        "ratio_per_token": {
-            name: (appliance_tokens / value) / (baseline_tokens / best["baseline"])
-            for name, value in best.items()
-            if name != "baseline"
-        },
-        "target_ratio": TARGET_INGEST_RATIO,
-        "chunks": stored["chunks"],
-        "appliance_tokens_embedded": appliance_tokens,
-        "baseline_tokens_embedded": baseline_tokens,
-        "baseline_tokens_dropped_by_model_limit": sum(max(0, count - read_limit) for count in page_tokens),
-        "breakdown_s": breakdown,
-    }
+    files = ingest_throughput.make_pdfs(options["documents"], options["pages"], options["seed"])
+    result["breakdown_s"] = _ingest_breakdown(files, embedder, settings.APPLIANCE_EMBEDDING_BATCH)
+    return result
 
 
 def _has_sandbox() -> bool:
@@ -720,38 +640,16 @@ def _table(results: dict) -> list[str]:
     lines = []
     ingest = results.get("ingest")
     if ingest:
-        labels = {
-            "baseline": "baseline: pypdf + encode(page texts)",
-            "appliance": "appliance: services.document_ingest (worker path)",
-            "appliance_in_process": "  the same, extraction in process (no sandbox)",
-        }
-        tokens = {"baseline": ingest["baseline_tokens_embedded"]}
-        lines += [
-            f"INGEST  {ingest['documents']} PDFs x {ingest['pages'] // ingest['documents']} pages, "
-            f"best of {ingest['rounds']} rounds, arms interleaved per document",
-            f"  {'arm':<52} {'pages/s':>7} {'best s':>7} {'ratio':>12} {'tokens':>7} {'ratio per token':>15}",
-        ]
-        for name, pages_per_s in ingest["pages_per_s"].items():
-            ratio = ingest["ratio"].get(name)
-            ratio_text = "" if ratio is None else f"{ratio:.2f} {_verdict(ratio >= ingest['target_ratio'])}"
-            per_token = ingest["ratio_per_token"].get(name)
-            per_token_text = "" if per_token is None else f"{per_token:.2f}"
-            embedded = tokens.get(name, ingest["appliance_tokens_embedded"])
-            lines.append(
-                f"  {labels.get(name, name):<52} {pages_per_s:>7.1f} {min(ingest['seconds'][name]):>7.2f} "
-                f"{ratio_text:>12} {embedded:>7,} {per_token_text:>15}"
-            )
-        lines += [
-            f"  target: appliance/baseline >= {ingest['target_ratio']:.2f}. {ingest['chunks']} chunks; the baseline "
-            f"lost {ingest['baseline_tokens_dropped_by_model_limit']:,} tokens to the model's 256-token limit",
-            "  the appliance's steps timed alone on the same files:",
-        ]
-        for name, seconds in ingest["breakdown_s"].items():
+        from measure.ingest_throughput import table as ingest_table
+
+        lines += ingest_table(ingest)
+        breakdown = ingest["breakdown_s"]
+        lines.append("  the worker's steps timed alone, one after another, on the ratios' files:")
+        total = sum(value for name, value in breakdown.items() if name != "extraction_in_process_s")
+        for name, seconds in breakdown.items():
             label = name.removesuffix("_s").replace("_", " ")
-            if name == "rest_s":
-                label = "rest (pages, chunk rows, full-text vectors, states)"
-            share = 100 * seconds / min(ingest["seconds"]["appliance"])
-            lines.append(f"    {label:<52} {seconds:>7.2f} s  {share:>5.1f} % of the worker path")
+            share = "" if name == "extraction_in_process_s" else f"  {100 * seconds / total:>5.1f} %"
+            lines.append(f"    {label:<40} {seconds:>7.2f} s{share}")
         lines.append("")
     search = results.get("search")
     if search:

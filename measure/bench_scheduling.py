@@ -89,7 +89,7 @@ HELP = (
 )
 
 BENCH_USERNAME = "bench-scheduling"
-PHASES = ("burst", "steady", "eos", "idle", "peak", "fairness", "prefix")
+PHASES = ("burst", "steady", "eos", "idle", "peak", "fairness", "prefix", "ingest")
 TARGETS = {
     "ttft_ratio": 2.0,
     "itl_ratio": 1.5,
@@ -98,6 +98,7 @@ TARGETS = {
     "idle_vs_raw": 0.97,
     "fairness_turns": 1,
     "prefix": 0.3,
+    "ingest_ratio": 1.2,
 }
 
 
@@ -131,6 +132,8 @@ def add_arguments(parser) -> None:
         help="KV cache of the engine host this benchmark starts (default: 24576 on a CPU, where filling "
         "gigabytes for the peak would take hours; all of it on a GPU)",
     )
+    parser.add_argument("--ingest-pages", type=int, default=1500,
+                        help="pages of the ingest backlog the ingest phase drafts beside (what is left is cancelled)")  # fmt: skip
     parser.add_argument("--engine-socket", help="use the engine host already listening here instead of starting one")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds any one run may take")
     parser.add_argument("--seed", type=int, default=20261201)
@@ -140,6 +143,7 @@ _PARAMETERS = (
     "repeats", "documents", "document_tokens", "document_output", "document_pool", "draft_tokens", "draft_output",
     "draft_pool", "burst_drafts", "burst_interval", "min_drafts", "steady_rate", "steady_documents", "thresholds",
     "peak_factor", "peak_prompt_tokens", "peak_output", "fair_batch", "prefix_tokens", "kv_capacity_tokens", "seed",
+    "ingest_pages",
 )  # fmt: skip
 
 
@@ -345,6 +349,7 @@ class _Bench:
         self.scale = 1.0
         self._documents = 0
         self.best_engine: dict[str, str] = {}  # workload -> the tuned engine mode its first repeat found
+        self.ingest_worker: Any = None  # measure.ingest_throughput.Worker, started by the ingest phase
 
     # --- processes ------------------------------------------------------------------------
 
@@ -454,6 +459,9 @@ class _Bench:
         self.worker_layout = None
 
     def close(self) -> None:
+        from measure import ingest_throughput
+
+        ingest_throughput.stop_worker(self.ingest_worker)
         self._stop_workers()
         if self.engine_process is not None and self.engine_process.poll() is None:
             self.progress("stopping the engine host this benchmark started")
@@ -620,6 +628,7 @@ class _Bench:
             "peak": lambda: self.peak(seed),
             "fairness": self.fairness,
             "prefix": self.prefix_reuse,
+            "ingest": lambda: self.beside_ingest(seed),
         }
         for phase in PHASES:
             if phase in phases:
@@ -794,6 +803,60 @@ class _Bench:
             "vs_fifo_while_drafting": while_drafting,
             "vs_fifo": mixed,
         }
+
+    def beside_ingest(self, seed: int) -> dict:
+        """Steady drafting (Poisson at ``--steady-rate``, ``--min-drafts`` of them) with nothing
+        else running, then the same arrivals while an ingest backlog (``--ingest-pages`` pages
+        of PDFs queued at once) goes through the ingest worker as ``make run`` starts it. What
+        is left of the backlog when the drafts are done is cancelled."""
+        from documents.models import Document
+        from documents.tasks import ingest_document
+        from measure import ingest_throughput
+
+        self._workers("split")
+        self._set_mode("appliance")
+        self.progress("ingest: drafting alone")
+        alone = self._steady_run(random.Random(seed), documents=False, eos=False)  # noqa: S311 - seeded
+        if self.ingest_worker is None:
+            self.ingest_worker = ingest_throughput.start_worker(self.progress, self.log_dir)
+        document_pages = 20
+        n = max(1, self.options["ingest_pages"] // document_pages)
+        files = ingest_throughput.make_pdfs(n, document_pages, seed)
+        ids = ingest_throughput.create_documents(self.owner, files, f"ingest-{seed}")
+        started = time.time()
+        for document_id in ids:
+            ingest_document.delay(document_id)
+        self.progress(f"ingest: drafting beside {n} PDFs of {document_pages} pages being read")
+        beside = self._steady_run(random.Random(seed), documents=False, eos=False)  # noqa: S311 - the same arrivals
+        elapsed = time.time() - started
+        documents = Document.objects.filter(pk__in=ids)
+        pages_read = sum(documents.values_list("pages_done", flat=True))
+        unfinished = documents.exclude(state__in=[Document.State.READY, Document.State.FAILED]).count()
+        # The rest of the backlog: queued ones are cancelled at once, those being read stop at
+        # their next check; the next phase starts once the worker is idle.
+        documents.filter(state=Document.State.UPLOADED).update(state=Document.State.CANCELLED)
+        documents.filter(state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING]).update(cancel_requested=True)
+        deadline = time.monotonic() + 300
+        while documents.filter(state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING]).exists():
+            if time.monotonic() > deadline:
+                raise CommandError("the ingest worker did not stop its cancelled documents within 300 s")
+            time.sleep(0.5)
+        if not unfinished:
+            self.progress("  the backlog ended before the last draft: raise --ingest-pages")
+        result: dict[str, Any] = {
+            "alone": drafting_figures(alone["drafts"]),
+            "beside_ingest": drafting_figures(beside["drafts"]),
+            "ingest_pages_read": pages_read,
+            "ingest_pages_per_s": _round(pages_read / elapsed, 2),
+            "backlog_ran_throughout": bool(unfinished),
+        }
+        result["ttft_p95_ratio"] = _ratio(result["beside_ingest"]["ttft_p95_ms"], result["alone"]["ttft_p95_ms"])
+        result["itl_p95_ratio"] = _ratio(result["beside_ingest"]["itl_p95_ms"], result["alone"]["itl_p95_ms"])
+        self.progress(
+            f"ingest: TTFT p95 x{result['ttft_p95_ratio']}, ITL p95 x{result['itl_p95_ratio']} beside "
+            f"{result['ingest_pages_per_s']} pages/s of ingest ({result['beside_ingest']['requests']} drafts)"
+        )
+        return result
 
     def idle(self, seed: int) -> dict:
         """The backlog alone: through the appliance, then the same prompts straight on the
@@ -1111,6 +1174,21 @@ def summarise(repeats: list[dict]) -> dict:
             if all(f["first_user_jobs_started_before"] <= TARGETS["fairness_turns"] for f in fairness)
             else "missed",
         }
+    ingest = [r["ingest"] for r in repeats if "ingest" in r]
+    if ingest:
+        ttft, itl = interval([r["ttft_p95_ratio"] for r in ingest]), interval([r["itl_p95_ratio"] for r in ingest])
+        pages = interval([r["ingest_pages_per_s"] for r in ingest])
+        summary["ingest"] = {
+            "ttft_p95_ratio": ttft.to_dict() if ttft else None,
+            "itl_p95_ratio": itl.to_dict() if itl else None,
+            "ingest_pages_per_s": pages.to_dict() if pages else None,
+            "drafts_measured": [r["beside_ingest"]["requests"] for r in ingest],
+            "backlog_ran_throughout": all(r["backlog_ran_throughout"] for r in ingest),
+            "verdict": {
+                "ttft_ratio": meets(ttft, TARGETS["ingest_ratio"], below=True),
+                "itl_ratio": meets(itl, TARGETS["ingest_ratio"], below=True),
+            },
+        }
     prefix = [r["prefix"] for r in repeats if "prefix" in r]
     if prefix:
         iv = interval([p["ratio"] for p in prefix])
@@ -1177,6 +1255,15 @@ def table(results: dict) -> list[str]:
         f = summary["fairness"]
         lines += ["", f"Fairness: first user's jobs started before the second's single job: {f['first_user_jobs_started_before']} "
                       f"(target <= {TARGETS['fairness_turns']}); its wait in job turns {_fmt(f['second_user_wait_turns'])}: {f['verdict']}"]  # fmt: skip
+    if "ingest" in summary:
+        i = summary["ingest"]
+        lines += [
+            "",
+            f"Drafting beside an ingest backlog ({_fmt(i['ingest_pages_per_s'])} pages/s read meanwhile; "
+            f"{min(i['drafts_measured'])}+ drafts; backlog ran throughout: {i['backlog_ran_throughout']})",
+            f"  TTFT p95 / alone {_fmt(i['ttft_p95_ratio'])}, ITL p95 / alone {_fmt(i['itl_p95_ratio'])} "
+            f"(target <= {TARGETS['ingest_ratio']}): " + ", ".join(f"{k} {v}" for k, v in i["verdict"].items()),
+        ]
     if "prefix" in summary:
         lines += [
             "",
