@@ -283,17 +283,8 @@ def _bench_ingest(progress, embedder, owner, options: dict) -> dict:
 
     worker = ingest_throughput.start_worker(progress, Path(settings.VAR_DIR) / "bench" / "logs")
     try:
-        result: dict = {
-            "ratios": ingest_throughput.ratios(
-                progress,
-                embedder,
-                owner,
-                n_documents=options["documents"],
-                n_pages=options["pages"],
-                rounds=options["rounds"],
-                seed=options["seed"],
-            )
-        }
+        sizes = {"n_documents": options["documents"], "n_pages": options["pages"], "rounds": options["rounds"]}
+        result: dict = {"ratios": ingest_throughput.ratios(progress, embedder, owner, seed=options["seed"], **sizes)}
         if options["backlog_pages"]:
             result["backlog"] = ingest_throughput.backlog(
                 progress,

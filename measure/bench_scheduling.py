@@ -81,7 +81,7 @@ from measure.benchmarking import (
     wait_for_engine,
     wait_for_queues,
 )
-from measure.intervals import interval, meets
+from measure.intervals import format_entry, interval, meets
 
 HELP = (
     "drafting beside a document backlog (burst, steady Poisson, EOS) under the appliance, tuned vLLM "
@@ -1197,11 +1197,7 @@ def summarise(repeats: list[dict]) -> dict:
 
 
 def _fmt(entry: dict | None) -> str:
-    if not entry:
-        return "-"
-    if entry["n"] < 2:
-        return f"{entry['mean']:.2f}"
-    return f"{entry['mean']:.2f} [{entry['low']:.2f}, {entry['high']:.2f}]"
+    return format_entry(entry)
 
 
 def table(results: dict) -> list[str]:

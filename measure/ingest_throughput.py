@@ -30,7 +30,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 
 from measure.benchmarking import Progress, synthetic_rng, synthetic_text
-from measure.intervals import Interval, interval, meets
+from measure.intervals import Interval, format_entry, interval, meets
 
 TARGET_PER_TOKEN = 0.95
 TARGET_PER_PAGE = 0.9
@@ -315,8 +315,4 @@ def table(ingest: dict) -> list[str]:
 
 
 def _fmt(entry: dict | None) -> str:
-    if not entry:
-        return "n/a"
-    if entry["n"] < 2:
-        return f"{entry['mean']:.3f}"
-    return f"{entry['mean']:.3f} [{entry['low']:.3f}, {entry['high']:.3f}]"
+    return format_entry(entry, digits=3, missing="n/a")

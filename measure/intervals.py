@@ -65,3 +65,12 @@ def meets(value: Interval | None, target: float, *, below: bool) -> str:
     if not good_low and not good_high:
         return "missed"
     return "unclear"
+
+
+def format_entry(entry: dict[str, Any] | None, *, digits: int = 2, missing: str = "-") -> str:
+    """An ``Interval.to_dict()`` as a table shows it: the mean, and [low, high] from two values on."""
+    if not entry:
+        return missing
+    if entry["n"] < 2:
+        return f"{entry['mean']:.{digits}f}"
+    return f"{entry['mean']:.{digits}f} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
