@@ -298,8 +298,8 @@ def table(ingest: dict) -> list[str]:
             f"  worker / embedder alone     {_fmt(ratios_['share_of_embedder_alone'])}   (encode of the worker's own "
             "passages, full batches, nothing else)",
             f"  tokens embedded: worker {ratios_['worker_tokens_embedded']:,}, baseline "
-            f"{ratios_['baseline_tokens_embedded']:,} (overlapping passages: +"
-            f"{100 * (ratios_['extra_tokens_of_overlap'] or 0):.1f} %); the baseline lost "
+            f"{ratios_['baseline_tokens_embedded']:,} (the worker's passages: "
+            f"{100 * (ratios_['extra_tokens_of_overlap'] or 0):+.1f} %); the baseline lost "
             f"{ratios_['baseline_tokens_dropped_by_model_limit']:,} to the model's limit",
         ]
     backlog_ = ingest.get("backlog")
