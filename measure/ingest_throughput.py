@@ -9,8 +9,9 @@
      document's pages, one document after another, in this process.
 
    Both embed with the same model on the same device and threads. Ratios: pages/s (the user's
-   figure) and embedded tokens/s (the worker embeds overlapping passages, so more tokens than
-   the baseline's one text per page: this one separates its overhead from that extra work).
+   figure) and embedded tokens/s (the worker embeds passages, which overlap where a cut falls
+   inside a sentence and run across pages, so not the same tokens as the baseline's one text
+   per page: this one separates its overhead from that difference in work).
    The **embedder alone** (``encode`` of the worker's own passages in full batches, nothing
    else) is the ceiling of "as fast as the embedder allows".
 2. **Backlog**: ``--backlog-pages`` pages in ``--backlog-document-pages``-page PDFs, queued at
