@@ -201,6 +201,8 @@ CELERY_TASK_ALWAYS_EAGER = False
 # Worker pools: one per queue, each with its own concurrency cap. The ingest's is threads reading
 # documents side by side (0: sized from the machine, appliance.sizing.ingest_threads).
 APPLIANCE_INGEST_CONCURRENCY = env_int("APPLIANCE_INGEST_CONCURRENCY", 0, minimum=0)
+# The ingest worker's CPU priority below the other processes (nice); 0: the same.
+APPLIANCE_INGEST_NICE = env_int("APPLIANCE_INGEST_NICE", 10, minimum=0, maximum=19)
 APPLIANCE_PREFILL_CONCURRENCY = env_int("APPLIANCE_PREFILL_CONCURRENCY", 2, minimum=1)
 APPLIANCE_DECODE_CONCURRENCY = env_int("APPLIANCE_DECODE_CONCURRENCY", 8, minimum=1)
 

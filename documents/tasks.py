@@ -8,13 +8,30 @@ the service's next check (``documents.services``), so a cancel never kills a wor
 from __future__ import annotations
 
 import logging
+import os
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import celeryd_after_setup
+from django.conf import settings
 
 from documents import services, source_services
 
 logger = logging.getLogger(__name__)
+
+@celeryd_after_setup.connect
+def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
+    """Reading documents is background work: the ingest worker (and the extraction children it
+    starts, which inherit it) runs ``APPLIANCE_INGEST_NICE`` steps below the other processes, so
+    that where the CPU is contended the drafting workers, the web server and a CPU engine are
+    served first. With the CPU to itself it runs at full speed (a priority, not a cap)."""
+    if instance is None or "ingest" not in instance.app.amqp.queues.consume_from:
+        return
+    increment = settings.APPLIANCE_INGEST_NICE
+    if increment:
+        niceness = os.nice(increment)
+        logger.info("ingest worker: CPU priority lowered by %s (niceness %s)", increment, niceness)
+
 
 # Extraction has its own time limit inside the sandbox; these are the outer bounds, which Celery
 # keeps on a prefork pool; on the ingest worker's threads pool the service keeps the same limit.

@@ -815,10 +815,10 @@ class _Bench:
 
         self._workers("split")
         self._set_mode("appliance")
+        if self.ingest_worker is None:  # started (and idle) before: its start-up is in neither run
+            self.ingest_worker = ingest_throughput.start_worker(self.progress, self.log_dir)
         self.progress("ingest: drafting alone")
         alone = self._steady_run(random.Random(seed), documents=False, eos=False)  # noqa: S311 - seeded
-        if self.ingest_worker is None:
-            self.ingest_worker = ingest_throughput.start_worker(self.progress, self.log_dir)
         document_pages = 20
         n = max(1, self.options["ingest_pages"] // document_pages)
         files = ingest_throughput.make_pdfs(n, document_pages, seed)

@@ -174,3 +174,14 @@ def test_documents_read_together_each_get_their_own_passages_vectors(browser, al
         stored = np.array([chunk.embedding for chunk in chunks], dtype=np.float32)
         alone = embedder.encode([chunk.text for chunk in chunks], batch_size=1)
         assert np.min(np.sum(stored * alone, axis=1)) > 0.999  # unit rows: cosine similarity
+
+
+def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(workers, settings):
+    """Reading documents is background work: its worker runs APPLIANCE_INGEST_NICE below the
+    drafting and document-job workers, so a busy CPU serves them first."""
+    by_queue = {
+        queue: p for p in workers for queue in ("ingest", "prefill", "decode") if f"{queue}@%h" in " ".join(p.args)
+    }
+    ingest, decode = by_queue["ingest"], by_queue["decode"]
+    assert settings.APPLIANCE_INGEST_NICE == 10
+    assert os.getpriority(os.PRIO_PROCESS, ingest.pid) == os.getpriority(os.PRIO_PROCESS, decode.pid) + 10
