@@ -132,7 +132,7 @@ def add_arguments(parser) -> None:
         help="KV cache of the engine host this benchmark starts (default: 24576 on a CPU, where filling "
         "gigabytes for the peak would take hours; all of it on a GPU)",
     )
-    parser.add_argument("--ingest-pages", type=int, default=1500,
+    parser.add_argument("--ingest-pages", type=int, default=3000,
                         help="pages of the ingest backlog the ingest phase drafts beside (what is left is cancelled)")  # fmt: skip
     parser.add_argument("--engine-socket", help="use the engine host already listening here instead of starting one")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds any one run may take")
