@@ -19,6 +19,7 @@ from documents import services, source_services
 
 logger = logging.getLogger(__name__)
 
+
 @celeryd_after_setup.connect
 def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
     """Reading documents is background work: the ingest worker (and the extraction children it
