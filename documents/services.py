@@ -18,6 +18,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterable
+from datetime import timedelta
 from pathlib import PurePath
 
 from django.conf import settings
@@ -26,7 +27,7 @@ from django.contrib.postgres.search import SearchVector
 from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Sum
+from django.db.models import Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 
 from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
@@ -47,6 +48,9 @@ KIND_BY_SUFFIX = {
 
 
 MAX_INGEST_ATTEMPTS = 3
+# An upload or a source's poll fills its batch in well under this (a poll stops taking files at
+# 10 minutes); a batch still unfilled after it lost its filler, and settles like a filled one.
+BATCH_FILL_TIMEOUT_S = 3600
 # A document's ingest stops after this long. The ingest worker's pool is threads, where Celery
 # keeps no time limit, so the service keeps it: checked where a cancel is (after extraction,
 # which has its own limit in the sandbox, and between embedding batches).
@@ -284,13 +288,15 @@ def batch_settle(*, batch_id: int | None, filled: bool = False) -> None:
     """A batch whose documents have all finished is finished (or stays cancelled), with the time.
     A batch still being filled (its ``files_total`` is counted when the upload or the poll that
     fills it is done, 0 until then) is not settled by a worker that finished the documents made
-    so far: its filler settles it, ``filled=True``."""
+    so far: its filler settles it, ``filled=True``. One whose filler died (a web process gone
+    in the middle of an upload) counts as filled after ``BATCH_FILL_TIMEOUT_S``."""
     if batch_id is None:
         return
     unfinished = Document.objects.filter(batch_id=OuterRef("pk"), state__in=UNFINISHED_STATES)
     settled = Batch.objects.filter(pk=batch_id, finished_at__isnull=True).exclude(Exists(unfinished))
     if not filled:
-        settled = settled.filter(files_total__gt=0)
+        stale = timezone.now() - timedelta(seconds=BATCH_FILL_TIMEOUT_S)
+        settled = settled.filter(Q(files_total__gt=0) | Q(created_at__lt=stale))
     settled.filter(state=Batch.State.RUNNING).update(state=Batch.State.FINISHED, finished_at=timezone.now())
     settled.update(finished_at=timezone.now())
 

@@ -180,3 +180,22 @@ def test_a_worker_that_reads_the_first_files_before_the_rest_are_added_leaves_th
     batch_settle(batch_id=batch.pk)  # the worker, after the last file
     batch.refresh_from_db()
     assert batch.state == Batch.State.FINISHED and batch.finished_at is not None
+
+
+def test_a_batch_whose_upload_died_while_filling_it_settles_after_the_fill_timeout(alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from documents.services import BATCH_FILL_TIMEOUT_S, batch_settle
+
+    batch = Batch.objects.create(owner=alice, name="3 files")  # the web process died after the first
+    Document.objects.create(
+        owner=alice, batch=batch, title="first", filename="first.txt", size_bytes=1, sha256="1" * 64,
+        state=Document.State.READY,
+    )  # fmt: skip
+    batch_settle(batch_id=batch.pk)
+    assert Batch.objects.get(pk=batch.pk).finished_at is None
+    Batch.objects.filter(pk=batch.pk).update(created_at=timezone.now() - timedelta(seconds=BATCH_FILL_TIMEOUT_S + 1))
+    batch_settle(batch_id=batch.pk)
+    assert Batch.objects.get(pk=batch.pk).state == Batch.State.FINISHED
