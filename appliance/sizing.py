@@ -19,6 +19,11 @@ def ingest_threads(*, cores: int, memory_bytes: int, extraction_memory_bytes: in
     return int(min(by_cores, by_memory))
 
 
+def machine_memory_bytes() -> int:
+    """This machine's RAM (also the device of a CPU engine, ``inference.capacity``)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def this_machine(cgroup_memory_max: str = "/sys/fs/cgroup/memory.max") -> tuple[int, int]:
     """(cores this process may run on, bytes of RAM it may use): in a container, its cgroup's
     memory limit when that is lower than the machine's."""
@@ -26,7 +31,7 @@ def this_machine(cgroup_memory_max: str = "/sys/fs/cgroup/memory.max") -> tuple[
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = machine_memory_bytes()
     try:
         with open(cgroup_memory_max, encoding="ascii") as handle:
             limit = handle.read().strip()

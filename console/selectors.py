@@ -17,6 +17,7 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from api.models import ApiToken
+from appliance.sizing import machine_memory_bytes
 from inference import selectors as job_selectors
 from inference.capacity import (
     GIB,
@@ -24,7 +25,6 @@ from inference.capacity import (
     ModelShape,
     Plan,
     ShapeError,
-    machine_memory_bytes,
     plan,
     plan_kv_cache,
     shape_of,

@@ -9,7 +9,6 @@ its 8.0 billion parameters take about 16 GB in bf16.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -245,11 +244,6 @@ def shape_of(
         except ValueError as exc:
             raise ShapeError(str(exc), [field]) from None
     return shape
-
-
-def machine_memory_bytes() -> int:
-    """This machine's RAM (the device of a CPU engine)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def shape_from_config(

@@ -810,7 +810,6 @@ class _Bench:
         of PDFs queued at once) goes through the ingest worker as ``make run`` starts it. What
         is left of the backlog when the drafts are done is cancelled."""
         from documents.models import Document
-        from documents.tasks import ingest_document
         from measure import ingest_throughput
 
         self._workers("split")
@@ -824,23 +823,14 @@ class _Bench:
         files = ingest_throughput.make_pdfs(n, document_pages, seed)
         ids = ingest_throughput.create_documents(self.owner, files, f"ingest-{seed}")
         started = time.time()
-        for document_id in ids:
-            ingest_document.delay(document_id)
+        ingest_throughput.queue(ids)
         self.progress(f"ingest: drafting beside {n} PDFs of {document_pages} pages being read")
         beside = self._steady_run(random.Random(seed), documents=False, eos=False)  # noqa: S311 - the same arrivals
         elapsed = time.time() - started
         documents = Document.objects.filter(pk__in=ids)
         pages_read = sum(documents.values_list("pages_done", flat=True))
         unfinished = documents.exclude(state__in=[Document.State.READY, Document.State.FAILED]).count()
-        # The rest of the backlog: queued ones are cancelled at once, those being read stop at
-        # their next check; the next phase starts once the worker is idle.
-        documents.filter(state=Document.State.UPLOADED).update(state=Document.State.CANCELLED)
-        documents.filter(state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING]).update(cancel_requested=True)
-        deadline = time.monotonic() + 300
-        while documents.filter(state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING]).exists():
-            if time.monotonic() > deadline:
-                raise CommandError("the ingest worker did not stop its cancelled documents within 300 s")
-            time.sleep(0.5)
+        ingest_throughput.cancel(self.owner, ids)  # the rest of the backlog; the next phase starts on an idle worker
         if not unfinished:
             self.progress("  the backlog ended before the last draft: raise --ingest-pages")
         result: dict[str, Any] = {

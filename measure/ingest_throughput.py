@@ -107,11 +107,34 @@ def create_documents(owner, files: list[bytes], prefix: str) -> list[int]:
     return ids
 
 
+def queue(ids: list[int]) -> None:
+    """Send ``ids`` to the ingest queue, as an upload does."""
+    from documents.tasks import ingest_document
+
+    for document_id in ids:
+        ingest_document.delay(document_id)
+
+
+def cancel(owner, ids: list[int], *, timeout_s: float = 300) -> None:
+    """Cancel what is left of ``ids`` as their owner would (``documents.services.document_cancel``)
+    and wait until the worker has stopped the ones it was reading."""
+    from documents.models import UNFINISHED_STATES, Document
+    from documents.services import document_cancel
+
+    unfinished = Document.objects.filter(pk__in=ids, state__in=UNFINISHED_STATES)
+    for document in unfinished:
+        document_cancel(document=document, user=owner)
+    deadline = time.monotonic() + timeout_s
+    while unfinished.exists():
+        if time.monotonic() > deadline:
+            raise CommandError(f"the ingest worker did not stop its cancelled documents within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
 def through_worker(ids: list[int], *, timeout_s: float) -> dict:
     """Queue ``ids`` (reset to uploaded) on the ingest queue; wait for every one to finish.
     Returns seconds to the first ready and to the last, and the failures."""
     from documents.models import Chunk, Document, Page
-    from documents.tasks import ingest_document
 
     Chunk.objects.filter(document_id__in=ids).delete()
     Page.objects.filter(document_id__in=ids).delete()
@@ -119,8 +142,7 @@ def through_worker(ids: list[int], *, timeout_s: float) -> dict:
         state=Document.State.UPLOADED, pages_done=0, attempts=0, failure_reason="", embedding_model=""
     )
     started = time.perf_counter()
-    for document_id in ids:
-        ingest_document.delay(document_id)
+    queue(ids)
     first_ready = None
     while True:
         states = dict(Document.objects.filter(pk__in=ids).values_list("pk", "state"))

@@ -315,6 +315,21 @@ def wait_for_web_server(url: str, *, timeout_s: float = 60) -> None:
     wait_until(answers, timeout_s=timeout_s, message="the web server")
 
 
+@pytest.fixture
+def queued(monkeypatch) -> list[int]:
+    """For the tests of what is queued (an upload, a batch, a poll, an e-mail's attachments),
+    without the worker: the documents queued for ingestion are listed here, not sent. Such a
+    test's transaction commits, and an ingest worker left running by another test of the session
+    would still be reading them while the test database is emptied (a race ``test_batches_api``
+    met, and a teardown deadlock ``test_limits`` met). Ingestion is tested with the real worker."""
+    from documents import services
+
+    ids: list[int] = []
+    monkeypatch.setattr(services, "_dispatch_upload", lambda document: ids.append(document.pk))
+    monkeypatch.setattr(services, "_enqueue_ingest", ids.append)
+    return ids
+
+
 def read(document, timeout_s: float = 300):
     """The document once the ingest worker has finished with it (read, failed or cancelled)."""
 

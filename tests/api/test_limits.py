@@ -155,12 +155,8 @@ def test_attachments_one_upload_unfolds_into_are_limited_in_depth_and_number(ali
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_email_with_more_attachments_than_allowed_keeps_the_first_and_says_so(alice, settings, monkeypatch):
+def test_an_email_with_more_attachments_than_allowed_keeps_the_first_and_says_so(alice, settings, queued):
     settings.APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD = 2
-    # The kept attachments are not sent to the session's ingest worker: it would still be reading
-    # them while this test's tables are emptied (a deadlock CI met). Reading them is tested there.
-    queued: list[int] = []
-    monkeypatch.setattr(document_services, "_enqueue_ingest", queued.append)
     mail = make_eml(
         plain="Three notes attached.",
         attachments=[(f"note{i}.txt", f"Note number {i} about the lease.".encode(), "text/plain") for i in range(3)],

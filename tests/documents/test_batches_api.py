@@ -217,15 +217,9 @@ async def _close_connections() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_stream_reports_progress_then_the_end(alice, monkeypatch):
+def test_the_stream_reports_progress_then_the_end(alice, queued):
     from asgiref.sync import sync_to_async
 
-    from documents import services
-
-    # This test's transaction commits, and an ingest worker left running by another test of the
-    # session would take a queued file and start reading it: queue nothing (the stream is tested).
-    queued: list[int] = []
-    monkeypatch.setattr(services, "_dispatch_upload", lambda document: queued.append(document.pk))
     batch, created = batch_services.batch_create(owner=alice, uploads=[licence("MPL-1.1")])
     assert queued == [created[0].pk]
 
