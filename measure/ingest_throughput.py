@@ -122,10 +122,10 @@ def cancel(owner, ids: list[int], *, timeout_s: float = 300) -> None:
     from documents.services import document_cancel
 
     unfinished = Document.objects.filter(pk__in=ids, state__in=UNFINISHED_STATES)
-    for document in unfinished:
+    for document in list(unfinished):
         document_cancel(document=document, user=owner)
     deadline = time.monotonic() + timeout_s
-    while unfinished.exists():
+    while unfinished.exists():  # not evaluated above (list() of it), so exists() asks the database
         if time.monotonic() > deadline:
             raise CommandError(f"the ingest worker did not stop its cancelled documents within {timeout_s:.0f} s")
         time.sleep(0.5)
