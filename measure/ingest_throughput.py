@@ -121,11 +121,13 @@ def cancel(owner, ids: list[int], *, timeout_s: float = 300) -> None:
     from documents.models import UNFINISHED_STATES, Document
     from documents.services import document_cancel
 
-    unfinished = Document.objects.filter(pk__in=ids, state__in=UNFINISHED_STATES)
-    for document in list(unfinished):
+    def unfinished():  # a new query each time: an evaluated queryset's exists() answers from its cache
+        return Document.objects.filter(pk__in=ids, state__in=UNFINISHED_STATES)
+
+    for document in unfinished():
         document_cancel(document=document, user=owner)
     deadline = time.monotonic() + timeout_s
-    while unfinished.exists():  # not evaluated above (list() of it), so exists() asks the database
+    while unfinished().exists():
         if time.monotonic() > deadline:
             raise CommandError(f"the ingest worker did not stop its cancelled documents within {timeout_s:.0f} s")
         time.sleep(0.5)
