@@ -12,6 +12,8 @@ finished with the database but keeps running.
 
 from __future__ import annotations
 
+import os
+
 import psycopg
 
 
@@ -52,3 +54,30 @@ def close_pool() -> None:
         close = getattr(connection, "close_pool", None)  # the psycopg backend's, when pooled
         if close is not None and getattr(connection, "pool", None) is not None:
             close()
+
+
+def local_backend(settings_dict: dict) -> bool:
+    """Whether a database's backends are processes of this machine: a Unix socket or a loopback
+    address (a PID another machine gave means nothing here)."""
+    host = settings_dict.get("HOST") or ""
+    return host == "" or host.startswith("/") or host in {"localhost", "127.0.0.1", "::1"}
+
+
+def share_niceness(connection, niceness: int) -> bool:
+    """Runs the Postgres backend that serves ``connection`` (a Django connection wrapper, open) at
+    ``niceness``, if it is a process of this machine that this process may renice: the queries of
+    background work (the ingest worker's writes and index updates) then yield the CPU as the
+    worker itself does, instead of competing at full priority with the drafters' job claims.
+    True if it did; anything else (a remote server, a backend of another user) is left as it is."""
+    if not local_backend(connection.settings_dict):
+        return False
+    pid = connection.connection.info.backend_pid
+    try:
+        with open(f"/proc/{pid}/comm") as comm:  # only ever a Postgres process
+            if comm.read().strip() != "postgres":
+                return False
+        if os.getpriority(os.PRIO_PROCESS, pid) != niceness:
+            os.setpriority(os.PRIO_PROCESS, pid, niceness)
+    except OSError:  # gone, or not ours to renice
+        return False
+    return True

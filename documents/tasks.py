@@ -14,7 +14,9 @@ from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import celeryd_after_setup
 from django.conf import settings
+from django.db.backends.signals import connection_created
 
+from appliance.database import share_niceness
 from documents import services, source_services
 
 logger = logging.getLogger(__name__)
@@ -25,13 +27,22 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
     """Reading documents is background work: the ingest worker (and the extraction children it
     starts, which inherit it) runs ``APPLIANCE_INGEST_NICE`` steps below the other processes, so
     that where the CPU is contended the drafting workers, the web server and a CPU engine are
-    served first. With the CPU to itself it runs at full speed (a priority, not a cap)."""
+    served first. With the CPU to itself it runs at full speed (a priority, not a cap). The
+    Postgres backends it queries on this machine (its passages' writes and their index updates)
+    run at its niceness too: at full priority they competed with the drafters' job claims."""
     if instance is None or "ingest" not in instance.app.amqp.queues.consume_from:
         return
     increment = settings.APPLIANCE_INGEST_NICE
     if increment:
         niceness = os.nice(increment)
-        logger.info("ingest worker: CPU priority lowered by %s (niceness %s)", increment, niceness)
+        connection_created.connect(_backend_yields_too, weak=False, dispatch_uid="ingest-backend-niceness")
+        logger.info("ingest worker: CPU priority lowered by %s (niceness %s), its database backends' too",
+                    increment, niceness)  # fmt: skip
+
+
+def _backend_yields_too(sender, connection, **kwargs) -> None:
+    """Each connection this worker takes (a pool's checkout included) is served at its niceness."""
+    share_niceness(connection, os.getpriority(os.PRIO_PROCESS, 0))
 
 
 # Extraction has its own time limit inside the sandbox; these are the outer bounds, which Celery

@@ -69,3 +69,23 @@ def test_a_prefork_worker_opens_a_connection_per_task_instead_of_a_pool(settings
     assert unpooled_in_prefork_worker("prefork") is True
     assert "pool" not in settings.DATABASES["default"]["OPTIONS"]
     assert settings.DATABASES["default"]["CONN_HEALTH_CHECKS"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connections_backend_takes_the_niceness_it_is_given_only_on_this_machine():
+    """share_niceness renices the local Postgres process serving a connection (the ingest worker's
+    backends yield the CPU as it does); a server on another machine is left alone."""
+    import os
+
+    from appliance.database import local_backend, share_niceness
+
+    pid = _backend_pid()
+    try:
+        assert share_niceness(connection, 7) is True
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 7
+    finally:
+        os.setpriority(os.PRIO_PROCESS, pid, 0)  # root here: the suite's backend gets its priority back
+    assert local_backend({"HOST": "127.0.0.1"}) and local_backend({"HOST": "/run/postgresql"})
+    assert local_backend({"HOST": ""}) and not local_backend({"HOST": "db.example.org"})
+    remote = type("Remote", (), {"settings_dict": {"HOST": "10.0.0.5"}})()  # a fake: never connected
+    assert share_niceness(remote, 7) is False

@@ -3,6 +3,7 @@ progress and state; no duplicate work; deletion; hostile files fail alone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -185,3 +186,24 @@ def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(workers, settin
     ingest, decode = by_queue["ingest"], by_queue["decode"]
     assert settings.APPLIANCE_INGEST_NICE == 10
     assert os.getpriority(os.PRIO_PROCESS, ingest.pid) == os.getpriority(os.PRIO_PROCESS, decode.pid) + 10
+
+
+def test_the_ingest_workers_database_backends_yield_the_cpu_too(browser, alice, workers):
+    """The Postgres backends that write the ingest's passages (and update their index) run at
+    the ingest worker's niceness, not at full priority beside the drafters' job claims."""
+    from django.db import connection
+
+    ingest = next(p for p in workers if "ingest@%h" in " ".join(p.args))
+    niceness = os.getpriority(os.PRIO_PROCESS, ingest.pid)
+    document = finished(upload(browser, "backend-niceness.txt", b"The deposit is refunded within thirty days.").pk)
+    assert document.state == Document.State.READY, document.failure_reason
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        backends = [pid for (pid,) in cursor.fetchall()]
+    at = {}
+    for pid in backends:
+        with contextlib.suppress(ProcessLookupError):  # a backend that ended meanwhile
+            at[pid] = os.getpriority(os.PRIO_PROCESS, pid)
+    assert niceness > 0 and niceness in at.values(), at  # the ingest worker's pooled connections
