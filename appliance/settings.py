@@ -180,7 +180,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # waiting for ever (consumers poll with BRPOP every second, well inside it).
     "socket_timeout": 10,
 }
-# A web request that creates a job waits at most about a second for a broker that is down, then
+# A web request that creates a job waits at most a few seconds for a broker that is down, then
 # answers 503 (appliance/broker.py); kombu's default retries would hold it longer.
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.25, "interval_max": 0.5}

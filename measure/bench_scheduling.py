@@ -89,6 +89,7 @@ HELP = (
 )
 
 BENCH_USERNAME = "bench-scheduling"
+CREATE_ATTEMPTS = 4  # a job's creation refused for the broker, asked for again a second later
 PHASES = ("burst", "steady", "eos", "idle", "peak", "fairness", "prefix", "ingest")
 TARGETS = {
     "ttft_ratio": 2.0,
@@ -177,6 +178,7 @@ def run(command, **options) -> dict:
             results["repeats"].append(current)
             bench.repeat(repeat, phases, thresholds, into=current, saved=lambda: _write_partial(results))
         results["summary"] = summarise(results["repeats"])
+        results["broker_refusals"] = bench.broker_refusals
         results["targets"] = TARGETS
         write("")
         for line in table(results):
@@ -347,6 +349,7 @@ class _Bench:
         self.log_dir = Path(settings.VAR_DIR) / "bench" / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.scale = 1.0
+        self.broker_refusals = 0
         self._documents = 0
         self.best_engine: dict[str, str] = {}  # workload -> the tuned engine mode its first repeat found
         self.ingest_worker: Any = None  # measure.ingest_throughput.Worker, started by the ingest phase
@@ -560,12 +563,25 @@ class _Bench:
         )
 
     def _create(self, factory):
-        """Create a job as the benchmark may (no queue caps: it measures the engine, not them)."""
+        """Create a job as the benchmark may (no queue caps: it measures the engine, not them).
+        A job refused because the broker did not answer is asked for again, as a client told to
+        retry would (a few times, a second apart), and counted (``broker_refusals``): one such
+        refusal ended a 20-minute run before."""
         from django.db import close_old_connections
 
+        from appliance.broker import BrokerUnavailable
+
         try:
-            with override_settings(APPLIANCE_MAX_QUEUE_DEPTH=10**6, APPLIANCE_MAX_QUEUED_PER_USER=10**6):
-                return factory()
+            for attempt in range(CREATE_ATTEMPTS):
+                try:
+                    with override_settings(APPLIANCE_MAX_QUEUE_DEPTH=10**6, APPLIANCE_MAX_QUEUED_PER_USER=10**6):
+                        return factory()
+                except BrokerUnavailable:
+                    self.broker_refusals += 1
+                    self.progress(f"the broker did not answer a job's creation ({self.broker_refusals} so far)")
+                    if attempt == CREATE_ATTEMPTS - 1:
+                        raise
+                    time.sleep(1.0)
         finally:
             close_old_connections()
 
