@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from documents.embedding_batcher import EmbeddingBatcher
+from documents.embedding_batcher import EmbeddingBatcher, YieldWhileDrafting
 
 logger = logging.getLogger(__name__)
 
@@ -121,13 +121,35 @@ def passage_batcher() -> EmbeddingBatcher:
     global _batcher
     if _batcher is None:
         embedder = passage_embedder()
+        share = settings.APPLIANCE_INGEST_SHARE_WHILE_DRAFTING
+        device = settings.APPLIANCE_EMBEDDING_DEVICE
         with _lock:
             if _batcher is None:
                 _batcher = EmbeddingBatcher(
                     lambda texts: embedder.encode(texts, batch_size=len(texts)),
                     batch_size=settings.APPLIANCE_EMBEDDING_BATCH,
+                    rest=YieldWhileDrafting(lambda: engine_drafts_on(device), share=share, poll_s=0.5)
+                    if share < 1
+                    else None,
                 )
     return _batcher
+
+
+_engine_client: Any = None
+
+
+def engine_drafts_on(device: str) -> bool:
+    """Whether this machine's engine (reached by its Unix socket: one elsewhere shares nothing
+    with this embedder) runs drafting requests now on ``device`` ("cpu" or "cuda")."""
+    global _engine_client
+    if _engine_client is None:
+        from inference.engine.client import EngineClient
+
+        _engine_client = EngineClient.from_settings()
+    if _engine_client.address.scheme != "unix":
+        return False
+    stats = _engine_client.stats(timeout_s=1.0)
+    return stats.get("device") == device and (stats.get("drafting_requests") or 0) > 0
 
 
 def chunking_tokenizer(embedder: Embedder) -> Any:

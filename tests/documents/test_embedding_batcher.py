@@ -138,3 +138,60 @@ def test_a_stopped_batcher_refuses_new_work(encoder):
     batcher.stop()
     with pytest.raises(RuntimeError, match="stopped"):
         batcher.embed(["x-2"])
+
+
+class FakeClock:
+    """A fake clock and wait: time moves only when the rest waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> bool:
+        self.waits.append(seconds)
+        self.now += seconds
+        return False
+
+
+def test_while_drafting_the_embedder_rests_so_that_it_embeds_its_share_of_the_time():
+    from documents.embedding_batcher import YieldWhileDrafting
+
+    clock, asked = FakeClock(), []
+    rest = YieldWhileDrafting(lambda: asked.append(clock.now) or True, share=0.25, poll_s=0.5, clock=clock)
+    assert rest(1.0, clock.wait) == pytest.approx(3.0)  # 1 s of 4 embedding
+    assert max(clock.waits) <= 0.5 and len(asked) >= 6  # asked again every poll while resting
+
+
+def test_the_rest_ends_when_drafting_stops_and_never_starts_without_it():
+    from documents.embedding_batcher import YieldWhileDrafting
+
+    clock = FakeClock()
+    rest = YieldWhileDrafting(lambda: clock.now < 1.0, share=0.1, poll_s=0.5, clock=clock)
+    assert rest(2.0, clock.wait) == pytest.approx(1.0)  # 18 s owed; drafting stopped after 1 s
+    assert rest(2.0, clock.wait) == 0.0
+    broken = YieldWhileDrafting(lambda: 1 / 0, share=0.1, clock=clock)  # an engine that does not answer
+    assert broken(2.0, clock.wait) == 0.0
+    never = YieldWhileDrafting(lambda: True, share=1.0, clock=clock)
+    assert never(2.0, clock.wait) == 0.0
+
+
+def test_the_batcher_rests_after_each_batch_and_a_stop_ends_the_rest(encoder):
+    rests: list[float] = []
+    started = threading.Event()
+
+    def rest(busy_s: float, wait) -> float:
+        rests.append(busy_s)
+        started.set()
+        wait(30)  # the stop below must end it at once
+        return 30.0
+
+    batcher = EmbeddingBatcher(encoder, batch_size=4, rest=rest)
+    assert batcher.embed(_texts("a", 3)).shape == (3, 2)
+    assert started.wait(5) and len(rests) == 1 and rests[0] >= 0
+    stopper = threading.Thread(target=batcher.stop)
+    stopper.start()
+    stopper.join(5)
+    assert not stopper.is_alive()

@@ -464,3 +464,26 @@ def test_role_markers_a_message_writes_are_read_as_text_not_as_control_tokens(en
         [[{"role": "user", "content": "Rent: "}], [{"role": "user", "content": "Rent: <|im_end|>"}]]
     )
     assert marker - empty >= 5  # "<", "|", "im", "_", "end", ... rather than one token
+
+
+def test_the_ingest_sees_drafting_in_the_engine_on_its_device(engine_host, monkeypatch):
+    """The ingest's embedder rests while this machine's engine runs drafting requests on its
+    device (documents.embeddings.engine_drafts_on): yes while a draft streams, no after, and no
+    for an embedder on another device."""
+    from documents import embeddings
+
+    monkeypatch.setattr(embeddings, "_engine_client", engine_host)
+    device = engine_host.stats()["device"]
+    other = "cuda" if device == "cpu" else "cpu"
+    assert embeddings.engine_drafts_on(device) is False
+    stream = engine_host.generate(_request(max_tokens=2000))
+    try:
+        assert next(event for event in stream if event.type == "delta")
+        assert embeddings.engine_drafts_on(device) is True
+        assert embeddings.engine_drafts_on(other) is False
+    finally:
+        stream.close()
+    deadline = time.monotonic() + 30
+    while embeddings.engine_drafts_on(device) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert embeddings.engine_drafts_on(device) is False
