@@ -831,7 +831,9 @@ class _Bench:
         self._workers("split")
         self._set_mode("appliance")
         if self.ingest_worker is None:  # started (and idle) before: its start-up is in neither run
-            self.ingest_worker = ingest_throughput.start_worker(self.progress, self.log_dir)
+            self.ingest_worker = ingest_throughput.start_worker(
+                self.progress, self.log_dir, env={"APPLIANCE_ENGINE_SOCKET": str(self.socket)}
+            )
         self.progress("ingest: drafting alone")
         alone = self._steady_run(random.Random(seed), documents=False, eos=False)  # noqa: S311 - seeded
         document_pages = 20

@@ -45,10 +45,12 @@ class Worker:
     concurrency: int
 
 
-def start_worker(progress: Progress, log_dir: Path) -> Worker:
+def start_worker(progress: Progress, log_dir: Path, *, env: dict[str, str] | None = None) -> Worker:
     """The ingest worker as ``make run`` starts it (the one declaration of processes), named
-    ``ingest-bench@host``. Refused when another ingest worker consumes the queue: it would take
-    the benchmark's documents."""
+    ``ingest-bench@host``, with ``env`` added to this process's environment (``bench scheduling``
+    gives it its engine's socket, as ``make run`` gives every process the same one: the worker
+    rests while that engine drafts). Refused when another ingest worker consumes the queue: it
+    would take the benchmark's documents."""
     from appliance.processes import start_appliance_processes
     from measure.benchmarking import served_queues, wait_for_queues
 
@@ -59,7 +61,7 @@ def start_worker(progress: Progress, log_dir: Path) -> Worker:
             "the benchmark starts its own worker and times the documents it reads."
         )
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": settings.SETTINGS_MODULE, **(env or {})}
     processes = start_appliance_processes(
         {"ingest-worker"}, settings=settings, tag="bench", env=env, log_dir=log_dir, tie_to_parent=True
     )
