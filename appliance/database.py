@@ -59,8 +59,10 @@ def close_pool() -> None:
 def local_backend(settings_dict: dict) -> bool:
     """Whether a database's backends are processes of this machine: a Unix socket or a loopback
     address (a PID another machine gave means nothing here)."""
+    from inference.engine.address import is_loopback
+
     host = settings_dict.get("HOST") or ""
-    return host == "" or host.startswith("/") or host in {"localhost", "127.0.0.1", "::1"}
+    return host == "" or host.startswith("/") or is_loopback(host)
 
 
 def share_niceness(connection, niceness: int) -> bool:

@@ -56,7 +56,6 @@ class YieldWhileDrafting:
         self._clock = clock
         self._asked_at: float | None = None
         self._answer = False
-        self.rested_s = 0.0  # in all, for the logs and the benchmark
 
     def drafting_now(self) -> bool:
         now = self._clock()
@@ -79,7 +78,6 @@ class YieldWhileDrafting:
             rested += step
             if stopping:
                 break
-        self.rested_s += rested
         return rested
 
 

@@ -139,14 +139,15 @@ _engine_client: Any = None
 
 
 def engine_drafts_on(device: str) -> bool:
-    """Whether this machine's engine (reached by its Unix socket: one elsewhere shares nothing
-    with this embedder) runs drafting requests now on ``device`` ("cpu" or "cuda")."""
+    """Whether this machine's engine (reached by its Unix socket or a loopback address: one
+    elsewhere shares nothing with this embedder) runs drafting requests now on ``device``
+    ("cpu" or "cuda")."""
     global _engine_client
     if _engine_client is None:
         from inference.engine.client import EngineClient
 
         _engine_client = EngineClient.from_settings()
-    if _engine_client.address.scheme != "unix":
+    if not _engine_client.address.loopback:
         return False
     stats = _engine_client.stats(timeout_s=1.0)
     return stats.get("device") == device and (stats.get("drafting_requests") or 0) > 0
