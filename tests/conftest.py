@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -244,10 +245,14 @@ def _start_appliance_processes(names: set[str], *, port: int = 0) -> list[subpro
     )
 
 
+_LIVE_WORKERS: list[subprocess.Popen] = []  # the session's worker pools, while `workers` has them running
+
+
 @pytest.fixture(scope="session")
 def workers(django_db_setup, django_db_blocker):
     """The ingest, prefill and decode worker pools, as `make run` starts them, on the test DB."""
     processes = _start_appliance_processes({"ingest-worker", "prefill-worker", "decode-worker"})
+    _LIVE_WORKERS.extend(processes)
     log_dir = Path(settings.VAR_DIR) / "logs"
     from appliance.celery import app
 
@@ -264,9 +269,26 @@ def workers(django_db_setup, django_db_blocker):
             pytest.fail(f"workers did not start; queues served: {sorted(served)}; logs in {log_dir}")
         time.sleep(0.5)
     yield processes
+    _LIVE_WORKERS.clear()
     for process in processes:
         _stop(process)
     _wait_for_other_sessions_to_close()
+
+
+@pytest.fixture
+def workers_held():
+    """The session's worker pools, if an earlier test started them, held still (SIGSTOP to each
+    process group) for the test and continued after it. A test that claims jobs in its own process
+    needs this: a turn an earlier test left behind (an engine retry's countdown) would otherwise
+    reach a live worker mid-test, and that worker would claim the test's rows by fair share."""
+    held = [p for p in _LIVE_WORKERS if p.poll() is None]
+    for process in held:
+        os.killpg(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in held:
+            os.killpg(process.pid, signal.SIGCONT)
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,10 @@ from inference.lifecycle import engine_retry_delays_s
 from inference.models import Job, JobKind, Queue
 from tests.conftest import wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the attempt's watch thread has its own connection
+pytestmark = [
+    pytest.mark.django_db(transaction=True),  # the attempt's watch thread has its own connection
+    pytest.mark.usefixtures("workers_held"),  # no live worker of an earlier test claims these rows
+]
 
 LETTER = [{"role": "user", "content": "Write a reply to a supplier who asks when the invoice will be paid."}]
 
