@@ -39,6 +39,10 @@ interval over the repeats:
    turns.
 7. ``prefix``: a clause extraction on a document that was just summarised: its prefill time
    divided by the summary's (target <= 0.3).
+8. ``ingest``: steady drafting without and beside an ingest backlog read by the ingest worker,
+   in ``--ingest-pairs`` pairs of windows whose order alternates (the worker is held still in
+   the windows without it): drafting TTFT p95 and ITL p95 beside the ingest against alone
+   (target <= 1.2x each), and the pages per second the ingest read meanwhile.
 
 Lengths scale with the model's context (``--scale auto``: context / 8192), so that the same
 command means the same workload on a GPU box with a real model (there, raise
@@ -135,6 +139,8 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--ingest-pages", type=int, default=3000,
                         help="pages of the ingest backlog the ingest phase drafts beside (what is left is cancelled)")  # fmt: skip
+    parser.add_argument("--ingest-pairs", type=int, default=3,
+                        help="pairs of drafting windows, without and with the ingest, the ingest phase alternates")  # fmt: skip
     parser.add_argument("--engine-socket", help="use the engine host already listening here instead of starting one")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds any one run may take")
     parser.add_argument("--seed", type=int, default=20261201)
@@ -144,7 +150,7 @@ _PARAMETERS = (
     "repeats", "documents", "document_tokens", "document_output", "document_pool", "draft_tokens", "draft_output",
     "draft_pool", "burst_drafts", "burst_interval", "min_drafts", "steady_rate", "steady_documents", "thresholds",
     "peak_factor", "peak_prompt_tokens", "peak_output", "fair_batch", "prefix_tokens", "kv_capacity_tokens", "seed",
-    "ingest_pages",
+    "ingest_pages", "ingest_pairs",
 )  # fmt: skip
 
 
@@ -730,7 +736,7 @@ class _Bench:
     def _current_layout_mode(self) -> str:
         return "fifo" if self.worker_layout and self.worker_layout.startswith("fifo") else "appliance"
 
-    def _steady_run(self, rng: random.Random, *, documents: bool, eos: bool) -> dict:
+    def _steady_run(self, rng: random.Random, *, documents: bool, eos: bool, drafts_wanted: int | None = None) -> dict:
 
         rate = self.options["steady_rate"]
         backlog = self._documents_for(self.options["steady_documents"]) if documents else []
@@ -746,7 +752,7 @@ class _Bench:
                     backlog_done_at = now
                 if documents and backlog_done_at is not None:
                     break
-                if not documents and len(drafts_created) >= self.options["min_drafts"]:
+                if not documents and len(drafts_created) >= (drafts_wanted or self.options["min_drafts"]):
                     break
                 if now - started > self.options["timeout"]:
                     raise CommandError(f"the backlog did not finish within {self.options['timeout']:.0f} s")
@@ -821,48 +827,81 @@ class _Bench:
         }
 
     def beside_ingest(self, seed: int) -> dict:
-        """Steady drafting (Poisson at ``--steady-rate``, ``--min-drafts`` of them) with nothing
-        else running, then the same arrivals while an ingest backlog (``--ingest-pages`` pages
-        of PDFs queued at once) goes through the ingest worker as ``make run`` starts it. What
-        is left of the backlog when the drafts are done is cancelled."""
-        from documents.models import Document
+        """Steady drafting (Poisson at ``--steady-rate``) in ``--ingest-pairs`` pairs of windows,
+        one with nothing else running and one while an ingest backlog (``--ingest-pages`` pages
+        of PDFs, queued at the start) goes through the ingest worker as ``make run`` starts it.
+        Between windows the worker is held still (``ingest_throughput.hold``): the two sides of
+        a pair see the same arrivals and the same stretch of time, and the order alternates
+        (alone first, then ingest first), so a machine that drifts between windows weighs on both
+        sides. ``--min-drafts`` drafts per side, shared among the pairs. What is left of the
+        backlog at the end is cancelled."""
         from measure import ingest_throughput
 
         self._workers("split")
         self._set_mode("appliance")
-        if self.ingest_worker is None:  # started (and idle) before: its start-up is in neither run
+        if self.ingest_worker is None:  # started (and idle) before: its start-up is in neither side
             self.ingest_worker = ingest_throughput.start_worker(
                 self.progress, self.log_dir, env={"APPLIANCE_ENGINE_SOCKET": str(self.socket)}
             )
-        self.progress("ingest: drafting alone")
-        alone = self._steady_run(random.Random(seed), documents=False, eos=False)  # noqa: S311 - seeded
+        worker = self.ingest_worker
+        pairs = max(1, self.options["ingest_pairs"])
+        per_window = -(-self.options["min_drafts"] // pairs)
         document_pages = 20
         n = max(1, self.options["ingest_pages"] // document_pages)
-        files = ingest_throughput.make_pdfs(n, document_pages, seed)
-        ids = ingest_throughput.create_documents(self.owner, files, f"ingest-{seed}")
-        started = time.time()
-        ingest_throughput.queue(ids)
-        self.progress(f"ingest: drafting beside {n} PDFs of {document_pages} pages being read")
-        beside = self._steady_run(random.Random(seed), documents=False, eos=False)  # noqa: S311 - the same arrivals
-        elapsed = time.time() - started
-        documents = Document.objects.filter(pk__in=ids)
-        pages_read = sum(documents.values_list("pages_done", flat=True))
-        unfinished = documents.exclude(state__in=[Document.State.READY, Document.State.FAILED]).count()
+        ids = ingest_throughput.create_documents(
+            self.owner, ingest_throughput.make_pdfs(n, document_pages, seed), f"ingest-{seed}"
+        )
+        sides: dict[str, list] = {"alone": [], "beside_ingest": []}
+        pair_ratios: list[dict] = []
+        ingest_s, pages_read = 0.0, 0
+        ingest_throughput.hold(worker)
+        try:
+            ingest_throughput.queue(ids)
+            for index in range(pairs):
+                order = ("alone", "beside_ingest") if index % 2 == 0 else ("beside_ingest", "alone")
+                window: dict[str, list] = {}
+                for side in order:
+                    arrivals = random.Random(seed * 1000 + index)  # noqa: S311 - seeded; both sides the same
+                    self.progress(f"ingest: pair {index + 1}/{pairs}, {per_window} drafts {side.replace('_', ' ')}")
+                    if side == "beside_ingest":
+                        pages_before, started = ingest_throughput.pages_done(ids), time.time()
+                        ingest_throughput.release(worker)
+                    try:
+                        run = self._steady_run(arrivals, documents=False, eos=False, drafts_wanted=per_window)
+                    finally:
+                        if side == "beside_ingest":
+                            ingest_throughput.hold(worker)
+                    if side == "beside_ingest":
+                        ingest_s += time.time() - started
+                        pages_read += ingest_throughput.pages_done(ids) - pages_before
+                    window[side] = run["drafts"]
+                    sides[side] += run["drafts"]
+                alone, beside = drafting_figures(window["alone"]), drafting_figures(window["beside_ingest"])
+                pair_ratios.append({
+                    "order": list(order),
+                    "ttft_p95_ratio": _ratio(beside["ttft_p95_ms"], alone["ttft_p95_ms"]),
+                    "itl_p95_ratio": _ratio(beside["itl_p95_ms"], alone["itl_p95_ms"]),
+                })  # fmt: skip
+        finally:
+            ingest_throughput.release(worker)
+        unfinished = ingest_throughput.unfinished(ids).count()
         ingest_throughput.cancel(self.owner, ids)  # the rest of the backlog; the next phase starts on an idle worker
         if not unfinished:
-            self.progress("  the backlog ended before the last draft: raise --ingest-pages")
+            self.progress("  the backlog ended before the last window: raise --ingest-pages")
         result: dict[str, Any] = {
-            "alone": drafting_figures(alone["drafts"]),
-            "beside_ingest": drafting_figures(beside["drafts"]),
+            "alone": drafting_figures(sides["alone"]),
+            "beside_ingest": drafting_figures(sides["beside_ingest"]),
+            "pairs": pair_ratios,
             "ingest_pages_read": pages_read,
-            "ingest_pages_per_s": _round(pages_read / elapsed, 2),
+            "ingest_pages_per_s": _round(pages_read / ingest_s, 2) if ingest_s else None,
             "backlog_ran_throughout": bool(unfinished),
         }
         result["ttft_p95_ratio"] = _ratio(result["beside_ingest"]["ttft_p95_ms"], result["alone"]["ttft_p95_ms"])
         result["itl_p95_ratio"] = _ratio(result["beside_ingest"]["itl_p95_ms"], result["alone"]["itl_p95_ms"])
         self.progress(
             f"ingest: TTFT p95 x{result['ttft_p95_ratio']}, ITL p95 x{result['itl_p95_ratio']} beside "
-            f"{result['ingest_pages_per_s']} pages/s of ingest ({result['beside_ingest']['requests']} drafts)"
+            f"{result['ingest_pages_per_s']} pages/s of ingest ({result['beside_ingest']['requests']} drafts a side; "
+            f"per pair TTFT {[p['ttft_p95_ratio'] for p in pair_ratios]})"
         )
         return result
 
@@ -1191,6 +1230,8 @@ def summarise(repeats: list[dict]) -> dict:
             "itl_p95_ratio": itl.to_dict() if itl else None,
             "ingest_pages_per_s": pages.to_dict() if pages else None,
             "drafts_measured": [r["beside_ingest"]["requests"] for r in ingest],
+            "per_pair_ttft_p95_ratio": [p["ttft_p95_ratio"] for r in ingest for p in r.get("pairs", [])],
+            "per_pair_itl_p95_ratio": [p["itl_p95_ratio"] for r in ingest for p in r.get("pairs", [])],
             "backlog_ran_throughout": all(r["backlog_ran_throughout"] for r in ingest),
             "verdict": {
                 "ttft_ratio": meets(ttft, TARGETS["ingest_ratio"], below=True),
@@ -1267,6 +1308,8 @@ def table(results: dict) -> list[str]:
             f"{min(i['drafts_measured'])}+ drafts; backlog ran throughout: {i['backlog_ran_throughout']})",
             f"  TTFT p95 / alone {_fmt(i['ttft_p95_ratio'])}, ITL p95 / alone {_fmt(i['itl_p95_ratio'])} "
             f"(target <= {TARGETS['ingest_ratio']}): " + ", ".join(f"{k} {v}" for k, v in i["verdict"].items()),
+            f"  per pair of windows (alone, beside; alternating order): TTFT {i.get('per_pair_ttft_p95_ratio')}, "
+            f"ITL {i.get('per_pair_itl_p95_ratio')}",
         ]
     if "prefix" in summary:
         lines += [

@@ -78,6 +78,32 @@ def stop_worker(worker: Worker | None) -> None:
         stop_groups(worker.processes)
 
 
+def hold(worker: Worker) -> None:
+    """Stop the worker where it is (SIGSTOP to each of its process groups): it reads nothing and
+    takes no CPU until ``release``, with its queue, its documents and its connections as they
+    were. ``bench scheduling`` measures drafting without the ingest in windows between windows
+    with it, so that both see the same stretch of time on a shared machine."""
+    import signal
+
+    for process in worker.processes:
+        os.killpg(process.pid, signal.SIGSTOP)
+
+
+def release(worker: Worker) -> None:
+    import signal
+
+    for process in worker.processes:
+        os.killpg(process.pid, signal.SIGCONT)
+
+
+def pages_done(ids: list[int]) -> int:
+    from django.db.models import Sum
+
+    from documents.models import Document
+
+    return Document.objects.filter(pk__in=ids).aggregate(n=Sum("pages_done"))["n"] or 0
+
+
 def make_pdfs(n_documents: int, n_pages: int, seed: int) -> list[bytes]:
     """PDFs of pages of 110-160 words: about 150-230 word pieces, inside the model's 256, so that
     the baseline embeds all of each page's text as the appliance does."""
@@ -117,19 +143,23 @@ def queue(ids: list[int]) -> None:
         ingest_document.delay(document_id)
 
 
+def unfinished(ids: list[int]):
+    """The documents of ``ids`` not yet read; a new query at each call (an evaluated queryset's
+    ``exists()`` answers from its cache)."""
+    from documents.models import UNFINISHED_STATES, Document
+
+    return Document.objects.filter(pk__in=ids, state__in=UNFINISHED_STATES)
+
+
 def cancel(owner, ids: list[int], *, timeout_s: float = 300) -> None:
     """Cancel what is left of ``ids`` as their owner would (``documents.services.document_cancel``)
     and wait until the worker has stopped the ones it was reading."""
-    from documents.models import UNFINISHED_STATES, Document
     from documents.services import document_cancel
 
-    def unfinished():  # a new query each time: an evaluated queryset's exists() answers from its cache
-        return Document.objects.filter(pk__in=ids, state__in=UNFINISHED_STATES)
-
-    for document in unfinished():
+    for document in unfinished(ids):
         document_cancel(document=document, user=owner)
     deadline = time.monotonic() + timeout_s
-    while unfinished().exists():
+    while unfinished(ids).exists():
         if time.monotonic() > deadline:
             raise CommandError(f"the ingest worker did not stop its cancelled documents within {timeout_s:.0f} s")
         time.sleep(0.5)
