@@ -139,7 +139,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--ingest-pages", type=int, default=3000,
                         help="pages of the ingest backlog the ingest phase drafts beside (what is left is cancelled)")  # fmt: skip
-    parser.add_argument("--ingest-pairs", type=int, default=3,
+    parser.add_argument("--ingest-pairs", type=int, default=5,
                         help="pairs of drafting windows, without and with the ingest, the ingest phase alternates")  # fmt: skip
     parser.add_argument("--engine-socket", help="use the engine host already listening here instead of starting one")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds any one run may take")
