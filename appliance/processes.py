@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,19 @@ def signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
     """``sig`` to ``process``'s group, if there is still one (and it is ours to signal)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
+
+
+@contextlib.contextmanager
+def held(processes: Sequence[subprocess.Popen[bytes]]) -> Iterator[None]:
+    """Each process's group stopped where it is (SIGSTOP) for the block and continued after: it
+    runs nothing and takes no CPU meanwhile, with its work, queue and connections as they were."""
+    for process in processes:
+        signal_group(process, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in processes:
+            signal_group(process, signal.SIGCONT)
 
 
 def _group_alive(pgid: int) -> bool:

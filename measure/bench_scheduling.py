@@ -51,6 +51,7 @@ command means the same workload on a GPU box with a real model (there, raise
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -70,7 +71,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from appliance.processes import start_appliance_processes, stop_groups
+from appliance.processes import held, start_appliance_processes, stop_groups
 from inference.timing import percentile
 from measure.benchmarking import (
     Progress,
@@ -830,7 +831,7 @@ class _Bench:
         """Steady drafting (Poisson at ``--steady-rate``) in ``--ingest-pairs`` pairs of windows,
         one with nothing else running and one while an ingest backlog (``--ingest-pages`` pages
         of PDFs, queued at the start) goes through the ingest worker as ``make run`` starts it.
-        Between windows the worker is held still (``ingest_throughput.hold``): the two sides of
+        Between windows the worker is held still (``appliance.processes.held``): the two sides of
         a pair see the same arrivals and the same stretch of time, and the order alternates
         (alone first, then ingest first), so a machine that drifts between windows weighs on both
         sides. ``--min-drafts`` drafts per side, shared among the pairs. What is left of the
@@ -852,10 +853,10 @@ class _Bench:
             self.owner, ingest_throughput.make_pdfs(n, document_pages, seed), f"ingest-{seed}"
         )
         sides: dict[str, list] = {"alone": [], "beside_ingest": []}
+        seconds = {"alone": 0.0, "beside_ingest": 0.0}
         pair_ratios: list[dict] = []
-        ingest_s, pages_read = 0.0, 0
-        ingest_throughput.hold(worker)
-        try:
+        pages_read = 0
+        with held(worker.processes):
             ingest_throughput.queue(ids)
             for index in range(pairs):
                 order = ("alone", "beside_ingest") if index % 2 == 0 else ("beside_ingest", "alone")
@@ -863,17 +864,11 @@ class _Bench:
                 for side in order:
                     arrivals = random.Random(seed * 1000 + index)  # noqa: S311 - seeded; both sides the same
                     self.progress(f"ingest: pair {index + 1}/{pairs}, {per_window} drafts {side.replace('_', ' ')}")
-                    if side == "beside_ingest":
-                        pages_before, started = ingest_throughput.pages_done(ids), time.time()
-                        ingest_throughput.release(worker)
-                    try:
+                    pages_before, started = ingest_throughput.pages_done(ids), time.time()
+                    with ingest_throughput.reading(worker) if side == "beside_ingest" else contextlib.nullcontext():
                         run = self._steady_run(arrivals, documents=False, eos=False, drafts_wanted=per_window)
-                    finally:
-                        if side == "beside_ingest":
-                            ingest_throughput.hold(worker)
-                    if side == "beside_ingest":
-                        ingest_s += time.time() - started
-                        pages_read += ingest_throughput.pages_done(ids) - pages_before
+                    seconds[side] += time.time() - started
+                    pages_read += ingest_throughput.pages_done(ids) - pages_before
                     window[side] = run["drafts"]
                     sides[side] += run["drafts"]
                 alone, beside = drafting_figures(window["alone"]), drafting_figures(window["beside_ingest"])
@@ -882,8 +877,7 @@ class _Bench:
                     "ttft_p95_ratio": _ratio(beside["ttft_p95_ms"], alone["ttft_p95_ms"]),
                     "itl_p95_ratio": _ratio(beside["itl_p95_ms"], alone["itl_p95_ms"]),
                 })  # fmt: skip
-        finally:
-            ingest_throughput.release(worker)
+        ingest_s = seconds["beside_ingest"]
         unfinished = ingest_throughput.unfinished(ids).count()
         ingest_throughput.cancel(self.owner, ids)  # the rest of the backlog; the next phase starts on an idle worker
         if not unfinished:

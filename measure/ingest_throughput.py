@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,22 +81,20 @@ def stop_worker(worker: Worker | None) -> None:
         stop_groups(worker.processes)
 
 
-def hold(worker: Worker) -> None:
-    """Stop the worker where it is (SIGSTOP to each of its process groups): it reads nothing and
-    takes no CPU until ``release``, with its queue, its documents and its connections as they
-    were. ``bench scheduling`` measures drafting without the ingest in windows between windows
-    with it, so that both see the same stretch of time on a shared machine."""
-    import signal
+@contextmanager
+def reading(worker: Worker) -> Iterator[None]:
+    """Inside ``appliance.processes.held(worker.processes)``: lets the worker read for the block,
+    then holds it still again. ``bench scheduling`` measures drafting without the ingest in
+    windows between windows with it, so that both see the same stretch of a shared machine."""
+    from appliance.processes import signal_group
 
     for process in worker.processes:
-        os.killpg(process.pid, signal.SIGSTOP)
-
-
-def release(worker: Worker) -> None:
-    import signal
-
-    for process in worker.processes:
-        os.killpg(process.pid, signal.SIGCONT)
+        signal_group(process, signal.SIGCONT)
+    try:
+        yield
+    finally:
+        for process in worker.processes:
+            signal_group(process, signal.SIGSTOP)
 
 
 def pages_done(ids: list[int]) -> int:

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from django.conf import settings
 
 from appliance.embedded import embedded_services
-from appliance.processes import start_appliance_processes, stop_groups
+from appliance.processes import held, start_appliance_processes, stop_groups
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 ENGINE_START_TIMEOUT_S = 900  # a fresh machine compiles the model's graphs once (~2-3 min here)
@@ -281,14 +280,8 @@ def workers_held():
     process group) for the test and continued after it. A test that claims jobs in its own process
     needs this: a turn an earlier test left behind (an engine retry's countdown) would otherwise
     reach a live worker mid-test, and that worker would claim the test's rows by fair share."""
-    held = [p for p in _LIVE_WORKERS if p.poll() is None]
-    for process in held:
-        os.killpg(process.pid, signal.SIGSTOP)
-    try:
+    with held([p for p in _LIVE_WORKERS if p.poll() is None]):
         yield
-    finally:
-        for process in held:
-            os.killpg(process.pid, signal.SIGCONT)
 
 
 @pytest.fixture(scope="session")

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from appliance.processes import start, start_appliance_processes, stop_groups
+from appliance.processes import held, start, start_appliance_processes, stop_groups
+from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -97,3 +99,36 @@ def test_the_appliances_processes_start_with_make_runs_command_lines_and_a_tag(t
     assert any("-bench@%h" in a for a in argv)  # told apart from the appliance's own worker
     assert options["env"] == {"A": "1"} and options["start_new_session"] and options["cwd"] == ROOT
     assert (tmp_path / "decode-worker.log").exists()
+
+
+def test_a_held_process_group_runs_nothing_until_the_block_ends_and_then_goes_on(tmp_path):
+    """``held`` (the ingest phase's windows without the ingest, and tests that claim jobs beside
+    live workers) stops a process's whole group (a child too) where it is, and lets it go on
+    from there after the block."""
+    counter = tmp_path / "count"
+    script = (
+        "import pathlib, subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"p = pathlib.Path({str(counter)!r})\n"
+        "n = 0\n"
+        "while True:\n"
+        "    n += 1; p.write_text(str(n)); time.sleep(0.02)\n"
+    )
+    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+
+    def states() -> set[str]:
+        out = subprocess.run(["ps", "-o", "stat=", "-g", str(leader.pid)], capture_output=True, text=True).stdout
+        return {line.strip()[0] for line in out.splitlines() if line.strip()}
+
+    try:
+        wait_until(lambda: counter.exists() and int(counter.read_text() or 0) > 5 and len(states()) == 2, timeout_s=30)
+        with held([leader]):
+            wait_until(lambda: states() == {"T"}, timeout_s=10)
+            held_at = counter.read_text()
+            time.sleep(0.5)
+            assert counter.read_text() == held_at  # nothing ran while held
+        wait_until(lambda: counter.read_text() != held_at, timeout_s=10)
+        assert "T" not in states()
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()

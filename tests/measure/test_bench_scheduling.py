@@ -1,17 +1,12 @@
-"""Parts of ``manage.py bench scheduling``: how the tuned baseline is chosen, the backlog poll
-that outlasts a database slow to take a connection (a fake query stands in), and how the ingest
-phase holds its worker still between windows (real processes)."""
+"""Pure parts of ``manage.py bench scheduling``: how the tuned baseline is chosen, and the
+backlog poll that outlasts a database slow to take a connection (a fake query stands in)."""
 
 from __future__ import annotations
-
-import sys
-import time
 
 import pytest
 from django.db import OperationalError
 
 from measure import bench_scheduling
-from tests.conftest import wait_until
 
 
 def _mode(*, meets: bool, per_minute: float, ttft: float) -> dict:
@@ -100,42 +95,3 @@ def test_drafting_is_counted_present_while_any_draft_lives_not_once_per_draft():
     jobs = [Lived(0, 5), Lived(4, 9), Lived(1, 3), Lived(20, 22)]
     assert bench_scheduling.busy_seconds(jobs) == 11.0
     assert bench_scheduling.busy_seconds([]) == 0.0
-
-
-def test_a_held_worker_runs_nothing_until_released_and_then_goes_on(tmp_path):
-    """The ingest phase's windows without the ingest: ``hold`` stops the worker's whole process
-    group (a child too) where it is; ``release`` lets it go on from there."""
-    import os
-    import subprocess
-
-    from measure.ingest_throughput import Worker, hold, release
-
-    counter = tmp_path / "count"
-    script = (
-        "import pathlib, subprocess, sys, time\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        f"p = pathlib.Path({str(counter)!r})\n"
-        "n = 0\n"
-        "while True:\n"
-        "    n += 1; p.write_text(str(n)); time.sleep(0.02)\n"
-    )
-    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    worker = Worker([leader], tmp_path, concurrency=1)
-
-    def states() -> set[str]:
-        out = subprocess.run(["ps", "-o", "stat=", "-g", str(leader.pid)], capture_output=True, text=True).stdout
-        return {line.strip()[0] for line in out.splitlines() if line.strip()}
-
-    try:
-        wait_until(lambda: counter.exists() and int(counter.read_text() or 0) > 5 and len(states()) == 2, timeout_s=30)
-        hold(worker)
-        wait_until(lambda: states() == {"T"}, timeout_s=10)
-        held_at = counter.read_text()
-        time.sleep(0.5)
-        assert counter.read_text() == held_at  # nothing ran while held
-        release(worker)
-        wait_until(lambda: counter.read_text() != held_at, timeout_s=10)
-        assert "T" not in states()
-    finally:
-        os.killpg(leader.pid, 9)
-        leader.wait()
