@@ -95,6 +95,21 @@ def add_arguments(parser) -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
     parser.add_argument("--num-prompts", type=int, default=64, help="requests per run (default 64)")
     parser.add_argument(
+        "--range-ratio",
+        type=float,
+        default=0.0,
+        help="prompt and output lengths drawn within this fraction either side of --input-len and --output-len "
+        "(vLLM's --random-range-ratio; default 0: every request the same, so requests tend to start and end "
+        "together in waves)",
+    )
+    parser.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="requests per second arriving as a Poisson process, at most --concurrency in flight "
+        "(default inf: a new request as soon as one ends)",
+    )
+    parser.add_argument(
         "--warmups", type=int, help="warm-up requests before each run, not measured (default: the concurrency)"
     )
     parser.add_argument("--seed", type=int, default=20261215, help="the random dataset's seed (+ the repeat)")
@@ -158,12 +173,19 @@ def _plan(options: dict) -> dict:
     warmups = options["concurrency"] if options["warmups"] is None else options["warmups"]
     if warmups < 0:
         raise CommandError("--warmups must be 0 or more")
+    if not 0.0 <= options["range_ratio"] < 1.0:
+        raise CommandError("--range-ratio must be at least 0 and less than 1")
+    if not options["request_rate"] > 0:
+        raise CommandError("--request-rate must be more than 0 (inf: a new request as soon as one ends)")
     return {
         "repeats": options["repeats"],
         "input_len": options["input_len"],
         "output_len": options["output_len"],
         "concurrency": options["concurrency"],
         "num_prompts": options["num_prompts"],
+        "range_ratio": options["range_ratio"],
+        # None: a new request as soon as one ends (JSON has no infinity)
+        "request_rate": None if options["request_rate"] == float("inf") else options["request_rate"],
         "warmups": warmups,
         "seed": options["seed"],
         "timeout_s": options["timeout"],
@@ -272,7 +294,8 @@ def table(results: dict) -> list[str]:
     plan, engine = results["parameters"], results["engine"]
     lines = [
         f"bench serving: {engine.get('model')} on {engine.get('device_name')}; {plan['num_prompts']} requests of "
-        f"{plan['input_len']} tokens in / {plan['output_len']} out, {plan['concurrency']} at once, "
+        f"{plan['input_len']} tokens in / {plan['output_len']} out{_spread_text(plan)}, "
+        f"{plan['concurrency']} at most at once{_arrivals_text(plan)}, "
         f"{len(results['repeats'])} repeat(s); ratios are appliance /v1 over vllm serve, each within a repeat",
         "",
         f"{'':18}{'appliance /v1':>16}{'vllm serve':>14}{'ratio, mean [95 % CI]':>28}{'target':>10}  verdict",
@@ -302,6 +325,16 @@ def table(results: dict) -> list[str]:
         load = repeat.get("load_average")
         lines.append(f"repeat {index + 1} ({' then '.join(repeat['order'])}, load {load[0]:.1f}): " + "; ".join(parts))
     return lines
+
+
+def _spread_text(plan: dict) -> str:
+    ratio = plan.get("range_ratio") or 0.0
+    return f" (each within {ratio:.0%} either side)" if ratio else ""
+
+
+def _arrivals_text(plan: dict) -> str:
+    rate = plan.get("request_rate")
+    return "" if rate is None else f", arriving at {rate:g}/s (Poisson)"
 
 
 def _cpu_text(cpu: dict | None) -> str:
@@ -368,9 +401,10 @@ def bench_argv(
         "--tokenizer", str(engine["model_path"]),
         "--dataset-name", "random",
         "--random-input-len", str(plan["input_len"]), "--random-output-len", str(plan["output_len"]),
-        "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0",
+        "--random-range-ratio", format(plan.get("range_ratio") or 0, "g"), "--ignore-eos", "--temperature", "0",
         "--num-prompts", str(plan["num_prompts"]), "--max-concurrency", str(plan["concurrency"]),
-        "--request-rate", "inf", "--num-warmups", str(plan["warmups"]), "--seed", str(seed),
+        "--request-rate", str(plan.get("request_rate") or "inf"), "--num-warmups", str(plan["warmups"]),
+        "--seed", str(seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
         "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_file,
         "--disable-tqdm",

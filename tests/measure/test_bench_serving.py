@@ -8,6 +8,7 @@ import importlib.metadata
 from pathlib import Path
 
 import pytest
+from django.core.management.base import CommandError
 
 from inference.engine import vllm_cli
 from measure import bench_serving
@@ -171,6 +172,41 @@ def test_both_servers_get_the_same_bench_but_for_the_url(tmp_path: Path):
     )
     assert (options["--num-prompts"], options["--max-concurrency"], options["--temperature"]) == ("48", "4", "0")
     assert {"--ignore-eos", "--save-result", "--save-detailed"} <= set(appliance)
+    assert options["--request-rate"] == "inf"  # by default a new request as soon as one ends
+
+
+def test_lengths_that_vary_and_steady_arrivals_reach_both_servers_alike(tmp_path: Path):
+    plan = {"input_len": 256, "output_len": 128, "num_prompts": 48, "concurrency": 4, "warmups": 4,
+            "range_ratio": 0.5, "request_rate": 0.3}  # fmt: skip
+    appliance, vllm = (
+        _options(
+            bench_serving.bench_argv(
+                python="python",
+                base_url=url,
+                engine=ENGINE,
+                plan=plan,
+                seed=7,
+                result_dir=tmp_path,
+                result_file="r.json",
+            )
+        )  # fmt: skip
+        for url in ("http://127.0.0.1:8000", "http://127.0.0.1:9000")
+    )
+    for options in (appliance, vllm):
+        assert (options["--random-range-ratio"], options["--request-rate"]) == ("0.5", "0.3")
+        assert options["--max-concurrency"] == "4"  # still a cap on what is in flight
+
+
+def test_the_workload_options_are_checked_and_named_in_the_table():
+    given = {"repeats": 1, "input_len": 256, "output_len": 96, "concurrency": 4, "num_prompts": 24,
+             "warmups": None, "seed": 1, "timeout": 60, "range_ratio": 0.0, "request_rate": float("inf")}  # fmt: skip
+    assert bench_serving._plan(given)["request_rate"] is None  # JSON has no infinity
+    for bad in ({"range_ratio": 1.0}, {"range_ratio": -0.1}, {"request_rate": 0.0}):
+        with pytest.raises(CommandError):
+            bench_serving._plan({**given, **bad})
+    plan = bench_serving._plan({**given, "range_ratio": 0.5, "request_rate": 0.25})
+    header = bench_serving.table({"parameters": plan, "engine": {}, "summary": {}, "repeats": []})[0]
+    assert "within 50% either side" in header and "arriving at 0.25/s (Poisson)" in header
 
 
 def test_the_cli_shim_names_the_cpu_build_as_vllm_and_leaves_other_packages_alone(monkeypatch):
