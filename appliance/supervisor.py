@@ -16,6 +16,7 @@ noticed dying meanwhile.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
@@ -38,6 +39,46 @@ QUICK_DEATH_S = 60.0
 # The roles a node of the appliance can run (``manage.py serve --roles``): each is one process of
 # ``appliance_processes``. A single box runs them all.
 ROLES = ("engine", "ingest", "prefill", "decode", "web")
+
+
+class AlreadyServing(RuntimeError):
+    """Another ``manage.py serve`` holds this var directory (``ServeLock``)."""
+
+
+class ServeLock:
+    """One ``manage.py serve`` per var directory: an exclusive lock on ``run/serve.lock`` held
+    for the supervisor's life (the kernel drops it when the process ends, however it ends; the
+    processes it starts do not inherit it). A second one started meanwhile, or while the first
+    is still stopping, would take the first's embedded Postgres as "already running", use it
+    without watching it, and lose its database when the first stops it."""
+
+    def __init__(self, var_dir: Path) -> None:
+        self.path = Path(var_dir) / "run" / "serve.lock"
+        self._file = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")  # noqa: SIM115 - held open for the supervisor's life
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise AlreadyServing(
+                f"Another `manage.py serve` (pid {holder}) is running on {self.path.parent.parent}, or is still "
+                "stopping: wait until it has stopped, or give this one its own APPLIANCE_VAR_DIR (and ports)."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._file = handle
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class RolesError(ValueError):

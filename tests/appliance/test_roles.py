@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from appliance.supervisor import ROLES, RolesError, appliance_processes, parse_roles
+from appliance.supervisor import ROLES, AlreadyServing, RolesError, ServeLock, appliance_processes, parse_roles
 
 
 def test_all_or_nothing_given_is_every_role():
@@ -94,3 +96,29 @@ def test_a_node_without_the_engine_role_keeps_one_set_of_workers_for_the_engine_
     node = appliance_processes(python=sys.executable, port=8123, settings=settings, roles=("prefill", "decode"))
     assert [spec.name for spec in node] == ["prefill-worker", "decode-worker"]
     assert all("APPLIANCE_ENGINE_URL" not in spec.env for spec in node)  # APPLIANCE_ENGINE_URL of the node's own
+
+
+def test_a_second_serve_on_the_same_var_directory_is_refused_naming_the_first(monkeypatch, tmp_path):
+    """Two supervisors on one var directory would share an embedded Postgres that only one of
+    them watches: the second is refused before it starts anything, and the directory is free
+    again once the first has ended, however it ended."""
+    _without_external_services(monkeypatch)
+    monkeypatch.setattr(settings, "VAR_DIR", tmp_path)
+    holder = subprocess.Popen(  # a real other process holds the lock, as a running `make run` does
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from appliance.supervisor import ServeLock; "
+         "lock = ServeLock(Path(sys.argv[1])); lock.acquire(); print('held', flush=True); time.sleep(120)", str(tmp_path)],
+        cwd=settings.BASE_DIR, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CommandError, match=rf"Another `manage.py serve` \(pid {holder.pid}\) is running on"):
+            call_command("serve")
+        with pytest.raises(AlreadyServing):
+            ServeLock(tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = ServeLock(tmp_path)
+    lock.acquire()  # the kernel dropped the killed holder's lock
+    assert (tmp_path / "run" / "serve.lock").read_text().strip() == str(os.getpid())
+    lock.release()

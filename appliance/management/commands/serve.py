@@ -10,7 +10,15 @@ from appliance.cluster import Announcer
 from appliance.embedded import embedded_services
 from appliance.env import env_int, env_str
 from appliance.node_preparation import prepare_node, require_external_services
-from appliance.supervisor import ROLES, RolesError, Supervisor, appliance_processes, parse_roles
+from appliance.supervisor import (
+    ROLES,
+    AlreadyServing,
+    RolesError,
+    ServeLock,
+    Supervisor,
+    appliance_processes,
+    parse_roles,
+)
 from inference.engine.client import EngineClient, EngineRequestError, EngineUnavailable
 from inference.engine.protocol import EngineState
 
@@ -39,6 +47,17 @@ class Command(BaseCommand):
             # The web node owns the schema and, on one box, the embedded services: any other node
             # uses those of the web node.
             require_external_services("a node without the web role")
+        lock = ServeLock(settings.VAR_DIR)
+        try:
+            lock.acquire()
+        except AlreadyServing as exc:
+            raise CommandError(str(exc)) from exc
+        try:
+            self._serve(roles, port, web=web, engine=engine)
+        finally:
+            lock.release()
+
+    def _serve(self, roles: tuple[str, ...], port: int, *, web: bool, engine: bool) -> None:
         self.stdout.write(f"roles: {', '.join(roles)}")
         # The embedded services this command starts, and so watches and stops; an external
         # DATABASE_URL / REDIS_URL, or a server someone else left running, is not its to restart.
