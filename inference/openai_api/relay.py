@@ -33,6 +33,13 @@ logger = logging.getLogger(__name__)
 # client's read timeout (redis-py's default is 5 s), which an XREAD blocking as long would hit,
 # breaking every request whose job wrote nothing for that long (queued, or reading its prompt).
 KEEPALIVE_MS = 2_000
+# What a waiting /v1 stream sends then: one blank line, which the SSE standard ignores (it ends
+# no event) and every client skips, and which keeps a proxy's read timeout from firing. Not an
+# SSE comment (`: keepalive`): vLLM's bench client (`vllm bench serve`) strips each read it
+# gets and then loses every message after a comment that came in a read of its own, so that a
+# request that waited 2 s for its first token lost its chunks and was counted failed. Neither
+# vLLM's server nor OpenAI's sends comments.
+KEEPALIVE_LINE = "\n"
 
 
 class StreamDiverged(Exception):
@@ -168,7 +175,7 @@ def _stream(
                         written["completion_tokens"] = 0
                         times.clear()
                     elif event == "keepalive":
-                        yield ": keepalive\n\n"
+                        yield KEEPALIVE_LINE
             done = await _finished_job(job.pk)
             if done.state != Job.State.SUCCEEDED:
                 finished = True

@@ -168,8 +168,9 @@ STREAM_DOC = {
                 '"Dear"}`), so that a client times the first token from it; then the rest of the text as '
                 "`content` deltas, then a chunk with `finish_reason`, then (with "
                 "`stream_options.include_usage`) a chunk with `usage` and no choices, then `data: [DONE]`. "
-                "While the request waits in the queue or reads its prompt, only comment lines "
-                "(`: keepalive`) keep the connection open: no chunk. A job that fails or is cancelled ends "
+                "While the request waits in the queue or reads its prompt (or nothing arrives for 2 s), "
+                "only a blank line keeps the connection open every 2 s: no chunk, and no SSE comment (some "
+                "clients lose the messages after one). A job that fails or is cancelled ends "
                 'the stream with `data: {"error": {...}}` (no `[DONE]`), before any chunk if it wrote '
                 "nothing. Header `X-Appliance-Job-Id` names the job."
             ),
@@ -180,7 +181,7 @@ STREAM_DOC = {
                 "text/event-stream": {
                     "schema": {"type": "string"},
                     "example": (
-                        ": keepalive\n\n"
+                        "\n"
                         'data: {"id": "chatcmpl-…", "object": "chat.completion.chunk", "created": 1767225600, '
                         '"model": "SmolLM2-135M-Instruct", "choices": [{"index": 0, "delta": {"role": '
                         '"assistant", "content": "Dear"}, "logprobs": null, "finish_reason": null}]}\n\n'

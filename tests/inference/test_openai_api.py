@@ -220,8 +220,8 @@ def test_the_first_chunk_leaves_with_the_first_token_and_carries_the_role(monkey
         ("delta", {"text": " Sir, thank you.", "tokens": 15, "times": [[100.1, 15]]}),
     ]
     parts, cancelled = _streamed(monkeypatch, events, _finished(), include_usage=True, continuous_usage_stats=True)
-    # While the job waits and reads its prompt, only comments: no chunk a client would time.
-    assert parts[:2] == [": keepalive\n\n"] * 2 and parts[-1] == "data: [DONE]\n\n"
+    # While the job waits and reads its prompt, only blank lines: no chunk a client would time.
+    assert parts[:2] == ["\n"] * 2 and parts[-1] == "data: [DONE]\n\n"
     chunks = _chunks(parts[2:])
     assert [c["choices"][0]["delta"] for c in chunks[:-1]] == [
         {"role": "assistant", "content": "Dear"},
@@ -234,6 +234,31 @@ def test_the_first_chunk_leaves_with_the_first_token_and_carries_the_role(monkey
     assert not cancelled
 
 
+def test_vllms_bench_client_reads_every_chunk_of_a_stream_that_waited(monkeypatch):
+    """vLLM's own bench client (``vllm bench serve``), reading one part per network read as it
+    does (it strips each read): a stream that waited for its first token and paused mid-way still
+    gives it every chunk. With an SSE comment as the keepalive it got none after the first
+    comment, and counted the request failed ("Never received a valid chunk")."""
+    from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
+
+    events = [
+        ("keepalive", {}),
+        ("keepalive", {}),
+        ("delta", {"text": "Dear", "tokens": 1}),
+        ("keepalive", {}),  # a long step of another request: nothing for 2 s
+        ("delta", {"text": " Sir, thank you.", "tokens": 15}),
+    ]
+    parts, _ = _streamed(monkeypatch, events, _finished(), include_usage=True)
+    handler, messages = StreamedResponseHandler(), []
+    for part in parts:
+        read = part.encode().strip()
+        if read:  # the client skips an empty read before its parser sees it
+            messages += handler.add_chunk(read)
+    data = [json.loads(m.removeprefix("data: ")) for m in messages if m != "data: [DONE]"]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in data if c["choices"]) == "Dear Sir, thank you."
+    assert data[-1]["usage"]["completion_tokens"] == 16 and messages[-1] == "data: [DONE]"
+
+
 def test_a_first_token_of_whitespace_still_leaves_at_once_as_the_role(monkeypatch):
     # The stored answer has no leading whitespace, so its text is held back; the chunk is not.
     events = [
@@ -243,7 +268,7 @@ def test_a_first_token_of_whitespace_still_leaves_at_once_as_the_role(monkeypatc
         ("delta", {"text": "Dear Sir, thank you.", "tokens": 15}),
     ]
     parts, _ = _streamed(monkeypatch, events, _finished())
-    assert parts[0] == parts[2] == ": keepalive\n\n"
+    assert parts[0] == parts[2] == "\n"
     assert [c["choices"][0]["delta"] for c in _chunks([parts[1], *parts[3:]])] == [
         {"role": "assistant", "content": ""},
         {"content": "Dear Sir, thank you."},
@@ -263,7 +288,7 @@ def test_every_delta_leaves_as_a_chunk_when_it_arrives_even_whitespace_held_back
         ("delta", {"text": "Sir, thank you.", "tokens": 4}),
     ]
     parts, _ = _streamed(monkeypatch, events, done)
-    assert parts[2] == ": keepalive\n\n"
+    assert parts[2] == "\n"
     deltas = [c["choices"][0]["delta"] for c in _chunks(parts)]
     assert deltas == [{"role": "assistant", "content": "Dear"}, {"content": ""}, {"content": "\nSir, thank you."}, {}]
     assert _chunks(parts[:2])[1]["choices"][0]["delta"] == {"content": ""}  # before the keepalive
@@ -319,7 +344,7 @@ def test_a_job_that_writes_nothing_sends_the_role_with_its_finish_and_a_failure_
 
     failed = _finished(Job.State.FAILED, error="the prompt is too long")
     parts, cancelled = _streamed(monkeypatch, [("keepalive", {})], failed, include_usage=True)
-    assert parts == [": keepalive\n\n", openai_api.error_event(openai_api.unfinished_problem(failed))]
+    assert parts == ["\n", openai_api.error_event(openai_api.unfinished_problem(failed))]
     assert not cancelled
 
 
