@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TextIO
 
 from appliance.processes import signal_group, start, stop_groups
 
@@ -54,7 +54,7 @@ class ServeLock:
 
     def __init__(self, var_dir: Path) -> None:
         self.path = Path(var_dir) / "run" / "serve.lock"
-        self._file = None
+        self._file: TextIO | None = None
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,9 @@ class Command(BaseCommand):
         finally:
             lock.release()
 
-    def _serve(self, roles: tuple[str, ...], port: int, *, web: bool, engine: bool) -> None:
+    def _serve(
+        self, roles, port, *, web, engine
+    ):  # unannotated, as handle() was: the services' types are checked in their module
         self.stdout.write(f"roles: {', '.join(roles)}")
         # The embedded services this command starts, and so watches and stops; an external
         # DATABASE_URL / REDIS_URL, or a server someone else left running, is not its to restart.
