@@ -225,28 +225,39 @@ def test_with_nobody_drafting_a_document_is_read_at_full_speed(engine_host):
 
 def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_leaves(engine_host):
     """The prefill lane made a document wait until nobody drafted; the scheduler gives it what
-    each step has left, so it finishes while the drafter is still writing."""
+    each step has left, so it finishes while the drafter is still writing. (The drafter may write
+    far more than the document needs, and stops once the document is done: how long a fixed
+    drafter takes next to a document depends on the machine, and a race on it failed CI once.)"""
     import threading
 
     drafter_events: list = []
     drafter_started = threading.Event()
+    document_finished = threading.Event()
+    drafter_tokens = 3000
 
     def drafter():
-        for event in engine_host.generate(_request(max_tokens=400, ignore_eos=True)):
-            drafter_events.append(event)
-            if event.type == "delta":
-                drafter_started.set()
+        stream = engine_host.generate(_request(max_tokens=drafter_tokens, ignore_eos=True))
+        try:
+            for event in stream:
+                drafter_events.append(event)
+                if event.type == "delta":
+                    drafter_started.set()
+                if document_finished.is_set():
+                    break
+        finally:
+            stream.close()  # aborts the drafter in the engine
 
     before = _scheduler(engine_host)["counters"].get("steps_drafting_running", 0)
     thread = threading.Thread(target=drafter)
     thread.start()
     assert drafter_started.wait(120)
     document_events = list(engine_host.generate(_document_of_tokens(engine_host, 1500)))
+    document_finished.set()
     thread.join(300)
     document_done = _done(document_events)
-    drafter_done = _done(drafter_events)
-    assert document_done.received_at < drafter_done.received_at  # not starved behind the drafter
-    assert drafter_done.data["output_tokens"] == 400
+    # Not starved behind the drafter: done while it was still writing its 3000 tokens.
+    assert all(e.type != "done" for e in drafter_events), "the drafter finished before the document"
+    assert any(e.type == "delta" and e.received_at > document_done.received_at for e in drafter_events)
     # It may wait a moment to start (each waiting event is a second of it; with chunks saved up
     # beside drafting, APPLIANCE_CHUNK_FIXED_COST_SHARE, until one is), never for KV or for the
     # drafter to finish.
