@@ -74,9 +74,9 @@ async def chat_completions(request: HttpRequest, response: HttpResponse, payload
     502: the job failed; 429: the decode queue is full, or you have as many jobs waiting as one
     person may (see `Retry-After`); 503: the broker does not answer, nothing was queued (see
     `Retry-After`). The body carries the
-    appliance's measurements in `appliance`, and `X-Appliance-Job-Id` names the job. If a client
-    waiting for a whole answer disconnects, the job is cancelled (a hang-up in the middle of a
-    stream is not reported by the web server before the stream ends)."""
+    appliance's measurements in `appliance`, and `X-Appliance-Job-Id` names the job. If the
+    client disconnects, waiting for a whole answer or in the middle of a stream, the job is
+    cancelled."""
     model = model_or_404(payload.model)["id"]
     chat = chat_request(payload)
     # A stream's slot is taken before its job is queued: at the limit, nothing is queued.
