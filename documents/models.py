@@ -241,6 +241,10 @@ class Document(models.Model):
     # Set by a cancel while the document is being read; the worker checks it between steps and
     # between embedding batches, and stops with nothing of the document searchable.
     cancel_requested = models.BooleanField(default=False)
+    # When its ingestion's message was handed to the broker; None while it waits to be sent. A
+    # document left uploaded and unsent (its web process or worker died between the commit and
+    # the send) is sent by the ingest worker's watchdog (``services.documents_dispatch_pending``).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

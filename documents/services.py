@@ -195,7 +195,14 @@ def document_create(
 
 def _requeue_cancelled(document: Document, batch: Batch | None) -> bool:
     """A cancelled document uploaded again is read again (compare-and-set: once)."""
-    fields: dict = {"state": Document.State.UPLOADED, "cancel_requested": False, "attempts": 0, "failure_reason": ""}
+    fields: dict = {
+        "state": Document.State.UPLOADED,
+        "cancel_requested": False,
+        "attempts": 0,
+        "failure_reason": "",
+        "dispatched_at": None,
+        "updated_at": timezone.now(),  # the watchdog's grace counts from here
+    }
     if batch is not None:
         fields["batch"] = batch
     with transaction.atomic():
@@ -209,20 +216,67 @@ def _dispatch_upload(document: Document) -> None:
     """Queue an upload's ingestion; if the broker went away after the check, take the upload
     back (row and file) and say so, rather than keep a document nothing will ingest (and that
     the same file uploaded again would only find)."""
-    from documents.tasks import ingest_document
-
     try:
-        ingest_document.delay(document.pk)
+        _send_ingest(document.pk)
     except PUBLISH_ERRORS as exc:
         logger.warning("document %s: the broker did not take its ingestion; the upload was removed", document.pk)
         document_delete(document=document)
         raise BrokerUnavailable() from exc
 
 
-def _enqueue_ingest(document_id: int) -> None:
+def _send_ingest(document_id: int) -> None:
+    """Publish the document's ingestion, then record that it was (``Document.dispatched_at``).
+    Raises one of ``PUBLISH_ERRORS`` when the broker does not take it."""
     from documents.tasks import ingest_document
 
-    ingest_document.delay_on_commit(document_id)
+    ingest_document.delay(document_id)
+    Document.objects.filter(pk=document_id, dispatched_at=None).update(dispatched_at=timezone.now())
+
+
+def _enqueue_ingest(document_id: int) -> None:
+    """Send its ingestion once the transaction commits; if the broker does not take it then, the
+    watchdog sends it later (``documents_dispatch_pending``)."""
+
+    def send() -> None:
+        try:
+            _send_ingest(document_id)
+        except PUBLISH_ERRORS:
+            logger.warning("document %s: the broker did not take its ingestion; the watchdog sends it", document_id)
+
+    transaction.on_commit(send)
+
+
+# A document uploaded and still unsent this long after it was stored lost its sender (its web
+# process or worker died between the commit and the send): the watchdog sends it.
+DISPATCH_GRACE_S = 30
+
+
+def documents_dispatch_pending() -> int:
+    """Send the ingestion of each uploaded document whose message was never sent (what
+    ``inference.lifecycle.jobs_dispatch_pending`` does for jobs). Each is taken first
+    (``dispatched_at`` set, compare-and-set), so that two watchdogs never both send one, and given
+    back if the broker refuses it. Returns how many were sent."""
+    from documents.tasks import ingest_document
+
+    now = timezone.now()
+    pending = Document.objects.filter(
+        state=Document.State.UPLOADED, dispatched_at=None, updated_at__lt=now - timedelta(seconds=DISPATCH_GRACE_S)
+    )
+    sent = 0
+    for document_id in pending.order_by("pk").values_list("pk", flat=True)[:500]:
+        if not Document.objects.filter(pk=document_id, state=Document.State.UPLOADED, dispatched_at=None).update(
+            dispatched_at=now
+        ):
+            continue
+        try:
+            ingest_document.delay(document_id)
+        except PUBLISH_ERRORS:
+            Document.objects.filter(pk=document_id, dispatched_at=now).update(dispatched_at=None)
+            logger.warning("watchdog: the broker does not take messages; document %s stays unsent", document_id)
+            return sent
+        logger.warning("document %s: uploaded but its ingestion was never sent; sent now", document_id)
+        sent += 1
+    return sent
 
 
 def _set_state(document_id: int, state: str, **fields) -> None:

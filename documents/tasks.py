@@ -1,5 +1,7 @@
 """Celery tasks of the ``ingest`` queue: thin, they take ids and call one service. Sources are
-polled here too (Celery beat queues ``poll_due_sources`` every minute).
+polled here too (Celery beat queues ``poll_due_sources`` every minute), and the ingest worker
+runs a watchdog that sends the ingestion of an upload whose message was never sent
+(``services.documents_dispatch_pending``).
 
 A cancelled document's task is not revoked: when a worker takes it, the service finds the
 document finished (cancelled) and returns at once; a document cancelled while it runs stops at
@@ -9,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import celeryd_after_setup
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.conf import settings
+from django.db import close_old_connections
 from django.db.backends.signals import connection_created
 
 from appliance.database import share_niceness
@@ -43,6 +47,39 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
 def _backend_yields_too(sender, connection, **kwargs) -> None:
     """Each connection this worker takes (a pool's checkout included) is served at its niceness."""
     share_niceness(connection, os.getpriority(os.PRIO_PROCESS, 0))
+
+
+def is_ingest_worker(nodename: str) -> bool:
+    """``ingest@host``, and a benchmark's ``ingest-bench@host``."""
+    return nodename.split("@", 1)[0].split("-", 1)[0] == "ingest"
+
+
+_watchdog_stop = threading.Event()
+
+
+def _watchdog() -> None:
+    """Sends the ingestion of uploads whose message was never sent, every half grace period."""
+    while not _watchdog_stop.wait(services.DISPATCH_GRACE_S / 2):
+        try:
+            close_old_connections()
+            services.documents_dispatch_pending()
+        except Exception:
+            logger.exception("watchdog: could not look for documents never sent")
+        finally:
+            close_old_connections()
+
+
+@worker_ready.connect
+def start_watchdog(sender=None, **kwargs) -> None:
+    if not is_ingest_worker(str(getattr(sender, "hostname", ""))):
+        return
+    _watchdog_stop.clear()
+    threading.Thread(target=_watchdog, name="document-watchdog", daemon=True).start()
+
+
+@worker_shutdown.connect
+def stop_watchdog(**kwargs) -> None:
+    _watchdog_stop.set()
 
 
 # Extraction has its own time limit inside the sandbox; these are the outer bounds, which Celery
