@@ -24,10 +24,17 @@ def _link(request, page: int) -> str:
     return request.build_absolute_uri(f"{request.path}?{params.urlencode()}")
 
 
-def paginate(request, rows: QuerySet, *, page: int, page_size: int, item: Callable) -> dict:
+def paginate(
+    request, rows: QuerySet, *, page: int, page_size: int, item: Callable, prepare: Callable | None = None
+) -> dict:
+    """One page of ``rows``, each as ``item`` makes it; ``prepare`` is given the page's rows
+    first, to look up what the items share in one query rather than one per item."""
     count = rows.count()
     start = (page - 1) * page_size
-    results = [item(row) for row in rows[start : start + page_size]]
+    chosen = list(rows[start : start + page_size])
+    if prepare is not None:
+        prepare(chosen)
+    results = [item(row) for row in chosen]
     return {
         "count": count,
         "page": page,

@@ -27,7 +27,7 @@ from inference import events, grounding, job_results, selectors, services, strea
 from inference.clauses import DEFAULT_TAXONOMY, TAXONOMIES
 from inference.drafting import MESSAGE_MAX_CHARS
 from inference.job_results import DraftResult, result_for
-from inference.models import IdempotencyKey, Job
+from inference.models import IdempotencyKey, Job, JobKind
 from inference.prompts import (
     DEFAULT_DRAFT_LENGTH,
     DEFAULT_DRAFT_TONE,
@@ -145,14 +145,17 @@ class JobPage(Paginated):
     results: list[JobOut]
 
 
-def _result_data(result: job_results.JobResult, user) -> dict:
-    """What the row holds (``job_results``), as stored; a draft as its author last edited it."""
+def _result_data(result: job_results.JobResult, user, readable: set[int] | None = None) -> dict:
+    """What the row holds (``job_results``), as stored; a draft as its author last edited it.
+    ``readable``: the documents ``user`` may read among those the draft cites, when the caller
+    has looked them up already (a page of jobs, in one query)."""
     data = result.to_json()
     if isinstance(result, DraftResult):
         if result.edited_text:  # the author's edit and its check are what the draft now is
             data["sentences"] = data.get("edited_sentences")
             data["support"] = data.get("edited_support")
-        readable = grounding.readable_ids(user, [p.document_id for p in result.passages])
+        if readable is None:
+            readable = grounding.readable_ids(user, [p.document_id for p in result.passages])
         # A passage of a document the reader may no longer read keeps its number, not its text.
         data["passages"] = [
             p.to_json() if p.document_id in readable else {"number": p.number, "readable": False}
@@ -163,13 +166,26 @@ def _result_data(result: job_results.JobResult, user) -> dict:
     return data
 
 
-def job_out(request, job: Job, *, orders: dict | None = None) -> dict:
+def _cited_documents(jobs) -> set[int]:
+    """The documents the finished drafts among ``jobs`` cite."""
+    cited: set[int] = set()
+    for job in jobs:
+        if job.state == Job.State.SUCCEEDED and job.kind == JobKind.DRAFT:
+            typed = result_for(job.kind, job.result_data)
+            if isinstance(typed, DraftResult):
+                cited.update(p.document_id for p in typed.passages)
+    return cited
+
+
+def job_out(request, job: Job, *, orders: dict | None = None, readable: set[int] | None = None) -> dict:
+    """``orders`` and ``readable``: what a page of jobs looks up once for all of them (each
+    queue's order; the cited documents the reader may read)."""
     metrics = getattr(job, "metrics", None)
     result = None
     if job.state == Job.State.SUCCEEDED:
         typed = result_for(job.kind, job.result_data)
         text = (typed.edited_text if isinstance(typed, DraftResult) else None) or job.result_text
-        result = {"text": text, "note": job.result_note, "data": _result_data(typed, request.user)}
+        result = {"text": text, "note": job.result_note, "data": _result_data(typed, request.user, readable)}
     return {
         "id": job.pk,
         "kind": job.kind,
@@ -346,8 +362,18 @@ def list_jobs(
     if filters.kind:
         jobs = jobs.filter(kind=filters.kind)
     orders: dict = {}  # each queue's order, worked out once for the page
+    readable: set[int] = set()  # the cited documents the reader may read, looked up once for the page
+
+    def look_up(rows) -> None:
+        readable.update(grounding.readable_ids(request.user, list(_cited_documents(rows))))
+
     return paginate(
-        request, jobs, page=page, page_size=page_size, item=lambda job: job_out(request, job, orders=orders)
+        request,
+        jobs,
+        page=page,
+        page_size=page_size,
+        item=lambda job: job_out(request, job, orders=orders, readable=readable),
+        prepare=look_up,
     )
 
 

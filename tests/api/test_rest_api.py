@@ -421,6 +421,45 @@ def test_a_finished_job_has_its_result_and_metrics_and_hides_passages_no_longer_
     assert "Refunds take ten days." not in json.dumps(body["result"]["data"]["passages"])
 
 
+def _finished_draft(owner, cited: Document) -> Job:
+    return Job.objects.create(
+        owner=owner,
+        kind=JobKind.DRAFT,
+        queue=Queue.DECODE,
+        state=Job.State.SUCCEEDED,
+        result_text="As stated [1].",
+        result_data={
+            "sentences": [{"text": "As stated [1].", "supported": True, "citations": [1]}],
+            "passages": [{"number": 1, "document_id": cited.pk, "document_title": cited.title, "text": "Stated."}],
+        },
+    )
+
+
+def test_a_page_of_drafts_looks_up_what_its_reader_may_read_once_not_once_a_draft(alice, bob):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client, auth = Client(), bearer(alice)
+
+    def listed() -> tuple[dict, int]:
+        with CaptureQueriesContext(connection) as queries:
+            body = client.get("/api/v1/jobs", {"kind": "draft"}, **auth).json()
+        return body, len(queries)
+
+    _finished_draft(alice, ready_document(alice, "mine 0", "Stated."))
+    listed()  # the token's first use records when it was used (a write later requests skip)
+    _, with_one = listed()
+    for n in range(1, 6):
+        _finished_draft(alice, ready_document(alice, f"mine {n}", "Stated."))
+    gone = _finished_draft(alice, ready_document(bob, "theirs", "Stated."))  # cited, not shared with her
+    body, with_seven = listed()
+    assert with_seven == with_one
+    passages = {job["id"]: job["result"]["data"]["passages"] for job in body["results"]}
+    assert len(passages) == 7
+    assert passages.pop(str(gone.pk)) == [{"number": 1, "readable": False}]
+    assert all(p[0]["text"] == "Stated." for p in passages.values())
+
+
 def test_usage_counts_the_callers_requests_and_tokens_per_token(alice, bob):
     from api.models import ApiToken
 
