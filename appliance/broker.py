@@ -13,10 +13,17 @@ request a few seconds at most, not kombu's default patience.
 from __future__ import annotations
 
 import functools
+import logging
+from collections.abc import Callable
+from typing import Any
 
 import redis
 from django.conf import settings
+from django.db.models import QuerySet
+from django.utils import timezone
 from kombu.exceptions import OperationalError
+
+logger = logging.getLogger(__name__)
 
 # A broker that is down refuses the connection at once; this bounds one that hangs. Not 1 s: on a
 # 2-core box under a benchmark's load a live Valkey once took longer than that to answer a PING,
@@ -26,6 +33,31 @@ RETRY_AFTER_S = 15  # the supervisor restarts an embedded broker within seconds
 
 # What a publish raises when the broker is not there (kombu wraps the connection errors).
 PUBLISH_ERRORS = (OperationalError, redis.RedisError, OSError)
+
+
+def send_unsent(
+    unsent: QuerySet, publish: Callable[..., Any], *, what: str, fields: tuple[str, ...] = (), limit: int = 500
+) -> int:
+    """The watchdogs' send: publish the message of each row of ``unsent`` (rows with a
+    ``dispatched_at`` field, filtered to those whose message was never sent and that are past
+    their grace period), ``publish(pk, *fields)``. Each row is taken first, by setting
+    ``dispatched_at`` where ``unsent`` still holds it (compare-and-set), so that two watchdogs
+    never both send one; given back if the broker refuses it, and then the sweep stops until its
+    next round. Returns how many were sent."""
+    now = timezone.now()
+    sent = 0
+    for pk, *values in unsent.order_by("pk").values_list("pk", *fields)[:limit]:
+        if not unsent.filter(pk=pk).update(dispatched_at=now):
+            continue
+        try:
+            publish(pk, *values)
+        except PUBLISH_ERRORS:
+            unsent.model.objects.filter(pk=pk, dispatched_at=now).update(dispatched_at=None)
+            logger.warning("watchdog: the broker does not take messages; %s %s stays unsent", what, pk)
+            return sent
+        logger.warning("%s %s: its message was never sent to its queue; sent now", what, pk)
+        sent += 1
+    return sent
 
 
 class BrokerUnavailable(ConnectionError):

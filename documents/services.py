@@ -30,7 +30,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 
-from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
+from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, send_unsent
 from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
 from documents.models import UNFINISHED_STATES, Batch, Chunk, Document, Page
 
@@ -252,31 +252,14 @@ DISPATCH_GRACE_S = 30
 
 
 def documents_dispatch_pending() -> int:
-    """Send the ingestion of each uploaded document whose message was never sent (what
-    ``inference.lifecycle.jobs_dispatch_pending`` does for jobs). Each is taken first
-    (``dispatched_at`` set, compare-and-set), so that two watchdogs never both send one, and given
-    back if the broker refuses it. Returns how many were sent."""
+    """Send the ingestion of each uploaded document whose message was never sent, once
+    (``appliance.broker.send_unsent``, as the inference workers' watchdog does for jobs).
+    Returns how many were sent."""
     from documents.tasks import ingest_document
 
-    now = timezone.now()
-    pending = Document.objects.filter(
-        state=Document.State.UPLOADED, dispatched_at=None, updated_at__lt=now - timedelta(seconds=DISPATCH_GRACE_S)
-    )
-    sent = 0
-    for document_id in pending.order_by("pk").values_list("pk", flat=True)[:500]:
-        if not Document.objects.filter(pk=document_id, state=Document.State.UPLOADED, dispatched_at=None).update(
-            dispatched_at=now
-        ):
-            continue
-        try:
-            ingest_document.delay(document_id)
-        except PUBLISH_ERRORS:
-            Document.objects.filter(pk=document_id, dispatched_at=now).update(dispatched_at=None)
-            logger.warning("watchdog: the broker does not take messages; document %s stays unsent", document_id)
-            return sent
-        logger.warning("document %s: uploaded but its ingestion was never sent; sent now", document_id)
-        sent += 1
-    return sent
+    cutoff = timezone.now() - timedelta(seconds=DISPATCH_GRACE_S)
+    unsent = Document.objects.filter(state=Document.State.UPLOADED, dispatched_at=None, updated_at__lt=cutoff)
+    return send_unsent(unsent, ingest_document.delay, what="document")
 
 
 def _set_state(document_id: int, state: str, **fields) -> None:

@@ -38,7 +38,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from appliance import cluster
-from appliance.broker import PUBLISH_ERRORS
+from appliance.broker import PUBLISH_ERRORS, send_unsent
 from appliance.rendering import render_markdown
 from documents.selectors import documents_readable_by
 from inference import fencing, placement, running, streaming
@@ -118,26 +118,17 @@ def _publish_turn(job_id, *, countdown_s: float | None = None, celery_queue: str
 
 def jobs_dispatch_pending() -> int:
     """Publish the message of each queued job that has none (its web process or worker died
-    between writing the row and publishing). Returns how many were sent."""
-    now = timezone.now()
-    cutoff = now - timedelta(seconds=DISPATCH_GRACE_S)
-    pending = Job.objects.filter(state=Job.State.QUEUED, dispatched_at=None, created_at__lt=cutoff).filter(
+    between writing the row and publishing), once (``appliance.broker.send_unsent``). Returns
+    how many were sent."""
+    cutoff = timezone.now() - timedelta(seconds=DISPATCH_GRACE_S)
+    unsent = Job.objects.filter(state=Job.State.QUEUED, dispatched_at=None, created_at__lt=cutoff).filter(
         Q(claimed_at=None) | Q(claimed_at__lt=cutoff)
     )
-    sent = 0
-    for job_id, celery_queue, queue in pending.values_list("pk", "celery_queue", "queue")[:500]:
-        # Taken first, so that two watchdogs do not both send it; given back if the send fails.
-        if not Job.objects.filter(pk=job_id, state=Job.State.QUEUED, dispatched_at=None).update(dispatched_at=now):
-            continue
-        try:
-            _publish_turn(job_id, celery_queue=celery_queue or celery_queue_for(queue))
-        except PUBLISH_ERRORS:
-            Job.objects.filter(pk=job_id, dispatched_at=now).update(dispatched_at=None)
-            logger.warning("watchdog: the broker does not take messages; job %s stays unsent", job_id)
-            return sent
-        logger.warning("job %s: queued but never sent to its queue; sent now", job_id)
-        sent += 1
-    return sent
+
+    def publish(job_id, celery_queue: str, queue: str) -> None:
+        _publish_turn(job_id, celery_queue=celery_queue or celery_queue_for(queue))
+
+    return send_unsent(unsent, publish, what="job", fields=("celery_queue", "queue"))
 
 
 # --- claiming --------------------------------------------------------------------------------

@@ -385,25 +385,28 @@ def test_jobs_are_created_listed_read_and_cancelled(alice):
     problem(client.post(f"/api/v1/jobs/{summary['id']}/cancel", **auth), 409)
 
 
+def _finished_draft(owner, cited: Document, *, sentence: str = "As stated [1].", passage: str = "Stated.") -> Job:
+    """A draft that finished citing one passage of ``cited``."""
+    return Job.objects.create(
+        owner=owner,
+        kind=JobKind.DRAFT,
+        queue=Queue.DECODE,
+        state=Job.State.SUCCEEDED,
+        result_text=sentence,
+        result_data={
+            "sentences": [{"text": sentence, "supported": True, "citations": [1]}],
+            "passages": [{"number": 1, "document_id": cited.pk, "document_title": cited.title, "text": passage}],
+        },
+    )
+
+
 def test_a_finished_job_has_its_result_and_metrics_and_hides_passages_no_longer_readable(alice, bob):
     shared = Group.objects.create(name="legal")
     alice.groups.add(shared)
     bob.groups.add(shared)
     theirs = ready_document(bob, "policy", "Refunds take ten days.")
     theirs.shared_with.add(shared)
-    job = Job.objects.create(
-        owner=alice,
-        kind=JobKind.DRAFT,
-        queue=Queue.DECODE,
-        state=Job.State.SUCCEEDED,
-        result_text="Refunds take ten days [1].",
-        result_data={
-            "sentences": [{"text": "Refunds take ten days [1].", "supported": True, "citations": [1]}],
-            "passages": [
-                {"number": 1, "document_id": theirs.pk, "document_title": "policy", "text": "Refunds take ten days."}
-            ],
-        },
-    )
+    job = _finished_draft(alice, theirs, sentence="Refunds take ten days [1].", passage="Refunds take ten days.")
     RequestMetrics.objects.create(
         job=job, queue="decode", queue_wait_ms=5, admission_wait_ms=1, ttft_ms=120, prompt_tokens=300,
         output_tokens=12, decode_tokens_per_s=40.0, kv_reservation_tokens=812,
@@ -419,20 +422,6 @@ def test_a_finished_job_has_its_result_and_metrics_and_hides_passages_no_longer_
     body = client.get(f"/api/v1/jobs/{job.pk}", **auth).json()
     assert body["result"]["data"]["passages"] == [{"number": 1, "readable": False}]
     assert "Refunds take ten days." not in json.dumps(body["result"]["data"]["passages"])
-
-
-def _finished_draft(owner, cited: Document) -> Job:
-    return Job.objects.create(
-        owner=owner,
-        kind=JobKind.DRAFT,
-        queue=Queue.DECODE,
-        state=Job.State.SUCCEEDED,
-        result_text="As stated [1].",
-        result_data={
-            "sentences": [{"text": "As stated [1].", "supported": True, "citations": [1]}],
-            "passages": [{"number": 1, "document_id": cited.pk, "document_title": cited.title, "text": "Stated."}],
-        },
-    )
 
 
 def test_a_page_of_drafts_looks_up_what_its_reader_may_read_once_not_once_a_draft(alice, bob):
