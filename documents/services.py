@@ -217,14 +217,14 @@ def _dispatch_upload(document: Document) -> None:
     back (row and file) and say so, rather than keep a document nothing will ingest (and that
     the same file uploaded again would only find)."""
     try:
-        _send_ingest(document.pk)
+        ingest_send(document.pk)
     except PUBLISH_ERRORS as exc:
         logger.warning("document %s: the broker did not take its ingestion; the upload was removed", document.pk)
         document_delete(document=document)
         raise BrokerUnavailable() from exc
 
 
-def _send_ingest(document_id: int) -> None:
+def ingest_send(document_id: int) -> None:
     """Publish the document's ingestion, then record that it was (``Document.dispatched_at``).
     Raises one of ``PUBLISH_ERRORS`` when the broker does not take it."""
     from documents.tasks import ingest_document
@@ -239,7 +239,7 @@ def _enqueue_ingest(document_id: int) -> None:
 
     def send() -> None:
         try:
-            _send_ingest(document_id)
+            ingest_send(document_id)
         except PUBLISH_ERRORS:
             logger.warning("document %s: the broker did not take its ingestion; the watchdog sends it", document_id)
 

@@ -137,11 +137,12 @@ def create_documents(owner, files: list[bytes], prefix: str) -> list[int]:
 
 
 def queue(ids: list[int]) -> None:
-    """Send ``ids`` to the ingest queue, as an upload does."""
-    from documents.tasks import ingest_document
+    """Send ``ids`` to the ingest queue, as an upload does (each recorded as sent, so that the
+    ingest worker's watchdog does not send it again)."""
+    from documents.services import ingest_send
 
     for document_id in ids:
-        ingest_document.delay(document_id)
+        ingest_send(document_id)
 
 
 def unfinished(ids: list[int]):
@@ -174,7 +175,12 @@ def through_worker(ids: list[int], *, timeout_s: float) -> dict:
     Chunk.objects.filter(document_id__in=ids).delete()
     Page.objects.filter(document_id__in=ids).delete()
     Document.objects.filter(pk__in=ids).update(
-        state=Document.State.UPLOADED, pages_done=0, attempts=0, failure_reason="", embedding_model=""
+        state=Document.State.UPLOADED,
+        pages_done=0,
+        attempts=0,
+        failure_reason="",
+        embedding_model="",
+        dispatched_at=None,  # sent again by queue()
     )
     started = time.perf_counter()
     queue(ids)

@@ -53,6 +53,34 @@ def test_the_watchdog_sends_an_upload_never_sent_once_and_nothing_else(alice, se
 
 
 @pytest.mark.django_db
+def test_what_is_sent_as_it_is_made_is_recorded_and_never_sent_again(
+    alice, sent, monkeypatch, django_capture_on_commit_callbacks
+):
+    """An upload, the same file uploaded again after its reading was cancelled, and an e-mail's
+    attachment: each records its send, so the watchdog leaves it alone however long it waits."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(services, "broker_check", lambda: None)  # the fake broker above takes everything
+    data = b"Either party may end this agreement on ninety days' notice.\n"
+    with django_capture_on_commit_callbacks(execute=True):
+        upload, created = services.document_create(owner=alice, upload=SimpleUploadedFile("notice.txt", data))
+    assert created and sent == [upload.pk]
+    services.document_cancel(document=upload, user=alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        again, requeued = services.document_create(owner=alice, upload=SimpleUploadedFile("notice.txt", data))
+    assert requeued and again.pk == upload.pk and sent == [upload.pk, upload.pk]
+    attachment = SimpleNamespace(filename="schedule.txt", content_type="text/plain", data=b"Schedule 1: prices.\n")
+    with django_capture_on_commit_callbacks(execute=True):
+        child = services._create_child(upload, attachment)
+    assert sent == [upload.pk, upload.pk, child.pk]
+    documents = Document.objects.filter(pk__in=[upload.pk, child.pk])
+    assert all(d.dispatched_at is not None and d.state == Document.State.UPLOADED for d in documents)
+    documents.update(updated_at=timezone.now() - timedelta(days=1))
+    assert services.documents_dispatch_pending() == 0
+    assert sent == [upload.pk, upload.pk, child.pk]
+
+
+@pytest.mark.django_db
 def test_an_upload_the_broker_refuses_to_the_watchdog_waits_for_the_next_sweep(alice, monkeypatch):
     from documents.tasks import ingest_document
 

@@ -232,7 +232,7 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
 
     drafter_events: list = []
     drafter_started = threading.Event()
-    document_finished = threading.Event()
+    document_done_at: list[float] = []  # when the document's last event reached this process
     drafter_tokens = 3000
 
     def drafter():
@@ -242,7 +242,8 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
                 drafter_events.append(event)
                 if event.type == "delta":
                     drafter_started.set()
-                if document_finished.is_set():
+                # Stops once it has written something after the document was done.
+                if document_done_at and event.received_at > document_done_at[0]:
                     break
         finally:
             stream.close()  # aborts the drafter in the engine
@@ -252,7 +253,7 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
     thread.start()
     assert drafter_started.wait(120)
     document_events = list(engine_host.generate(_document_of_tokens(engine_host, 1500)))
-    document_finished.set()
+    document_done_at.append(_done(document_events).received_at)
     thread.join(300)
     document_done = _done(document_events)
     # Not starved behind the drafter: done while it was still writing its 3000 tokens.
