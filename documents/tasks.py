@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.conf import settings
-from django.db import close_old_connections
 from django.db.backends.signals import connection_created
 
+from appliance.celery import Watchdog, worker_pool
 from appliance.database import share_niceness
 from documents import services, source_services
 
@@ -49,37 +48,20 @@ def _backend_yields_too(sender, connection, **kwargs) -> None:
     share_niceness(connection, os.getpriority(os.PRIO_PROCESS, 0))
 
 
-def is_ingest_worker(nodename: str) -> bool:
-    """``ingest@host``, and a benchmark's ``ingest-bench@host``."""
-    return nodename.split("@", 1)[0].split("-", 1)[0] == "ingest"
-
-
-_watchdog_stop = threading.Event()
-
-
-def _watchdog() -> None:
-    """Sends the ingestion of uploads whose message was never sent, every half grace period."""
-    while not _watchdog_stop.wait(services.DISPATCH_GRACE_S / 2):
-        try:
-            close_old_connections()
-            services.documents_dispatch_pending()
-        except Exception:
-            logger.exception("watchdog: could not look for documents never sent")
-        finally:
-            close_old_connections()
+_watchdog = Watchdog("document-watchdog", services.documents_dispatch_pending)
 
 
 @worker_ready.connect
 def start_watchdog(sender=None, **kwargs) -> None:
-    if not is_ingest_worker(str(getattr(sender, "hostname", ""))):
-        return
-    _watchdog_stop.clear()
-    threading.Thread(target=_watchdog, name="document-watchdog", daemon=True).start()
+    """The ingest worker sends, every half grace period, the ingestion of uploads whose message
+    was never sent."""
+    if worker_pool(str(getattr(sender, "hostname", ""))) == "ingest":
+        _watchdog.start(services.DISPATCH_GRACE_S / 2)
 
 
 @worker_shutdown.connect
 def stop_watchdog(**kwargs) -> None:
-    _watchdog_stop.set()
+    _watchdog.stop()
 
 
 # Extraction has its own time limit inside the sandbox; these are the outer bounds, which Celery

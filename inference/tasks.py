@@ -11,13 +11,12 @@ jobs of a worker that stopped reporting and sends the jobs whose message was nev
 from __future__ import annotations
 
 import logging
-import threading
 
 from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.conf import settings
-from django.db import close_old_connections
 
+from appliance.celery import Watchdog, worker_pool
 from inference import lifecycle, placement, services
 
 logger = logging.getLogger(__name__)
@@ -26,7 +25,7 @@ logger = logging.getLogger(__name__)
 def is_inference_worker(nodename: str) -> bool:
     """``prefill@host``, ``decode@host``, and those of a node's further engines (``prefill-1@host``)
     or of a benchmark (``decode-bench@host``)."""
-    return nodename.split("@", 1)[0].split("-", 1)[0] in ("prefill", "decode")
+    return worker_pool(nodename) in ("prefill", "decode")
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
@@ -53,26 +52,14 @@ def check_draft(job_id: str, version: int) -> None:
         services.draft_check_failed(job_id=job_id, version=version)
 
 
-_watchdog_stop = threading.Event()
+def _sweep() -> None:
+    requeued, failed = lifecycle.jobs_recover_stale()
+    sent = lifecycle.jobs_dispatch_pending()
+    if requeued or failed or sent:
+        logger.warning("watchdog: %d job(s) handed on, %d given up, %d sent that never were", requeued, failed, sent)
 
 
-def _watchdog() -> None:
-    interval_s = max(1.0, settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S / 4)
-    while True:
-        try:
-            close_old_connections()
-            requeued, failed = lifecycle.jobs_recover_stale()
-            sent = lifecycle.jobs_dispatch_pending()
-            if requeued or failed or sent:
-                logger.warning(
-                    "watchdog: %d job(s) handed on, %d given up, %d sent that never were", requeued, failed, sent
-                )
-        except Exception:
-            logger.exception("watchdog: could not check for stale jobs")
-        finally:
-            close_old_connections()
-        if _watchdog_stop.wait(interval_s):
-            return
+_watchdog = Watchdog("job-watchdog", _sweep)
 
 
 @celeryd_after_setup.connect
@@ -90,12 +77,10 @@ def consume_this_engines_turns(sender=None, instance=None, **kwargs) -> None:
 
 @worker_ready.connect
 def start_watchdog(sender=None, **kwargs) -> None:
-    if not is_inference_worker(str(getattr(sender, "hostname", ""))):
-        return
-    _watchdog_stop.clear()
-    threading.Thread(target=_watchdog, name="job-watchdog", daemon=True).start()
+    if is_inference_worker(str(getattr(sender, "hostname", ""))):
+        _watchdog.start(max(1.0, settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S / 4))
 
 
 @worker_shutdown.connect
 def stop_watchdog(**kwargs) -> None:
-    _watchdog_stop.set()
+    _watchdog.stop()
