@@ -36,26 +36,36 @@ PUBLISH_ERRORS = (OperationalError, redis.RedisError, OSError)
 
 
 def send_unsent(
-    unsent: QuerySet, publish: Callable[..., Any], *, what: str, fields: tuple[str, ...] = (), limit: int = 500
+    unsent: QuerySet,
+    publish: Callable[..., Any],
+    *,
+    what: str,
+    fields: tuple[str, ...] = (),
+    limit: int = 500,
+    take: dict[str, Any] | None = None,
+    give_back: dict[str, Any] | None = None,
+    why: str = "its message was never sent to its queue",
 ) -> int:
-    """The watchdogs' send: publish the message of each row of ``unsent`` (rows with a
-    ``dispatched_at`` field, filtered to those whose message was never sent and that are past
-    their grace period), ``publish(pk, *fields)``. Each row is taken first, by setting
-    ``dispatched_at`` where ``unsent`` still holds it (compare-and-set), so that two watchdogs
-    never both send one; given back if the broker refuses it, and then the sweep stops until its
-    next round. Returns how many were sent."""
+    """The watchdogs' send: publish the message of each row of ``unsent`` (rows filtered to those
+    whose message is missing and that are past their grace period), ``publish(pk, *fields)``.
+    Each row is taken first by writing ``take`` where ``unsent`` still holds it (compare-and-set;
+    by default it records the send in ``dispatched_at``), so that two watchdogs never both send
+    one; given back (``give_back``, by default ``dispatched_at`` cleared) if the broker refuses it,
+    and then the sweep stops until its next round. Returns how many were sent."""
     now = timezone.now()
+    take = take if take is not None else {"dispatched_at": now}
+    give_back = give_back if give_back is not None else {"dispatched_at": None}
     sent = 0
     for pk, *values in unsent.order_by("pk").values_list("pk", *fields)[:limit]:
-        if not unsent.filter(pk=pk).update(dispatched_at=now):
+        if not unsent.filter(pk=pk).update(**take):
             continue
         try:
             publish(pk, *values)
         except PUBLISH_ERRORS:
-            unsent.model.objects.filter(pk=pk, dispatched_at=now).update(dispatched_at=None)
+            unsent.model.objects.filter(pk=pk, **take).update(**give_back)
             logger.warning("watchdog: the broker does not take messages; %s %s stays unsent", what, pk)
             return sent
-        logger.warning("%s %s: its message was never sent to its queue; sent now", what, pk)
+        logger.warning("%s %s: %s; sent now", what, pk, why)
         sent += 1
     return sent
 

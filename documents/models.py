@@ -245,6 +245,12 @@ class Document(models.Model):
     # document left uploaded and unsent (its web process or worker died between the commit and
     # the send) is sent by the ingest worker's watchdog (``services.documents_dispatch_pending``).
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    # The one reading in progress (``services.Reading``): its token and how long it holds the
+    # document without a sign of life. Another message for the document finds it held and ends;
+    # a reader silent past ``read_until`` (its worker died) is replaced, and whatever it writes
+    # after that is refused, so a document is read by one thread at a time.
+    reader = models.UUIDField(null=True, blank=True)
+    read_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -10,6 +10,9 @@ and does nothing); one being read gets ``cancel_requested``, which the worker ch
 extraction and between embedding batches, and once more under the row's lock in the transaction
 that would make its passages searchable. So a cancelled document never has passages, and the
 worker simply goes on with its next file.
+
+One thread reads a document at a time: a reader takes it first and writes only while it still
+holds it (``Reading``, below), so a second message for a document ends at once.
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePath
+from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.contrib.postgres.search import SearchVector
@@ -56,6 +63,9 @@ BATCH_FILL_TIMEOUT_S = 3600
 # which has its own limit in the sandbox, and between embedding batches).
 INGEST_TIME_LIMIT_S = 3600
 TIME_LIMIT_REASON = "Processing this file took over an hour and was stopped."
+INTERNAL_ERROR_REASON = (
+    "An internal error stopped the processing of this file; the administrator can find it in the logs."
+)
 
 
 class UploadRejected(ValueError):
@@ -75,6 +85,11 @@ class NotAllowed(PermissionError):
 
 class IngestCancelled(Exception):
     """The document's ingestion was cancelled while it ran (raised between steps)."""
+
+
+class ReadingLost(Exception):
+    """The document is no longer this reader's: it was silent past its lease and another reader
+    took the document over, or the document was deleted. It stops, writing nothing more."""
 
 
 class IngestTimedOut(Exception):
@@ -252,22 +267,40 @@ DISPATCH_GRACE_S = 30
 
 
 def documents_dispatch_pending() -> int:
-    """Send the ingestion of each uploaded document whose message was never sent, once
-    (``appliance.broker.send_unsent``, as the inference workers' watchdog does for jobs).
+    """The ingest worker's watchdog: send again what no message will read (once each,
+    ``appliance.broker.send_unsent``, as the inference workers' watchdog does for jobs):
+    - an upload whose message was never sent (its web process or worker died between the commit
+      and the send);
+    - a document whose reader fell silent past its lease mid-way (its worker died, or a message
+      sent here was lost): marked as sent (no reader, a fresh lease), the next reader takes it
+      over, and the attempt counts, so a file that kills its worker is given up after
+      ``MAX_INGEST_ATTEMPTS``.
     Returns how many were sent."""
     from documents.tasks import ingest_document
 
-    cutoff = timezone.now() - timedelta(seconds=DISPATCH_GRACE_S)
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=DISPATCH_GRACE_S)
     unsent = Document.objects.filter(state=Document.State.UPLOADED, dispatched_at=None, updated_at__lt=cutoff)
-    return send_unsent(unsent, ingest_document.delay, what="document")
+    sent = send_unsent(unsent, ingest_document.delay, what="document")
+    silent = Q(read_until__lt=now) | Q(read_until=None, updated_at__lt=now - timedelta(seconds=read_lease_s()))
+    abandoned = Document.objects.filter(silent, state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING])
+    return sent + send_unsent(
+        abandoned,
+        ingest_document.delay,
+        what="document",
+        take={"reader": None, "read_until": _lease_end()},
+        give_back={"read_until": now},
+        why="its reader fell silent mid-way (its worker died?)",
+    )
 
 
-def _set_state(document_id: int, state: str, **fields) -> None:
-    Document.objects.filter(pk=document_id).update(state=state, **fields)
-
-
-def document_fail(*, document_id: int, reason: str) -> Document | None:
-    _set_state(document_id, Document.State.FAILED, failure_reason=reason)
+def document_fail(*, document_id: int, reason: str, reading: Reading | None = None) -> Document | None:
+    """Failed, with a reason for a person. By its reader (``reading``), or, without one, only
+    while no reader holds it (a failure outside any reading must not end another's)."""
+    if reading is not None:
+        reading.end(Document.State.FAILED, failure_reason=reason)
+    else:
+        Document.objects.filter(_unheld(), pk=document_id).update(state=Document.State.FAILED, failure_reason=reason)
     document = Document.objects.filter(pk=document_id).first()
     if document is not None:
         batch_settle(batch_id=document.batch_id)
@@ -292,24 +325,20 @@ def document_cancel(*, document: Document, user: User) -> bool:
     return bool(waiting or running)
 
 
-def _raise_if_cancelled(document_id: int) -> None:
-    if Document.objects.filter(pk=document_id, cancel_requested=True).exists():
-        raise IngestCancelled()
-
-
-def _document_cancelled(document_id: int) -> Document | None:
+def _document_cancelled(reading: Reading) -> Document | None:
     """The worker stopped a cancelled document: nothing of it is kept but the stored file (so
     the same file uploaded again is read again)."""
+    document_id = reading.document_id
     with transaction.atomic():
-        document = Document.objects.select_for_update().filter(pk=document_id).first()
-        if document is None:
-            return None
+        try:
+            document = reading.lock()
+        except ReadingLost:  # deleted, or another reader has it now
+            return Document.objects.filter(pk=document_id).first()
         Chunk.objects.filter(document=document).delete()
         Page.objects.filter(document=document).delete()
         for child in document.children.all():  # attachments found before the cancel
             document_delete(document=child)
-        _set_state(
-            document_id,
+        reading.end(
             Document.State.CANCELLED,
             cancel_requested=False,
             pages_done=0,
@@ -372,35 +401,118 @@ def text_of_message_upload(upload) -> str:
     return text
 
 
+# --- reading: one thread at a time per document ------------------------------------------------
+#
+# A document can get a second message: a send that worked but was not recorded, a cancelled
+# document uploaded again while its first message still waited, the watchdog resending one whose
+# reader died. So a reader first takes the document (compare-and-set on ``Document.reader``) and
+# holds it for ``read_lease_s()`` past each sign of life (each step, each embedding batch); a
+# message that finds it held ends at once. Everything a reader writes is conditional on its token
+# (``Reading``), so one that was silent past its lease and was replaced writes nothing more.
+
+# Past the longest step without a sign of life: extraction, which the sandbox stops at
+# APPLIANCE_EXTRACTION_TIMEOUT_S (chunking and storing a 2,000-page document take seconds).
+READ_LEASE_MARGIN_S = 120
+
+
+def read_lease_s() -> int:
+    return settings.APPLIANCE_EXTRACTION_TIMEOUT_S + READ_LEASE_MARGIN_S
+
+
+def _lease_end():
+    return timezone.now() + timedelta(seconds=read_lease_s())
+
+
+def _unheld() -> Q:
+    """No reader holds the document: none took it, or the one that did is past its lease."""
+    return Q(reader=None) | Q(read_until__lt=timezone.now())
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A reader's hold on its document: every write it makes goes through here."""
+
+    document_id: int
+    token: uuid.UUID
+
+    @classmethod
+    def take(cls, document_id: int, *, states: Iterable[str], **fields) -> Reading | None:
+        """Hold the document if it is in one of ``states`` and no reader holds it, writing
+        ``fields`` in the same update. None when it is finished, gone or read by another."""
+        token = uuid.uuid4()
+        taken = Document.objects.filter(_unheld(), pk=document_id, state__in=list(states)).update(
+            reader=token, read_until=_lease_end(), **fields
+        )
+        return cls(document_id, token) if taken else None
+
+    def rows(self):
+        return Document.objects.filter(pk=self.document_id, reader=self.token)
+
+    def write(self, *, unless_cancelled: bool = False, **fields) -> None:
+        """Write ``fields`` and renew the lease. Raises ``IngestCancelled`` (with
+        ``unless_cancelled``, when a cancel was asked) or ``ReadingLost``, writing nothing."""
+        rows = self.rows().filter(cancel_requested=False) if unless_cancelled else self.rows()
+        if rows.update(read_until=_lease_end(), **fields):
+            return
+        if unless_cancelled and self.rows().exists():
+            raise IngestCancelled()
+        raise ReadingLost()
+
+    def lock(self) -> Document:
+        """The document's row, locked for the transaction, while it is still this reader's."""
+        document = self.rows().select_for_update().first()
+        if document is None:
+            raise ReadingLost()
+        return document
+
+    def end(self, state: str, **fields) -> bool:
+        """Let go of the document in ``state``; False (nothing written) if it was not ours."""
+        return bool(self.rows().update(state=state, reader=None, read_until=None, **fields))
+
+
 def document_ingest(*, document_id: int) -> Document | None:
     """Extract, store pages, then embed. Idempotent: a finished document is left alone, one
-    interrupted mid-way starts again. Returns None when the document is gone."""
-    document = Document.objects.filter(pk=document_id).first()
-    if document is None or document.is_finished:
-        return document  # a cancelled document's queued task ends here
-    if document.cancel_requested:
-        return _document_cancelled(document_id)
-    if document.attempts >= MAX_INGEST_ATTEMPTS:
-        # Redelivered after the worker died on it (memory, a hard time limit) again and again.
-        return document_fail(
-            document_id=document_id,
-            reason=f"Processing this file stopped the worker {document.attempts} times; it was given up.",
-        )
-    started = Document.objects.filter(pk=document_id, state__in=UNFINISHED_STATES, cancel_requested=False).update(
-        attempts=F("attempts") + 1, state=Document.State.EXTRACTING, pages_done=0, failure_reason=""
+    interrupted mid-way starts again, one another thread is reading is left to it. Returns None
+    when the document is gone."""
+    reading = Reading.take(
+        document_id,
+        states=UNFINISHED_STATES,
+        attempts=F("attempts") + 1,
+        state=Document.State.EXTRACTING,
+        pages_done=0,
+        failure_reason="",
     )
-    if not started:  # cancelled (or deleted) since it was read above
-        document = Document.objects.filter(pk=document_id).first()
-        return _document_cancelled(document_id) if document and document.cancel_requested else document
+    if reading is None:  # finished (a cancelled document's queued task ends here), gone, or being read
+        return Document.objects.filter(pk=document_id).first()
+    document = Document.objects.get(pk=document_id)
     try:
-        return _ingest(document, document_id, _deadline())
-    except IngestCancelled:
-        return _document_cancelled(document_id)
-    except IngestTimedOut:
-        return document_fail(document_id=document_id, reason=TIME_LIMIT_REASON)
+        if document.cancel_requested:
+            raise IngestCancelled()
+        if document.attempts > MAX_INGEST_ATTEMPTS:
+            # Taken again and again after its reader's worker died on it (memory, a hard limit).
+            reason = f"Processing this file stopped the worker {document.attempts - 1} times; it was given up."
+            return document_fail(document_id=document_id, reason=reason, reading=reading)
+        return _ingest(document, reading, _deadline())
+    except Exception as exc:
+        return _reading_stopped(reading, exc)
 
 
-def _ingest(document: Document, document_id: int, deadline: float) -> Document | None:
+def _reading_stopped(reading: Reading, exc: Exception) -> Document | None:
+    """How a reading that raised ends: cancelled, timed out, lost to another reader (nothing
+    written), or failed with a reason a person understands (the error is logged)."""
+    document_id = reading.document_id
+    if isinstance(exc, IngestCancelled):
+        return _document_cancelled(reading)
+    if isinstance(exc, ReadingLost):
+        logger.warning("document %s: no longer this reader's (deleted, or taken over after a silence)", document_id)
+        return Document.objects.filter(pk=document_id).first()
+    if isinstance(exc, IngestTimedOut | SoftTimeLimitExceeded):
+        return document_fail(document_id=document_id, reason=TIME_LIMIT_REASON, reading=reading)
+    logger.error("document %s: processing failed", document_id, exc_info=exc)
+    return document_fail(document_id=document_id, reason=INTERNAL_ERROR_REASON, reading=reading)
+
+
+def _ingest(document: Document, reading: Reading, deadline: float) -> Document | None:
     from documents.sandbox import SandboxLimits, extract_in_sandbox
 
     try:
@@ -420,18 +532,19 @@ def _ingest(document: Document, document_id: int, deadline: float) -> Document |
             use_ocr=settings.APPLIANCE_OCR,
         )
     except ExtractionError as exc:
-        return document_fail(document_id=document_id, reason=str(exc))
+        return document_fail(document_id=document.pk, reason=str(exc), reading=reading)
     except OSError as exc:
-        logger.warning("document %s: stored file unreadable: %s", document_id, exc)
-        return document_fail(document_id=document_id, reason="The stored file could not be read. Upload it again.")
+        logger.warning("document %s: stored file unreadable: %s", document.pk, exc)
+        reason = "The stored file could not be read. Upload it again."
+        return document_fail(document_id=document.pk, reason=reason, reading=reading)
 
-    _raise_if_cancelled(document_id)
+    reading.write(unless_cancelled=True)
     _raise_if_past(deadline)
-    _store_pages(document, extracted)
+    _store_pages(document, extracted, reading)
     document.refresh_from_db()
     if not any(page.text.strip() for page in extracted.pages) and not extracted.attachments:
-        return document_fail(document_id=document_id, reason=no_text_reason(len(extracted.pages)))
-    return _embed(document, document_id, deadline)
+        return document_fail(document_id=document.pk, reason=no_text_reason(len(extracted.pages)), reading=reading)
+    return _embed(document, reading, deadline)
 
 
 def no_text_reason(pages: int) -> str:
@@ -448,10 +561,11 @@ def no_text_reason(pages: int) -> str:
     return f"No text could be found: the {pages} page(s) are images (scans) with no text layer, and {why}."
 
 
-def _store_pages(document: Document, extracted: ExtractedDocument) -> None:
+def _store_pages(document: Document, extracted: ExtractedDocument, reading: Reading) -> None:
     texts = [page.text for page in extracted.pages]
     offsets = page_offsets(texts)
     with transaction.atomic():
+        reading.lock()
         Page.objects.filter(document=document).delete()
         Chunk.objects.filter(document=document).delete()
         for child in document.children.all():  # from an earlier, interrupted run
@@ -470,7 +584,7 @@ def _store_pages(document: Document, extracted: ExtractedDocument) -> None:
             ],
             batch_size=500,
         )
-        updates = {
+        updates: dict[str, Any] = {
             "kind": extracted.kind,
             "pages_total": len(extracted.pages),
             "pages_done": 0,
@@ -481,7 +595,7 @@ def _store_pages(document: Document, extracted: ExtractedDocument) -> None:
         kept, refused = _attachments_allowed(document, len(extracted.attachments))
         if refused:
             updates["failure_reason"] = refused
-        Document.objects.filter(pk=document.pk).update(**updates)
+        reading.write(**updates)
         for attachment in extracted.attachments[:kept]:
             _create_child(document, attachment)
 
@@ -555,22 +669,22 @@ def chunk_rows(document: Document, spans, vectors, model_name: str) -> list[Chun
 def document_embed(*, document_id: int) -> Document | None:
     """Chunk the stored pages with the embedding model's tokenizer, embed in batches, then swap
     the new chunks in at once. Also how a ready document is re-embedded after the embedding
-    model changes: it stays ready and searchable (with its old chunks) until the swap."""
-    document = Document.objects.filter(pk=document_id).first()
-    if document is None:
-        return None
+    model changes: it stays ready and searchable (with its old chunks) until the swap. Only a
+    ready document no reader holds is re-embedded; if re-embedding fails, it stays as it was."""
+    reading = Reading.take(document_id, states=[Document.State.READY])
+    if reading is None:
+        return Document.objects.filter(pk=document_id).first()
     try:
-        return _embed(document, document_id, _deadline())
-    except IngestCancelled:
-        return _document_cancelled(document_id)
-    except IngestTimedOut:
-        if document.state == Document.State.READY:  # a re-embedding: the old passages stay
-            logger.error("document %s: re-embedding stopped at the time limit", document_id)
-            return Document.objects.filter(pk=document_id).first()
-        return document_fail(document_id=document_id, reason=TIME_LIMIT_REASON)
+        return _embed(Document.objects.get(pk=document_id), reading, _deadline())
+    except ReadingLost:
+        return Document.objects.filter(pk=document_id).first()
+    except Exception:
+        logger.exception("document %s: re-embedding failed; its old passages stay", document_id)
+        reading.end(Document.State.READY)
+        return Document.objects.filter(pk=document_id).first()
 
 
-def _embed(document: Document, document_id: int, deadline: float) -> Document | None:
+def _embed(document: Document, reading: Reading, deadline: float) -> Document | None:
     """Passages of the stored pages, embedded through the process's batcher: a piece of
     ``APPLIANCE_EMBEDDING_BATCH`` passages at a time, which the batcher embeds together with
     other documents' pieces (``documents.embedding_batcher``), reporting pages done after each."""
@@ -588,7 +702,7 @@ def _embed(document: Document, document_id: int, deadline: float) -> Document | 
         overlap_tokens=settings.APPLIANCE_CHUNK_OVERLAP_TOKENS,
     )
     if not reembedding:
-        _set_state(document_id, Document.State.EMBEDDING, pages_done=0)
+        reading.write(state=Document.State.EMBEDDING, pages_done=0)
     chunks: list[Chunk] = []
     piece = batcher.batch_size
     for start in range(0, len(spans), piece):
@@ -596,28 +710,22 @@ def _embed(document: Document, document_id: int, deadline: float) -> Document | 
         batch = spans[start : start + piece]
         vectors = batcher.embed([span.text for span in batch])
         chunks.extend(chunk_rows(document, batch, vectors, embedder.model_name))
-        if not reembedding:  # pages before the last one this batch reached are done; a cancel stops here
-            done = max(0, batch[-1].page_end - 1)
-            if not Document.objects.filter(pk=document_id, cancel_requested=False).update(pages_done=done):
-                raise IngestCancelled()
+        if reembedding:
+            reading.write()
+        else:  # pages before the last one this batch reached are done; a cancel stops here
+            reading.write(unless_cancelled=True, pages_done=max(0, batch[-1].page_end - 1))
     with transaction.atomic():
-        if not reembedding:
-            # Under the row's lock: a cancel that comes now waits for this transaction and then
-            # finds the document ready; one that came before stops it with no passage stored.
-            locked = (
-                Document.objects.select_for_update().filter(pk=document_id).values_list("cancel_requested", flat=True)
-            )
-            if not locked or locked[0]:
-                raise IngestCancelled()
+        # Under the row's lock: a cancel that comes now waits for this transaction and then finds
+        # the document ready; one that came before stops it with no passage stored.
+        if reading.lock().cancel_requested and not reembedding:
+            raise IngestCancelled()
         Chunk.objects.filter(document=document).delete()
         Chunk.objects.bulk_create(chunks, batch_size=500)
         Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
-        _set_state(
-            document_id, Document.State.READY, pages_done=len(pages), embedding_model=embedder.model_name, attempts=0
-        )
+        reading.end(Document.State.READY, pages_done=len(pages), embedding_model=embedder.model_name, attempts=0)
     if not reembedding:
         batch_settle(batch_id=document.batch_id)
-    return Document.objects.get(pk=document_id)
+    return Document.objects.get(pk=document.pk)
 
 
 def documents_needing_reembedding(model_name: str):

@@ -13,7 +13,6 @@ import logging
 import os
 
 from celery import shared_task
-from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from django.conf import settings
 from django.db.backends.signals import connection_created
@@ -72,20 +71,17 @@ _LIMITS = {"soft_time_limit": INGEST_TIME_LIMIT_S, "time_limit": INGEST_TIME_LIM
 
 
 def _guarded(document_id: int, step, *, fail: bool = True) -> None:
-    """A document that breaks a step fails with a reason; it never stays half-done. (A failed
-    re-embedding leaves a ready document as it was: ``fail=False``.)"""
+    """A document that breaks a step fails with a reason; it never stays half-done. The service
+    ends each reading it holds itself (failed with a reason, timed out, cancelled, or left to the
+    reader that took it over); what breaks outside one (the database away as it is taken) fails
+    the document here, unless a reader holds it. (A failed re-embedding leaves a ready document as
+    it was: ``fail=False``.)"""
     try:
         step(document_id=document_id)
-    except SoftTimeLimitExceeded:  # a prefork pool's limit (the default threads pool has none: the service keeps it)
-        services.document_fail(document_id=document_id, reason=services.TIME_LIMIT_REASON)
     except Exception:
         logger.exception("document %s: processing failed", document_id)
-        if not fail:
-            return
-        services.document_fail(
-            document_id=document_id,
-            reason="An internal error stopped the processing of this file; the administrator can find it in the logs.",
-        )
+        if fail:
+            services.document_fail(document_id=document_id, reason=services.INTERNAL_ERROR_REASON)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, **_LIMITS)
