@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePath
@@ -267,41 +269,40 @@ DISPATCH_GRACE_S = 30
 
 
 def documents_dispatch_pending() -> int:
-    """The ingest worker's watchdog: send again what no message will read (once each,
-    ``appliance.broker.send_unsent``, as the inference workers' watchdog does for jobs):
+    """The ingest worker's watchdog: send what no message will read, once each
+    (``appliance.broker.send_unsent``, as the inference workers' watchdog does for jobs):
     - an upload whose message was never sent (its web process or worker died between the commit
       and the send);
-    - a document whose reader fell silent past its lease mid-way (its worker died, or a message
-      sent here was lost): marked as sent (no reader, a fresh lease), the next reader takes it
-      over, and the attempt counts, so a file that kills its worker is given up after
-      ``MAX_INGEST_ATTEMPTS``.
+    - a document whose reader's lease ran out mid-way (its process died, or stopped for minutes):
+      marked as sent (no reader, no lease), the next reader takes it over, and the take counts
+      an attempt, so a file that kills its worker is given up after ``MAX_INGEST_ATTEMPTS``.
+    The readings of this process are renewed first: a worker that was itself stopped for a
+    while does not take its own readings for dead.
     Returns how many were sent."""
     from documents.tasks import ingest_document
 
+    HELD_READINGS.renew()
     now = timezone.now()
     cutoff = now - timedelta(seconds=DISPATCH_GRACE_S)
     unsent = Document.objects.filter(state=Document.State.UPLOADED, dispatched_at=None, updated_at__lt=cutoff)
     sent = send_unsent(unsent, ingest_document.delay, what="document")
-    silent = Q(read_until__lt=now) | Q(read_until=None, updated_at__lt=now - timedelta(seconds=read_lease_s()))
-    abandoned = Document.objects.filter(silent, state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING])
+    abandoned = Document.objects.filter(
+        state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING], read_until__lt=now
+    )
     return sent + send_unsent(
         abandoned,
         ingest_document.delay,
         what="document",
-        take={"reader": None, "read_until": _lease_end()},
+        take={"reader": None, "read_until": None},
         give_back={"read_until": now},
-        why="its reader fell silent mid-way (its worker died?)",
+        why="its reader's lease ran out mid-way (its worker died?)",
     )
 
 
-def document_fail(*, document_id: int, reason: str, reading: Reading | None = None) -> Document | None:
-    """Failed, with a reason for a person. By its reader (``reading``), or, without one, only
-    while no reader holds it (a failure outside any reading must not end another's)."""
-    if reading is not None:
-        reading.end(Document.State.FAILED, failure_reason=reason)
-    else:
-        Document.objects.filter(_unheld(), pk=document_id).update(state=Document.State.FAILED, failure_reason=reason)
-    document = Document.objects.filter(pk=document_id).first()
+def document_fail(reading: Reading, *, reason: str) -> Document | None:
+    """Failed by its reader, with a reason for a person (nothing, if it is no longer its own)."""
+    reading.end(Document.State.FAILED, failure_reason=reason)
+    document = _current(reading.document_id)
     if document is not None:
         batch_settle(batch_id=document.batch_id)
     return document
@@ -333,7 +334,7 @@ def _document_cancelled(reading: Reading) -> Document | None:
         try:
             document = reading.lock()
         except ReadingLost:  # deleted, or another reader has it now
-            return Document.objects.filter(pk=document_id).first()
+            return _current(document_id)
         Chunk.objects.filter(document=document).delete()
         Page.objects.filter(document=document).delete()
         for child in document.children.all():  # attachments found before the cancel
@@ -347,7 +348,7 @@ def _document_cancelled(reading: Reading) -> Document | None:
             failure_reason="",
         )
     batch_settle(batch_id=document.batch_id)
-    return Document.objects.filter(pk=document_id).first()
+    return _current(document_id)
 
 
 def batch_settle(*, batch_id: int | None, filled: bool = False) -> None:
@@ -406,26 +407,58 @@ def text_of_message_upload(upload) -> str:
 # A document can get a second message: a send that worked but was not recorded, a cancelled
 # document uploaded again while its first message still waited, the watchdog resending one whose
 # reader died. So a reader first takes the document (compare-and-set on ``Document.reader``) and
-# holds it for ``read_lease_s()`` past each sign of life (each step, each embedding batch); a
-# message that finds it held ends at once. Everything a reader writes is conditional on its token
-# (``Reading``), so one that was silent past its lease and was replaced writes nothing more.
+# holds it on a lease that its process renews every ``READ_RENEW_S`` while it reads (one thread
+# for all the process's readings: a reader waiting on the embedder or the sandbox stays alive);
+# a message that finds it held ends at once. Everything a reader writes is conditional on its
+# token (``Reading``), so one whose process stopped renewing and was replaced writes nothing more.
 
-# Past the longest step without a sign of life: extraction, which the sandbox stops at
-# APPLIANCE_EXTRACTION_TIMEOUT_S (chunking and storing a 2,000-page document take seconds).
-READ_LEASE_MARGIN_S = 120
-
-
-def read_lease_s() -> int:
-    return settings.APPLIANCE_EXTRACTION_TIMEOUT_S + READ_LEASE_MARGIN_S
+READ_LEASE_S = 120  # a reading not renewed for this long is its dead process's
+READ_RENEW_S = 20  # so a process misses five renewals before it loses its readings
 
 
 def _lease_end():
-    return timezone.now() + timedelta(seconds=read_lease_s())
+    return timezone.now() + timedelta(seconds=READ_LEASE_S)
 
 
 def _unheld() -> Q:
     """No reader holds the document: none took it, or the one that did is past its lease."""
     return Q(reader=None) | Q(read_until__lt=timezone.now())
+
+
+def _current(document_id: int) -> Document | None:
+    return Document.objects.filter(pk=document_id).first()
+
+
+class _HeldReadings:
+    """The readings this process holds, renewed together by one thread (started with the
+    first) every ``READ_RENEW_S``: one update for all of them."""
+
+    def __init__(self) -> None:
+        self._tokens: set[uuid.UUID] = set()
+        self._lock = threading.Lock()
+        self._renewing = False
+
+    def add(self, token: uuid.UUID) -> None:
+        from appliance.celery import Watchdog
+
+        with self._lock:
+            self._tokens.add(token)
+            if not self._renewing:
+                Watchdog("document-readings", self.renew).start(READ_RENEW_S)
+                self._renewing = True
+
+    def discard(self, token: uuid.UUID) -> None:
+        with self._lock:
+            self._tokens.discard(token)
+
+    def renew(self) -> int:
+        """Extend the lease of every reading held here; how many are still this process's."""
+        with self._lock:
+            tokens = list(self._tokens)
+        return Document.objects.filter(reader__in=tokens).update(read_until=_lease_end()) if tokens else 0
+
+
+HELD_READINGS = _HeldReadings()
 
 
 @dataclass(frozen=True)
@@ -436,23 +469,32 @@ class Reading:
     token: uuid.UUID
 
     @classmethod
-    def take(cls, document_id: int, *, states: Iterable[str], **fields) -> Reading | None:
-        """Hold the document if it is in one of ``states`` and no reader holds it, writing
-        ``fields`` in the same update. None when it is finished, gone or read by another."""
+    @contextmanager
+    def taken(cls, document_id: int, *, states: Iterable[str], **fields) -> Iterator[Reading | None]:
+        """Hold the document while the block runs, if it is in one of ``states`` and no reader
+        holds it, writing ``fields`` in the same update (None when it is finished, gone or read
+        by another). Its lease is renewed until the block ends."""
         token = uuid.uuid4()
         taken = Document.objects.filter(_unheld(), pk=document_id, state__in=list(states)).update(
             reader=token, read_until=_lease_end(), **fields
         )
-        return cls(document_id, token) if taken else None
+        if not taken:
+            yield None
+            return
+        HELD_READINGS.add(token)
+        try:
+            yield cls(document_id, token)
+        finally:
+            HELD_READINGS.discard(token)
 
     def rows(self):
         return Document.objects.filter(pk=self.document_id, reader=self.token)
 
     def write(self, *, unless_cancelled: bool = False, **fields) -> None:
-        """Write ``fields`` and renew the lease. Raises ``IngestCancelled`` (with
-        ``unless_cancelled``, when a cancel was asked) or ``ReadingLost``, writing nothing."""
+        """Write ``fields``. Raises ``IngestCancelled`` (with ``unless_cancelled``, when a
+        cancel was asked) or ``ReadingLost``, writing nothing."""
         rows = self.rows().filter(cancel_requested=False) if unless_cancelled else self.rows()
-        if rows.update(read_until=_lease_end(), **fields):
+        if rows.update(**fields) if fields else rows.exists():
             return
         if unless_cancelled and self.rows().exists():
             raise IngestCancelled()
@@ -474,42 +516,47 @@ def document_ingest(*, document_id: int) -> Document | None:
     """Extract, store pages, then embed. Idempotent: a finished document is left alone, one
     interrupted mid-way starts again, one another thread is reading is left to it. Returns None
     when the document is gone."""
-    reading = Reading.take(
+    with Reading.taken(
         document_id,
         states=UNFINISHED_STATES,
         attempts=F("attempts") + 1,
         state=Document.State.EXTRACTING,
         pages_done=0,
         failure_reason="",
-    )
-    if reading is None:  # finished (a cancelled document's queued task ends here), gone, or being read
-        return Document.objects.filter(pk=document_id).first()
-    document = Document.objects.get(pk=document_id)
-    try:
-        if document.cancel_requested:
-            raise IngestCancelled()
-        if document.attempts > MAX_INGEST_ATTEMPTS:
-            # Taken again and again after its reader's worker died on it (memory, a hard limit).
-            reason = f"Processing this file stopped the worker {document.attempts - 1} times; it was given up."
-            return document_fail(document_id=document_id, reason=reason, reading=reading)
-        return _ingest(document, reading, _deadline())
-    except Exception as exc:
-        return _reading_stopped(reading, exc)
+    ) as reading:
+        if reading is None:  # finished (a cancelled document's queued task ends here), gone, or being read
+            return _current(document_id)
+        try:
+            document = Document.objects.get(pk=document_id)
+            if document.cancel_requested:
+                raise IngestCancelled()
+            if document.attempts > MAX_INGEST_ATTEMPTS:
+                # Taken again and again after its reader's worker died on it (memory, a hard limit).
+                reason = f"Processing this file stopped the worker {document.attempts - 1} times; it was given up."
+                return document_fail(reading, reason=reason)
+            return _ingest(document, reading, _deadline())
+        except Exception as exc:
+            return _reading_stopped(reading, exc)
 
 
-def _reading_stopped(reading: Reading, exc: Exception) -> Document | None:
-    """How a reading that raised ends: cancelled, timed out, lost to another reader (nothing
-    written), or failed with a reason a person understands (the error is logged)."""
+def _reading_stopped(reading: Reading, exc: Exception, *, reembedding: bool = False) -> Document | None:
+    """How a reading that raised ends: cancelled, lost to another reader or a delete (nothing
+    written), timed out, or failed with a reason a person understands (the error is logged). A
+    re-embedding that fails leaves the document ready, with its old passages."""
     document_id = reading.document_id
+    if isinstance(exc, ReadingLost | Document.DoesNotExist):
+        logger.warning("document %s: no longer this reader's (deleted, or taken over after a silence)", document_id)
+        return _current(document_id)
+    if reembedding:
+        logger.error("document %s: re-embedding failed; its old passages stay", document_id, exc_info=exc)
+        reading.end(Document.State.READY)
+        return _current(document_id)
     if isinstance(exc, IngestCancelled):
         return _document_cancelled(reading)
-    if isinstance(exc, ReadingLost):
-        logger.warning("document %s: no longer this reader's (deleted, or taken over after a silence)", document_id)
-        return Document.objects.filter(pk=document_id).first()
     if isinstance(exc, IngestTimedOut | SoftTimeLimitExceeded):
-        return document_fail(document_id=document_id, reason=TIME_LIMIT_REASON, reading=reading)
+        return document_fail(reading, reason=TIME_LIMIT_REASON)
     logger.error("document %s: processing failed", document_id, exc_info=exc)
-    return document_fail(document_id=document_id, reason=INTERNAL_ERROR_REASON, reading=reading)
+    return document_fail(reading, reason=INTERNAL_ERROR_REASON)
 
 
 def _ingest(document: Document, reading: Reading, deadline: float) -> Document | None:
@@ -532,18 +579,18 @@ def _ingest(document: Document, reading: Reading, deadline: float) -> Document |
             use_ocr=settings.APPLIANCE_OCR,
         )
     except ExtractionError as exc:
-        return document_fail(document_id=document.pk, reason=str(exc), reading=reading)
+        return document_fail(reading, reason=str(exc))
     except OSError as exc:
         logger.warning("document %s: stored file unreadable: %s", document.pk, exc)
         reason = "The stored file could not be read. Upload it again."
-        return document_fail(document_id=document.pk, reason=reason, reading=reading)
+        return document_fail(reading, reason=reason)
 
     reading.write(unless_cancelled=True)
     _raise_if_past(deadline)
     _store_pages(document, extracted, reading)
     document.refresh_from_db()
     if not any(page.text.strip() for page in extracted.pages) and not extracted.attachments:
-        return document_fail(document_id=document.pk, reason=no_text_reason(len(extracted.pages)), reading=reading)
+        return document_fail(reading, reason=no_text_reason(len(extracted.pages)))
     return _embed(document, reading, deadline)
 
 
@@ -564,8 +611,7 @@ def no_text_reason(pages: int) -> str:
 def _store_pages(document: Document, extracted: ExtractedDocument, reading: Reading) -> None:
     texts = [page.text for page in extracted.pages]
     offsets = page_offsets(texts)
-    with transaction.atomic():
-        reading.lock()
+    with transaction.atomic():  # rolled back by ReadingLost at the write below
         Page.objects.filter(document=document).delete()
         Chunk.objects.filter(document=document).delete()
         for child in document.children.all():  # from an earlier, interrupted run
@@ -595,7 +641,7 @@ def _store_pages(document: Document, extracted: ExtractedDocument, reading: Read
         kept, refused = _attachments_allowed(document, len(extracted.attachments))
         if refused:
             updates["failure_reason"] = refused
-        reading.write(**updates)
+        reading.write(**updates)  # after the upload's lock, if any, as a cancel takes them
         for attachment in extracted.attachments[:kept]:
             _create_child(document, attachment)
 
@@ -671,17 +717,13 @@ def document_embed(*, document_id: int) -> Document | None:
     the new chunks in at once. Also how a ready document is re-embedded after the embedding
     model changes: it stays ready and searchable (with its old chunks) until the swap. Only a
     ready document no reader holds is re-embedded; if re-embedding fails, it stays as it was."""
-    reading = Reading.take(document_id, states=[Document.State.READY])
-    if reading is None:
-        return Document.objects.filter(pk=document_id).first()
-    try:
-        return _embed(Document.objects.get(pk=document_id), reading, _deadline())
-    except ReadingLost:
-        return Document.objects.filter(pk=document_id).first()
-    except Exception:
-        logger.exception("document %s: re-embedding failed; its old passages stay", document_id)
-        reading.end(Document.State.READY)
-        return Document.objects.filter(pk=document_id).first()
+    with Reading.taken(document_id, states=[Document.State.READY]) as reading:
+        if reading is None:
+            return _current(document_id)
+        try:
+            return _embed(Document.objects.get(pk=document_id), reading, _deadline())
+        except Exception as exc:
+            return _reading_stopped(reading, exc, reembedding=True)
 
 
 def _embed(document: Document, reading: Reading, deadline: float) -> Document | None:
@@ -710,9 +752,7 @@ def _embed(document: Document, reading: Reading, deadline: float) -> Document | 
         batch = spans[start : start + piece]
         vectors = batcher.embed([span.text for span in batch])
         chunks.extend(chunk_rows(document, batch, vectors, embedder.model_name))
-        if reembedding:
-            reading.write()
-        else:  # pages before the last one this batch reached are done; a cancel stops here
+        if not reembedding:  # pages before the last one this batch reached are done; a cancel stops here
             reading.write(unless_cancelled=True, pages_done=max(0, batch[-1].page_end - 1))
     with transaction.atomic():
         # Under the row's lock: a cancel that comes now waits for this transaction and then finds

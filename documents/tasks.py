@@ -70,28 +70,25 @@ INGEST_TIME_LIMIT_S = services.INGEST_TIME_LIMIT_S
 _LIMITS = {"soft_time_limit": INGEST_TIME_LIMIT_S, "time_limit": INGEST_TIME_LIMIT_S + 60}
 
 
-def _guarded(document_id: int, step, *, fail: bool = True) -> None:
-    """A document that breaks a step fails with a reason; it never stays half-done. The service
-    ends each reading it holds itself (failed with a reason, timed out, cancelled, or left to the
-    reader that took it over); what breaks outside one (the database away as it is taken) fails
-    the document here, unless a reader holds it. (A failed re-embedding leaves a ready document as
-    it was: ``fail=False``.)"""
+def _logged(document_id: int, step) -> None:
+    """The service ends each reading it holds itself (ready, failed with a reason, timed out,
+    cancelled, or left to the reader that took it over); what breaks outside one (the database
+    away as the document is taken) is logged, and the document left to its reader, if any, or to
+    the watchdog."""
     try:
         step(document_id=document_id)
     except Exception:
         logger.exception("document %s: processing failed", document_id)
-        if fail:
-            services.document_fail(document_id=document_id, reason=services.INTERNAL_ERROR_REASON)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, **_LIMITS)
 def ingest_document(document_id: int) -> None:
-    _guarded(document_id, services.document_ingest)
+    _logged(document_id, services.document_ingest)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, **_LIMITS)
 def embed_document(document_id: int) -> None:
-    _guarded(document_id, services.document_embed, fail=False)
+    _logged(document_id, services.document_embed)
 
 
 # A poll stops taking new files at source_services.POLL_BUDGET_S (10 minutes); these bound it.

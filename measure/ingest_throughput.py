@@ -181,6 +181,9 @@ def through_worker(ids: list[int], *, timeout_s: float) -> dict:
         failure_reason="",
         embedding_model="",
         dispatched_at=None,  # sent again by queue()
+        reader=None,
+        read_until=None,
+        cancel_requested=False,
     )
     started = time.perf_counter()
     queue(ids)

@@ -1,17 +1,21 @@
 """A document is read by one thread at a time, whatever messages it gets (a send that worked but
 was not recorded, a cancelled upload sent again while its first message waited, the watchdog's
 resend): a reader takes the document (``services.Reading``), a second message finds it held and
-ends, and a reader silent past its lease is replaced and can write nothing more."""
+ends, and a reader whose process stopped renewing its lease is replaced and can write nothing
+more."""
 
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import timedelta
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
+from django.db.models import F
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from documents import services
 from documents.models import Chunk, Document, Page
@@ -39,31 +43,53 @@ def upload(alice, monkeypatch, django_capture_on_commit_callbacks):
     return document
 
 
-def _silent(reading: services.Reading, *, for_s: float) -> None:
-    """As if the reader holding the document had given no sign of life for ``for_s`` seconds."""
-    Document.objects.filter(pk=reading.document_id).update(
-        read_until=timezone.now() + timedelta(seconds=services.read_lease_s() - for_s)
+def _held_by_a_dead_process(document: Document, *, state=Document.State.EXTRACTING) -> services.Reading:
+    """As if a worker had taken the document and died: its token is on the row, its lease has
+    run out, and no process renews it. Returns that reader, should it wake up."""
+    token = uuid.uuid4()
+    Document.objects.filter(pk=document.pk).update(
+        reader=token, read_until=timezone.now() - timedelta(seconds=1), state=state
     )
+    return services.Reading(document.pk, token)
 
 
 @pytest.mark.django_db
 def test_a_second_message_for_a_document_being_read_ends_without_touching_it(upload):
-    reading = services.Reading.take(upload.pk, states=[Document.State.UPLOADED], state=Document.State.EXTRACTING)
-    assert reading is not None
-    assert services.Reading.take(upload.pk, states=[Document.State.EXTRACTING]) is None  # held
+    with services.Reading.taken(
+        upload.pk, states=[Document.State.UPLOADED], state=Document.State.EXTRACTING
+    ) as reading:
+        assert reading is not None
+        with services.Reading.taken(upload.pk, states=[Document.State.EXTRACTING]) as second_take:
+            assert second_take is None  # held
 
-    second = services.document_ingest(document_id=upload.pk)
+        second = services.document_ingest(document_id=upload.pk)
 
-    assert second.state == Document.State.EXTRACTING and second.reader == reading.token
-    assert second.attempts == 0  # the second message started nothing
-    assert not Page.objects.filter(document=upload).exists()
-    reading.write(pages_done=0)  # still the first reader's
+        assert second.state == Document.State.EXTRACTING and second.reader == reading.token
+        assert second.attempts == 0  # the second message started nothing
+        assert not Page.objects.filter(document=upload).exists()
+        reading.write(pages_done=0)  # still the first reader's
 
 
 @pytest.mark.django_db
-def test_a_reader_silent_past_its_lease_is_replaced_and_then_writes_nothing(upload):
-    stale = services.Reading.take(upload.pk, states=[Document.State.UPLOADED], state=Document.State.EXTRACTING)
-    _silent(stale, for_s=services.read_lease_s() + 1)
+def test_a_reading_is_renewed_by_its_process_and_the_watchdog_leaves_it_alone(upload, monkeypatch):
+    from documents.tasks import ingest_document
+
+    sent: list[int] = []
+    monkeypatch.setattr(ingest_document, "delay", lambda document_id: sent.append(document_id))
+    with services.Reading.taken(upload.pk, states=[Document.State.UPLOADED], state=Document.State.EMBEDDING) as reading:
+        # Its process was stopped a while (a long wait for the embedder, a held process group):
+        # the lease ran out on the clock, but the process still holds the reading.
+        Document.objects.filter(pk=upload.pk).update(read_until=timezone.now() - timedelta(seconds=1))
+        assert services.documents_dispatch_pending() == 0 and sent == []
+        renewed = Document.objects.get(pk=upload.pk).read_until
+        assert renewed > timezone.now() + timedelta(seconds=services.READ_LEASE_S - 10)
+        reading.write(pages_done=1)
+    assert services.HELD_READINGS.renew() == 0  # let go with the block
+
+
+@pytest.mark.django_db
+def test_a_reader_whose_lease_ran_out_is_replaced_and_then_writes_nothing(upload):
+    stale = _held_by_a_dead_process(upload)
 
     done = services.document_ingest(document_id=upload.pk)  # the message the watchdog sent again
 
@@ -74,7 +100,7 @@ def test_a_reader_silent_past_its_lease_is_replaced_and_then_writes_nothing(uplo
     with pytest.raises(services.ReadingLost):
         stale.write(pages_done=0)
     assert stale.end(Document.State.FAILED, failure_reason="the old reader failed") is False
-    services.document_fail(document_id=upload.pk, reason="the old reader failed", reading=stale)
+    services.document_fail(stale, reason="the old reader failed")
     services._document_cancelled(stale)
     after = Document.objects.get(pk=upload.pk)
     assert after.state == Document.State.READY and after.failure_reason == ""
@@ -82,13 +108,19 @@ def test_a_reader_silent_past_its_lease_is_replaced_and_then_writes_nothing(uplo
 
 
 @pytest.mark.django_db
-def test_a_failure_outside_any_reading_does_not_end_the_reading_in_progress(upload):
-    reading = services.Reading.take(upload.pk, states=[Document.State.UPLOADED], state=Document.State.EXTRACTING)
-    services.document_fail(document_id=upload.pk, reason="a task that broke before it took the document")
-    assert Document.objects.get(pk=upload.pk).state == Document.State.EXTRACTING
-    _silent(reading, for_s=services.read_lease_s() + 1)  # its reader died: now it may be failed
-    services.document_fail(document_id=upload.pk, reason="a task that broke before it took the document")
-    assert Document.objects.get(pk=upload.pk).state == Document.State.FAILED
+def test_an_old_reader_cannot_store_its_pages_over_the_new_readers(upload):
+    from documents.extraction import ExtractedDocument, ExtractedPage
+
+    stale = _held_by_a_dead_process(upload)
+    with services.Reading.taken(upload.pk, states=[Document.State.EXTRACTING]) as reading:
+        assert reading is not None
+        mine = ExtractedDocument(kind=Document.Kind.TEXT, pages=[ExtractedPage(text="The new reader's page.")])
+        services._store_pages(upload, mine, reading)
+        theirs = ExtractedDocument(kind=Document.Kind.TEXT, pages=[ExtractedPage(text="The old reader's page.")] * 3)
+        with pytest.raises(services.ReadingLost):
+            services._store_pages(upload, theirs, stale)
+    assert list(Page.objects.filter(document=upload).values_list("text", flat=True)) == ["The new reader's page."]
+    assert Document.objects.get(pk=upload.pk).pages_total == 1
 
 
 @pytest.mark.django_db(transaction=True)
@@ -132,38 +164,55 @@ def test_two_messages_delivered_at_once_read_the_document_once(upload, monkeypat
 
 
 @pytest.mark.django_db
-def test_the_watchdog_sends_again_a_document_whose_reader_fell_silent_once_and_no_other(alice, upload, monkeypatch):
+def test_the_watchdog_sends_again_a_document_whose_lease_ran_out_once_and_no_other(alice, upload, monkeypatch):
     from documents.tasks import ingest_document
 
     sent: list[int] = []
     monkeypatch.setattr(ingest_document, "delay", lambda document_id: sent.append(document_id))
-    silent = services.Reading.take(upload.pk, states=[Document.State.UPLOADED], state=Document.State.EXTRACTING)
-    _silent(silent, for_s=services.read_lease_s() + 1)
+    dead = _held_by_a_dead_process(upload)
     other = Document.objects.create(
         owner=alice, title="b", filename="b.txt", size_bytes=1, sha256="b" * 64, file="documents/b.txt"
     )
-    alive = services.Reading.take(other.pk, states=[Document.State.UPLOADED], state=Document.State.EMBEDDING)
-    _silent(alive, for_s=services.read_lease_s() - 60)  # quiet for a while, still within its lease
+    # Another process's reading, quiet for a while but still within its lease.
+    Document.objects.filter(pk=other.pk).update(
+        state=Document.State.EMBEDDING, reader=uuid.uuid4(), read_until=timezone.now() + timedelta(seconds=30)
+    )
 
     assert services.documents_dispatch_pending() == 1
     assert sent == [upload.pk]
     marked = Document.objects.get(pk=upload.pk)
-    assert marked.reader is None and marked.read_until > timezone.now()  # the resend's reader may take it
-    assert services.documents_dispatch_pending() == 0  # sent once, not at every sweep
+    assert marked.reader is None and marked.read_until is None  # the resend's reader may take it
+    assert services.documents_dispatch_pending() == 0  # sent once, however long it waits in the queue
+    assert sent == [upload.pk]
     with pytest.raises(services.ReadingLost):
-        silent.write()
+        dead.write()
     assert services.document_ingest(document_id=upload.pk).state == Document.State.READY
 
 
 @pytest.mark.django_db
-def test_a_file_whose_reader_died_on_it_again_and_again_is_given_up_with_a_reason(upload):
-    for _ in range(services.MAX_INGEST_ATTEMPTS):  # each time its worker died mid-way
-        reading = services.Reading.take(
-            upload.pk, states=[Document.State.UPLOADED, Document.State.EXTRACTING], attempts=1 + upload.attempts
-        )
-        upload.attempts += 1
-        _silent(reading, for_s=services.read_lease_s() + 1)
-        Document.objects.filter(pk=upload.pk).update(state=Document.State.EXTRACTING)
+def test_a_lapsed_reading_the_broker_refuses_to_send_is_tried_again_at_the_next_sweep(upload, monkeypatch):
+    from documents.tasks import ingest_document
+
+    def refuse(document_id):
+        raise OperationalError("the broker is away")
+
+    monkeypatch.setattr(ingest_document, "delay", refuse)
+    _held_by_a_dead_process(upload)
+    assert services.documents_dispatch_pending() == 0
+    sent: list[int] = []
+    monkeypatch.setattr(ingest_document, "delay", lambda document_id: sent.append(document_id))
+    assert services.documents_dispatch_pending() == 1 and sent == [upload.pk]
+
+
+@pytest.mark.django_db
+def test_a_file_whose_reader_died_on_it_again_and_again_is_given_up_with_a_reason(upload, monkeypatch):
+    from documents.tasks import ingest_document
+
+    monkeypatch.setattr(ingest_document, "delay", lambda document_id: None)
+    for _ in range(services.MAX_INGEST_ATTEMPTS):  # taken, then its worker died mid-way
+        Document.objects.filter(pk=upload.pk).update(attempts=F("attempts") + 1)
+        _held_by_a_dead_process(upload)
+        assert services.documents_dispatch_pending() == 1
 
     failed = services.document_ingest(document_id=upload.pk)
 
@@ -175,11 +224,12 @@ def test_a_file_whose_reader_died_on_it_again_and_again_is_given_up_with_a_reaso
 @pytest.mark.django_db
 def test_a_ready_document_being_re_embedded_is_re_embedded_once(upload):
     services.document_ingest(document_id=upload.pk)
-    reading = services.Reading.take(upload.pk, states=[Document.State.READY])
     before = list(Chunk.objects.filter(document=upload).values_list("pk", flat=True))
-    services.document_embed(document_id=upload.pk)  # a second re-embedding message
-    assert list(Chunk.objects.filter(document=upload).values_list("pk", flat=True)) == before
-    reading.end(Document.State.READY)
+    with services.Reading.taken(upload.pk, states=[Document.State.READY]) as reading:
+        assert reading is not None
+        services.document_embed(document_id=upload.pk)  # a second re-embedding message
+        assert list(Chunk.objects.filter(document=upload).values_list("pk", flat=True)) == before
+        reading.end(Document.State.READY)
     services.document_embed(document_id=upload.pk)
     after = Document.objects.get(pk=upload.pk)
     assert after.state == Document.State.READY and after.reader is None
@@ -189,9 +239,8 @@ def test_a_ready_document_being_re_embedded_is_re_embedded_once(upload):
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_a_document_whose_worker_died_mid_read_is_finished_by_the_live_ingest_worker(alice, upload, workers):
-    """The reader's worker died after extracting it: nothing will come for it but the watchdog."""
-    dead = services.Reading.take(upload.pk, states=[Document.State.UPLOADED], state=Document.State.EXTRACTING)
-    _silent(dead, for_s=services.read_lease_s() + 1)
+    """The reader's worker died after taking it: nothing will come for it but the watchdog."""
+    _held_by_a_dead_process(upload)
     ready = wait_until(
         lambda: (d := Document.objects.get(pk=upload.pk)).state == Document.State.READY and d,
         timeout_s=services.DISPATCH_GRACE_S + 120,
