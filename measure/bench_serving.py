@@ -50,6 +50,7 @@ from django.utils import timezone
 
 from appliance.embedded import free_port
 from appliance.processes import start_appliance_processes, stop_groups
+from inference.timing import percentile
 from measure.benchmarking import (
     Progress,
     check_migrated,
@@ -256,6 +257,34 @@ def bench_figures(result: dict) -> dict:
     return figures
 
 
+# Where the appliance's own TTFT goes, from its records of a repeat's requests (``RequestMetrics``):
+# job created -> a worker started it (queue); the worker's setup until the engine host had the
+# request (setup: the rest of its TTFT); waiting in the engine host for KV blocks and a turn
+# (admission); admitted -> the first token reached the worker (prefill). The client's TTFT less
+# the appliance's is the HTTP request's way to the job row and the first token's way back.
+TTFT_PARTS = ("queue", "setup", "admission", "prefill", "ttft")
+
+
+def ttft_parts(rows: list[dict]) -> dict | None:
+    """p50 and p95 (ms) of each part of ``TTFT_PARTS`` over ``rows`` (dicts of a request's
+    ``queue_wait_ms``, ``admission_wait_ms``, ``prefill_ms`` and ``ttft_ms``). Pure."""
+    rows = [r for r in rows if r.get("ttft_ms") is not None and r.get("prefill_ms") is not None]
+    if not rows:
+        return None
+    parts: dict[str, list[float]] = {part: [] for part in TTFT_PARTS}
+    for row in rows:
+        queue, admission, prefill = row["queue_wait_ms"], row["admission_wait_ms"], row["prefill_ms"]
+        parts["queue"].append(queue)
+        parts["admission"].append(admission)
+        parts["prefill"].append(prefill)
+        parts["setup"].append(max(0.0, row["ttft_ms"] - queue - admission - prefill))
+        parts["ttft"].append(row["ttft_ms"])
+    return {
+        part: {"p50": round(percentile(values, 50) or 0.0, 1), "p95": round(percentile(values, 95) or 0.0, 1)}
+        for part, values in parts.items()
+    } | {"requests": len(rows)}
+
+
 def _number(value) -> float | None:
     return None if value is None else round(float(value), 3)
 
@@ -324,6 +353,14 @@ def table(results: dict) -> list[str]:
             )
         load = repeat.get("load_average")
         lines.append(f"repeat {index + 1} ({' then '.join(repeat['order'])}, load {load[0]:.1f}): " + "; ".join(parts))
+        spent = repeat["appliance"].get("ttft_parts_ms")
+        if spent:
+            lines.append(
+                "  appliance TTFT, p50 / p95 ms: "
+                + ", ".join(f"{part} {spent[part]['p50']:.0f} / {spent[part]['p95']:.0f}" for part in TTFT_PARTS)
+                + f" (its own records of {spent['requests']} requests; the client's TTFT p50 "
+                f"{repeat['appliance'].get('ttft_p50_ms') or 0:.0f} ms)"
+            )
     return lines
 
 
@@ -451,6 +488,17 @@ class _Account:
         for job in Job.objects.filter(owner=user).exclude(state__in=Job.FINISHED_STATES):
             job_cancel(job=job)
         Job.objects.filter(owner=user).delete()
+
+    def measured_requests(self, *, skip: int) -> list[dict]:
+        """The timing of the requests served since the last call, in the order they were made,
+        less the first ``skip`` (the client's test request and warm-ups); their jobs are then
+        deleted."""
+        from inference.models import Job, RequestMetrics
+
+        fields = ("queue_wait_ms", "admission_wait_ms", "prefill_ms", "ttft_ms")
+        rows = list(RequestMetrics.objects.filter(job__owner=self.user).order_by("job__created_at").values(*fields))
+        Job.objects.filter(owner=self.user, state__in=Job.FINISHED_STATES).delete()
+        return rows[skip:]
 
     def close(self) -> None:
         self._clear(self.user)
@@ -606,6 +654,8 @@ class _Bench:
             raise CommandError(f"vllm bench serve against {name} failed (exit code {code}); see {log}")
         figures = bench_figures(json.loads(path.read_text()))
         figures["result_file"] = str(path)
+        if name == "appliance":
+            figures["ttft_parts_ms"] = ttft_parts(self.account.measured_requests(skip=1 + self.plan["warmups"]))
         # Where the machine's time went: CPU seconds of each process this benchmark started (with
         # its children) per 1000 output tokens, counting the client's first test request and
         # warm-ups, which the processes served too.

@@ -103,6 +103,31 @@ def test_each_ratio_is_a_mean_with_an_interval_against_its_target():
     assert any(line.startswith("repeat 1") and "engine host 50 + web server 1.5" in line for line in lines)
 
 
+def test_the_appliances_own_ttft_is_split_into_its_parts_and_shown_under_its_repeat():
+    rows = [
+        {"queue_wait_ms": 10.0, "admission_wait_ms": 1.0, "prefill_ms": 100.0, "ttft_ms": 131.0},
+        {"queue_wait_ms": 30.0, "admission_wait_ms": 3.0, "prefill_ms": 300.0, "ttft_ms": 733.0},
+        {"queue_wait_ms": 20.0, "admission_wait_ms": 2.0, "prefill_ms": 200.0, "ttft_ms": 242.0},
+        {"queue_wait_ms": 5.0, "admission_wait_ms": 0.0, "prefill_ms": None, "ttft_ms": None},  # no token came
+    ]
+    parts = bench_serving.ttft_parts(rows)
+    assert parts["requests"] == 3
+    assert parts["queue"]["p50"] == 20.0 and parts["prefill"]["p50"] == 200.0 and parts["ttft"]["p50"] == 242.0
+    assert parts["setup"]["p50"] == 20.0  # 20, 20 and 400 ms between the worker's start and the engine
+    assert parts["setup"]["p95"] == pytest.approx(362.0)
+    assert bench_serving.ttft_parts(rows[3:]) is None
+    vllm = bench_serving.bench_figures(_result())
+    appliance = bench_serving.bench_figures(_result(ttft=260.0)) | {"ttft_parts_ms": parts}
+    results = {
+        "parameters": {"num_prompts": 4, "input_len": 256, "output_len": 128, "concurrency": 2},
+        "engine": {},
+        "repeats": [_repeat(appliance, vllm)],
+        "summary": bench_serving.summarise([_repeat(appliance, vllm)]),
+    }
+    line = next(line for line in bench_serving.table(results) if "appliance TTFT" in line)
+    assert "queue 20 / 29" in line and "setup 20 / 362" in line and "3 requests" in line and "p50 260 ms" in line
+
+
 ENGINE = {
     "model": "SmolLM2-135M-Instruct",
     "model_path": "/srv/models/SmolLM2-135M-Instruct",
