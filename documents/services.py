@@ -36,7 +36,7 @@ from django.contrib.postgres.search import SearchVector
 from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q, Sum
+from django.db.models import Case, Exists, F, OuterRef, Q, Sum, Value, When
 from django.utils import timezone
 
 from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, send_unsent
@@ -364,8 +364,13 @@ def batch_settle(*, batch_id: int | None, filled: bool = False) -> None:
     if not filled:
         stale = timezone.now() - timedelta(seconds=BATCH_FILL_TIMEOUT_S)
         settled = settled.filter(Q(files_total__gt=0) | Q(created_at__lt=stale))
-    settled.filter(state=Batch.State.RUNNING).update(state=Batch.State.FINISHED, finished_at=timezone.now())
-    settled.update(finished_at=timezone.now())
+    # One statement: as two (the state, then the time), a settle that found another document
+    # still unfinished for the first and finished for the second (it committed in between) left
+    # a running batch with its end time, which no later settle would touch.
+    settled.update(
+        state=Case(When(state=Batch.State.RUNNING, then=Value(Batch.State.FINISHED)), default=F("state")),
+        finished_at=timezone.now(),
+    )
 
 
 MESSAGE_UPLOAD_MAX_BYTES = 5 * 1024 * 1024
