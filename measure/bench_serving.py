@@ -258,10 +258,12 @@ def bench_figures(result: dict) -> dict:
 
 
 # Where the appliance's own TTFT goes, from its records of a repeat's requests (``RequestMetrics``):
-# job created -> a worker started it (queue); the worker's setup until the engine host had the
-# request (setup: the rest of its TTFT); waiting in the engine host for KV blocks and a turn
-# (admission); admitted -> the first token reached the worker (prefill). The client's TTFT less
-# the appliance's is the HTTP request's way to the job row and the first token's way back.
+# job created -> a worker started it (queue); waiting in the engine for KV blocks and a turn
+# (admission, vLLM's queued -> scheduled); the engine host's submitting it -> its first token
+# there, less that wait (prefill); the rest of its TTFT (setup: the worker's start until the
+# engine host submits the request, and the first token's way from the host to the worker). The
+# client's TTFT less the appliance's is the HTTP request's way to the job row and the first
+# token's way from the worker to the client.
 TTFT_PARTS = ("queue", "setup", "admission", "prefill", "ttft")
 
 
