@@ -269,13 +269,16 @@ DISPATCH_GRACE_S = 30
 
 
 def documents_dispatch_pending() -> int:
-    """The ingest worker's watchdog: send what no message will read, once each
+    """The ingest worker's watchdog: send what no message will read
     (``appliance.broker.send_unsent``, as the inference workers' watchdog does for jobs):
-    - an upload whose message was never sent (its web process or worker died between the commit
-      and the send);
-    - a document whose reader's lease ran out mid-way (its process died, or stopped for minutes):
-      marked as sent (no reader, no lease), the next reader takes it over, and the take counts
-      an attempt, so a file that kills its worker is given up after ``MAX_INGEST_ATTEMPTS``.
+    - once, an upload whose message was never sent (its web process or worker died between the
+      commit and the send);
+    - a document whose reader's lease ran out mid-way (its process died, or stopped for
+      minutes), or that was being read when the lease was introduced: marked as sent (no reader,
+      and ``RESEND_AFTER_S`` to be taken), the next reader takes it over, and the take counts an
+      attempt, so a file that kills its worker is given up after ``MAX_INGEST_ATTEMPTS``. If no
+      reader has taken it by then (the message was lost, or the take failed), it is sent again:
+      a message too many finds the document held and ends.
     The readings of this process are renewed first: a worker that was itself stopped for a
     while does not take its own readings for dead.
     Returns how many were sent."""
@@ -287,16 +290,20 @@ def documents_dispatch_pending() -> int:
     unsent = Document.objects.filter(state=Document.State.UPLOADED, dispatched_at=None, updated_at__lt=cutoff)
     sent = send_unsent(unsent, ingest_document.delay, what="document")
     abandoned = Document.objects.filter(
-        state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING], read_until__lt=now
+        Q(read_until__lt=now) | Q(read_until=None), state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING]
     )
     return sent + send_unsent(
         abandoned,
         ingest_document.delay,
         what="document",
-        take={"reader": None, "read_until": None},
+        take={"reader": None, "read_until": now + timedelta(seconds=RESEND_AFTER_S)},
         give_back={"read_until": now},
         why="its reader's lease ran out mid-way (its worker died?)",
     )
+
+
+# A lapsed reading sent again and not taken within this long is sent once more.
+RESEND_AFTER_S = 600
 
 
 def document_fail(reading: Reading, *, reason: str) -> Document | None:
@@ -436,10 +443,11 @@ def _current(document_id: int) -> Document | None:
 
 class _HeldReadings:
     """The readings this process holds, renewed together by one thread (started with the
-    first) every ``READ_RENEW_S``: one update for all of them."""
+    first) every ``READ_RENEW_S``. A reading older than the ingest's time limit (and a lease) is
+    no longer renewed: a reader stuck past its limit (a hung wait) lets its document go."""
 
     def __init__(self) -> None:
-        self._tokens: set[uuid.UUID] = set()
+        self._taken: dict[uuid.UUID, float] = {}  # token -> when it was taken (monotonic)
         self._lock = threading.Lock()
         self._renewing = False
 
@@ -447,20 +455,28 @@ class _HeldReadings:
         from appliance.celery import Watchdog
 
         with self._lock:
-            self._tokens.add(token)
             if not self._renewing:
                 Watchdog("document-readings", self.renew).start(READ_RENEW_S)
                 self._renewing = True
+            self._taken[token] = time.monotonic()
 
     def discard(self, token: uuid.UUID) -> None:
         with self._lock:
-            self._tokens.discard(token)
+            self._taken.pop(token, None)
 
     def renew(self) -> int:
-        """Extend the lease of every reading held here; how many are still this process's."""
+        """Extend the lease of every reading held here; how many are still this process's.
+        Rows locked by their reader's own transaction are skipped (it is alive, and waiting for
+        it could deadlock with a reader that locks an e-mail and its attachment)."""
+        oldest = time.monotonic() - INGEST_TIME_LIMIT_S - READ_LEASE_S
         with self._lock:
-            tokens = list(self._tokens)
-        return Document.objects.filter(reader__in=tokens).update(read_until=_lease_end()) if tokens else 0
+            tokens = [token for token, taken in self._taken.items() if taken > oldest]
+        if not tokens:
+            return 0
+        with transaction.atomic():
+            free = Document.objects.select_for_update(skip_locked=True).filter(reader__in=tokens).order_by("pk")
+            ids = list(free.values_list("pk", flat=True))
+            return Document.objects.filter(pk__in=ids, reader__in=tokens).update(read_until=_lease_end())
 
 
 HELD_READINGS = _HeldReadings()
@@ -486,8 +502,8 @@ class Reading:
         if not taken:
             yield None
             return
-        HELD_READINGS.add(token)
         try:
+            HELD_READINGS.add(token)
             yield cls(document_id, token)
         finally:
             HELD_READINGS.discard(token)

@@ -492,15 +492,19 @@ class _Account:
         Job.objects.filter(owner=user).delete()
 
     def measured_requests(self, *, skip: int) -> list[dict]:
-        """The timing of the requests served since the last call, in the order they were made,
+        """The timing of the requests made since the last call, in the order they were made,
         less the first ``skip`` (the client's test request and warm-ups); their jobs are then
-        deleted."""
+        deleted (any not finished cancelled first). A request that failed has no timing."""
         from inference.models import Job, RequestMetrics
+        from inference.services import job_cancel
 
-        fields = ("queue_wait_ms", "admission_wait_ms", "prefill_ms", "ttft_ms")
-        rows = list(RequestMetrics.objects.filter(job__owner=self.user).order_by("job__created_at").values(*fields))
-        Job.objects.filter(owner=self.user, state__in=Job.FINISHED_STATES).delete()
-        return rows[skip:]
+        jobs = list(Job.objects.filter(owner=self.user).order_by("created_at", "pk").values_list("pk", flat=True))
+        fields = ("job_id", "queue_wait_ms", "admission_wait_ms", "prefill_ms", "ttft_ms")
+        timing = {row["job_id"]: row for row in RequestMetrics.objects.filter(job_id__in=jobs).values(*fields)}
+        for job in Job.objects.filter(owner=self.user).exclude(state__in=Job.FINISHED_STATES):
+            job_cancel(job=job)
+        Job.objects.filter(pk__in=jobs).delete()
+        return [timing[pk] for pk in jobs[skip:] if pk in timing]
 
     def close(self) -> None:
         self._clear(self.user)

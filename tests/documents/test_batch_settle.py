@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from documents import services
 from documents.models import Batch, Document
@@ -26,7 +28,11 @@ def test_a_batch_ends_finished_or_stays_cancelled_with_its_time_once_nothing_in_
     cancelled = _batch(alice, Batch.State.CANCELLED, [ready, Document.State.CANCELLED])
     unfinished = _batch(alice, Batch.State.RUNNING, [ready, reading])
     for batch in (running, cancelled, unfinished):
-        services.batch_settle(batch_id=batch.pk)
+        with CaptureQueriesContext(connection) as queries:
+            services.batch_settle(batch_id=batch.pk)
+        # Its state and end time in one statement: as two, a settle racing another document's
+        # could see that document unfinished for the state and finished for the time.
+        assert [q["sql"].split()[0] for q in queries.captured_queries] == ["UPDATE"]
         batch.refresh_from_db()
     assert running.state == Batch.State.FINISHED and running.finished_at is not None
     assert cancelled.state == Batch.State.CANCELLED and cancelled.finished_at is not None

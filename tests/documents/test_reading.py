@@ -181,12 +181,36 @@ def test_the_watchdog_sends_again_a_document_whose_lease_ran_out_once_and_no_oth
     assert services.documents_dispatch_pending() == 1
     assert sent == [upload.pk]
     marked = Document.objects.get(pk=upload.pk)
-    assert marked.reader is None and marked.read_until is None  # the resend's reader may take it
-    assert services.documents_dispatch_pending() == 0  # sent once, however long it waits in the queue
+    assert marked.reader is None  # the resend's reader may take it
+    assert marked.read_until > timezone.now() + timedelta(seconds=services.RESEND_AFTER_S - 10)
+    assert services.documents_dispatch_pending() == 0  # not at every sweep while its message waits
     assert sent == [upload.pk]
     with pytest.raises(services.ReadingLost):
         dead.write()
+    # Nobody took it in time (the message was lost): it is sent once more.
+    Document.objects.filter(pk=upload.pk).update(read_until=timezone.now() - timedelta(seconds=1))
+    assert services.documents_dispatch_pending() == 1 and sent == [upload.pk, upload.pk]
     assert services.document_ingest(document_id=upload.pk).state == Document.State.READY
+
+
+@pytest.mark.django_db
+def test_a_document_being_read_before_readings_had_leases_is_sent_again(upload, monkeypatch):
+    from documents.tasks import ingest_document
+
+    sent: list[int] = []
+    monkeypatch.setattr(ingest_document, "delay", lambda document_id: sent.append(document_id))
+    Document.objects.filter(pk=upload.pk).update(state=Document.State.EMBEDDING, reader=None, read_until=None)
+    assert services.documents_dispatch_pending() == 1 and sent == [upload.pk]
+    assert services.document_ingest(document_id=upload.pk).state == Document.State.READY
+
+
+@pytest.mark.django_db
+def test_a_reading_held_past_the_time_limit_is_no_longer_renewed(upload, monkeypatch):
+    """A reader stuck in a wait that never ends lets its document go at the lease's end."""
+    with services.Reading.taken(upload.pk, states=[Document.State.UPLOADED], state=Document.State.EXTRACTING):
+        assert services.HELD_READINGS.renew() == 1
+        monkeypatch.setattr(services, "INGEST_TIME_LIMIT_S", -services.READ_LEASE_S - 1)  # as if taken long ago
+        assert services.HELD_READINGS.renew() == 0
 
 
 @pytest.mark.django_db
