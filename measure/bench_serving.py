@@ -542,28 +542,34 @@ class _Bench:
         }
 
     def start_appliance(self) -> dict:
-        """The engine host, then a decode worker and the web server; the engine's stats."""
+        """The engine host, then the worker of the queue chat jobs go to (decode; under
+        ``APPLIANCE_SCHEDULING=fifo``, the one queue every job goes through) and the web server;
+        the engine's stats."""
+        from inference.lifecycle import celery_queue_for
+        from inference.models import Queue
+
         self._start_engine_host()
         pool = max(settings.APPLIANCE_DECODE_CONCURRENCY, self.plan["concurrency"])
+        queue = celery_queue_for(Queue.DECODE)
         caps = SimpleNamespace(
             BASE_DIR=settings.BASE_DIR,
             APPLIANCE_INGEST_CONCURRENCY=1,
-            APPLIANCE_PREFILL_CONCURRENCY=1,
+            APPLIANCE_PREFILL_CONCURRENCY=pool,
             APPLIANCE_DECODE_CONCURRENCY=pool,
         )
         port = free_port()
         self.web_url = f"http://127.0.0.1:{port}"
-        self.progress(f"starting a decode worker (pool {pool}) and a web server on {self.web_url}")
+        self.progress(f"starting a {queue} worker (pool {pool}) and a web server on {self.web_url}")
         processes = start_appliance_processes(
-            {"decode-worker", "web"},
+            {f"{queue}-worker", "web"},
             settings=caps,
             tag="bench-serving",
             env=self._env(),
             log_dir=self.log_dir,
             port=port,
         )
-        self.started += zip(("the decode worker", "the web server"), processes, strict=True)
-        wait_for_queues({"decode"}, log_dir=self.log_dir)
+        self.started += zip((f"the {queue} worker", "the web server"), processes, strict=True)
+        wait_for_queues({queue}, log_dir=self.log_dir)
         self._wait_for_http(f"{self.web_url}/v1/models", {"Authorization": f"Bearer {self.account.token}"}, "web")
         return self.engine
 
