@@ -443,7 +443,7 @@ def bench_argv(
         "--random-range-ratio", format(plan.get("range_ratio") or 0, "g"), "--ignore-eos", "--temperature", "0",
         "--num-prompts", str(plan["num_prompts"]), "--max-concurrency", str(plan["concurrency"]),
         "--request-rate", str(plan.get("request_rate") or "inf"), "--num-warmups", str(plan["warmups"]),
-        "--seed", str(seed),
+        "--seed", str(seed), "--ready-check-timeout-sec", "0",  # no test request: both servers are up
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
         "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_file,
         "--disable-tqdm",
@@ -667,11 +667,11 @@ class _Bench:
         figures = bench_figures(json.loads(path.read_text()))
         figures["result_file"] = str(path)
         if name == "appliance":
-            figures["ttft_parts_ms"] = ttft_parts(self.account.measured_requests(skip=1 + self.plan["warmups"]))
+            figures["ttft_parts_ms"] = ttft_parts(self.account.measured_requests(skip=self.plan["warmups"]))
         # Where the machine's time went: CPU seconds of each process this benchmark started (with
-        # its children) per 1000 output tokens, counting the client's first test request and
-        # warm-ups, which the processes served too.
-        tokens = figures["output_tokens"] + (1 + self.plan["warmups"]) * self.plan["output_len"]
+        # its children) per 1000 output tokens, counting the warm-ups, which the processes served
+        # too (the client sends no test request: its ready check is off).
+        tokens = figures["output_tokens"] + self.plan["warmups"] * self.plan["output_len"]
         figures["cpu_s_per_1k_tokens"] = {
             process: round(1000 * (cpu_after[process] - cpu_before.get(process, 0.0)) / tokens, 3)
             for process in cpu_after

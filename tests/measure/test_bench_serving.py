@@ -198,6 +198,8 @@ def test_both_servers_get_the_same_bench_but_for_the_url(tmp_path: Path):
     assert (options["--num-prompts"], options["--max-concurrency"], options["--temperature"]) == ("48", "4", "0")
     assert {"--ignore-eos", "--save-result", "--save-detailed"} <= set(appliance)
     assert options["--request-rate"] == "inf"  # by default a new request as soon as one ends
+    # No test request before the warm-ups: the appliance's records skip exactly the warm-ups.
+    assert (options["--ready-check-timeout-sec"], options["--num-warmups"]) == ("0", "4")
 
 
 def test_lengths_that_vary_and_steady_arrivals_reach_both_servers_alike(tmp_path: Path):
