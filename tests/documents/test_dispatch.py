@@ -3,6 +3,7 @@ is sent by the ingest worker's watchdog, once; nothing stays *Uploaded* for ever
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -43,6 +44,9 @@ def test_the_watchdog_sends_an_upload_never_sent_once_and_nothing_else(alice, se
     fresh = _document(alice, "fresh.txt")  # its web process may still be sending it
     queued = _document(alice, "queued.txt", stored_s_ago=old, sent=True)  # waits in the queue
     reading = _document(alice, "reading.txt", state=Document.State.EXTRACTING, stored_s_ago=old)
+    Document.objects.filter(pk=reading.pk).update(  # a live reader holds it
+        reader=uuid.uuid4(), read_until=timezone.now() + timedelta(seconds=60)
+    )
     assert services.documents_dispatch_pending() == 1
     assert sent == [lost.pk]
     assert Document.objects.get(pk=lost.pk).dispatched_at is not None
