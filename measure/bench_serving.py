@@ -482,28 +482,32 @@ class _Account:
         from api.models import ApiToken
         from api.services import token_revoke
         from inference.models import Job
-        from inference.services import job_cancel
 
         for token in ApiToken.objects.filter(user=user):
             token_revoke(token=token)
         ApiToken.objects.filter(user=user).delete()
-        for job in Job.objects.filter(owner=user).exclude(state__in=Job.FINISHED_STATES):
+        _Account._clear_jobs(Job.objects.filter(owner=user))
+
+    @staticmethod
+    def _clear_jobs(jobs) -> None:
+        """Cancel those not finished (their engine requests end), then delete them all."""
+        from inference.models import Job
+        from inference.services import job_cancel
+
+        for job in jobs.exclude(state__in=Job.FINISHED_STATES):
             job_cancel(job=job)
-        Job.objects.filter(owner=user).delete()
+        jobs.delete()
 
     def measured_requests(self, *, skip: int) -> list[dict]:
         """The timing of the requests made since the last call, in the order they were made,
         less the first ``skip`` (the client's test request and warm-ups); their jobs are then
         deleted (any not finished cancelled first). A request that failed has no timing."""
         from inference.models import Job, RequestMetrics
-        from inference.services import job_cancel
 
         jobs = list(Job.objects.filter(owner=self.user).order_by("created_at", "pk").values_list("pk", flat=True))
         fields = ("job_id", "queue_wait_ms", "admission_wait_ms", "prefill_ms", "ttft_ms")
         timing = {row["job_id"]: row for row in RequestMetrics.objects.filter(job_id__in=jobs).values(*fields)}
-        for job in Job.objects.filter(owner=self.user).exclude(state__in=Job.FINISHED_STATES):
-            job_cancel(job=job)
-        Job.objects.filter(pk__in=jobs).delete()
+        self._clear_jobs(Job.objects.filter(pk__in=jobs))
         return [timing[pk] for pk in jobs[skip:] if pk in timing]
 
     def close(self) -> None:
