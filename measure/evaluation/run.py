@@ -78,6 +78,7 @@ TASKS = ("clauses", "summaries", "replies")
 EXTRA_TASKS = ("contracts", "long")
 # Measured without the engine: the reading of real documents, the support checks, and search.
 MODEL_FREE_TASKS = ("ceiling", "contrast", "retrieval")
+MISS_DEPTH = 30  # retrieval: how far down a passage not among the first six is looked for, for its report
 DEFAULT_CONTRACTS = Path(settings.BASE_DIR).parent / "shared" / "data" / "cuad-dev"
 OWNER = "evaluate"
 OUTSIDER = "evaluate-other"  # owns the distractor: the evaluated user may not read it
@@ -353,12 +354,12 @@ def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) 
             documents[key] = upload(outsider if key == gold.distractor else owner, doc.filename, doc.data)
 
         def ranked(message: str, scope, rerank: bool) -> list[tuple[int, int, int]]:
-            found = grounding.retrieve(user=owner, message=message, scope=scope, limit=DRAFT_PASSAGES, rerank=rerank)
+            found = grounding.retrieve(user=owner, message=message, scope=scope, limit=MISS_DEPTH, rerank=rerank)
             return [(p.document_id, p.char_start, p.char_end) for p in found]
 
         def ranks_of(message: str, scope, document_id: int, targets) -> tuple[int | None, int | None]:
             """The first rank holding a target, as the product searches (``APPLIANCE_SEARCH_RERANK``)
-            and the other way."""
+            and the other way, up to ``MISS_DEPTH`` (a miss's report says how far down it was)."""
             product = settings.APPLIANCE_SEARCH_RERANK
             as_product, other = (
                 measure.first_rank(ranked(message, scope, rerank), document_id, targets)
@@ -366,7 +367,10 @@ def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) 
             )
             return as_product, other
 
-        reply_ranks = []
+        def found(rank: int | None) -> bool:
+            return rank is not None and rank <= DRAFT_PASSAGES
+
+        reply_ranks, reply_misses = [], []
         replies = gold.replies[:limit] if limit else gold.replies
         for case in replies:
             for expected in case.expected:
@@ -374,15 +378,21 @@ def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) 
                 _, char_start, text = pages[expected.page - 1]
                 at = text.find(expected.snippet)
                 target = measure.Target(char_start + at, char_start + at + len(expected.snippet))
-                reply_ranks.append(ranks_of(case.message, grounding.Scope(), document.pk, [target]))
+                both = ranks_of(case.message, grounding.Scope(), document.pk, [target])
+                reply_ranks.append(both)
+                if not found(both[0]):
+                    reply_misses.append(
+                        {"case": case.key, "snippet": expected.snippet, "rank": both[0], "other_way": both[1]}
+                    )
         result: dict = {"k": DRAFT_PASSAGES, "replies": _recalls(measure, reply_ranks)}
         result["replies"]["requests"] = len(replies)
+        result["replies"]["misses"] = reply_misses
 
         if contracts:
             layout = "pdf"
             progress(f"retrieval: ingesting {len(contracts)} contracts of {folder} ({layout}) and asking one question "
                      "per labelled category in each")  # fmt: skip
-            ranks, per_contract, unplaced = [], [], 0
+            ranks, per_contract, misses, unplaced = [], [], [], 0
             per_category: dict[str, list] = {}
             for contract in contracts:
                 path = contract.files.get(layout) or contract.files["txt"]
@@ -399,11 +409,15 @@ def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) 
                     both = ranks_of(questions[category], grounding.Scope(document_ids=(document.pk,)), document.pk,
                                     targets)  # fmt: skip
                     ranks.append(both)
-                    found = both[0] is not None
+                    hit = found(both[0])
+                    if not hit:
+                        misses.append(
+                            {"contract": path.name, "category": category, "rank": both[0], "other_way": both[1]}
+                        )
                     asked += 1
-                    hits += found
+                    hits += hit
                     tally = per_category.setdefault(category, [0, 0])
-                    tally[0] += found
+                    tally[0] += hit
                     tally[1] += 1
                 per_contract.append((hits, asked))
             cuad = _recalls(measure, ranks)
@@ -413,6 +427,7 @@ def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) 
                 interval=bootstrap_interval(per_contract),
                 categories_not_placed=unplaced,
                 per_category={c: {"found": h, "asked": n} for c, (h, n) in sorted(per_category.items())},
+                misses=misses,
             )
             result["contracts"] = cuad
         return result
@@ -426,9 +441,14 @@ def retrieval_of(folder: Path, progress: Progress, *, limit: int | None = None) 
 def _recalls(measure, ranks: list[tuple[int | None, int | None]]) -> dict:
     """Recall figures as the product searches, and the other way (with the reranking when it is
     off, without it when it is on): same run, same index."""
-    figures = measure.recall_figures([product for product, _ in ranks])
+    from inference.drafting import DRAFT_PASSAGES
+
+    def given(rank: int | None) -> int | None:  # a passage below those a draft is given is not found
+        return rank if rank is not None and rank <= DRAFT_PASSAGES else None
+
+    figures = measure.recall_figures([given(product) for product, _ in ranks])
     figures["reranked"] = settings.APPLIANCE_SEARCH_RERANK
-    figures["other_way"] = measure.recall_figures([other for _, other in ranks])
+    figures["other_way"] = measure.recall_figures([given(other) for _, other in ranks])
     return figures
 
 
