@@ -9,7 +9,7 @@ Two arms, fused with reciprocal-rank fusion (Cormack et al., 2009):
   an index walk would have to pass over most of everyone else's chunks to find theirs;
 - words: the query's significant terms (``significant_terms``: codes, numbers, words that are
   not function words), each as ``plainto_tsquery('english', term)``, OR-ed, against
-  ``Chunk.search_vector`` (GIN), ranked by the terms a chunk holds, each weighed by its rarity
+  ``Chunk.search_vector`` (GIN; a no-break space reads as a space there), ranked by the terms a chunk holds, each weighed by its rarity
   among the passages searched (BM25's inverse document frequency), then by ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
   finds them in a long message too, whose words all together no passage has.
 
@@ -35,13 +35,21 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.contrib.postgres.search import SearchQuery, SearchRank
+from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection, transaction
-from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
+from django.db.models import Case, F, FloatField, Func, Q, QuerySet, TextField, Value, When
 from pgvector.django import CosineDistance
 
 from documents.models import Chunk, Document
 from documents.selectors import documents_readable_by
+
+# Spaces other than ASCII ones that Postgres's text-search parser reads as letters: with them,
+# "Fox\u00a0shall\u00a0earn" is one word and none of its words can be found. PDFs exported from
+# HTML (EDGAR filings, for one) put a no-break space between most words. The stored text keeps
+# them (offsets, quotes); only what the words arm indexes reads them as spaces. U+200B is left:
+# it sits inside words as often as between them.
+UNICODE_SPACES = "[\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+SEARCH_CONFIG = "english"
 
 RRF_K = 60  # the constant of reciprocal-rank fusion: score = sum over arms of 1 / (RRF_K + rank)
 MAX_QUERY_TERMS = 24  # terms of a query the words arm matches (a letter has hundreds of words)
@@ -56,6 +64,14 @@ _FUNCTION_WORDS = frozenset(
     dear thank thanks please kind regards sincerely faithfully would like could let know hope
     """.split()  # noqa: SIM905 - a list of words reads better as words
 )
+
+
+def chunk_search_vector() -> SearchVector:
+    """What ``Chunk.search_vector`` is computed from: the chunk's text, every space a space."""
+    spaced = Func(
+        F("text"), Value(UNICODE_SPACES), Value(" "), Value("g"), function="regexp_replace", output_field=TextField()
+    )
+    return SearchVector(spaced, config=SEARCH_CONFIG)
 
 
 @dataclass(frozen=True)
@@ -311,7 +327,7 @@ def _text_arm(document_ids: Sequence[int], query: str, limit: int) -> list[tuple
     if not terms:
         return []
     ids = list(document_ids)
-    queries = [SearchQuery(term, search_type="plain", config="english") for term in terms]
+    queries = [SearchQuery(term, search_type="plain", config=SEARCH_CONFIG) for term in terms]
     weights = term_weights(ids, queries)
     kept = [(q, w) for q, w in zip(queries, weights, strict=True) if w > 0]
     if not kept:

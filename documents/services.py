@@ -32,7 +32,6 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth.models import Group, User
-from django.contrib.postgres.search import SearchVector
 from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
@@ -42,6 +41,7 @@ from django.utils import timezone
 from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, send_unsent
 from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
 from documents.models import UNFINISHED_STATES, Batch, Chunk, Document, Page
+from documents.search import chunk_search_vector
 
 logger = logging.getLogger(__name__)
 
@@ -782,7 +782,7 @@ def _embed(document: Document, reading: Reading, deadline: float) -> Document | 
             raise IngestCancelled()
         Chunk.objects.filter(document=document).delete()
         Chunk.objects.bulk_create(chunks, batch_size=500)
-        Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
+        Chunk.objects.filter(document=document).update(search_vector=chunk_search_vector())
         reading.end(Document.State.READY, pages_done=len(pages), embedding_model=embedder.model_name, attempts=0)
     if not reembedding:
         batch_settle(batch_id=document.batch_id)

@@ -15,6 +15,7 @@ from documents.chunking import chunk_pages, pages_with_offsets
 from documents.embeddings import embed_spans, get_embedder
 from documents.models import Chunk, Document, Page
 from documents.search import (
+    chunk_search_vector,
     exact_vector_search,
     explain_vector_search,
     readable_documents,
@@ -80,7 +81,7 @@ def _document(owner, title: str, pages: list[str], embedder, *, state=Document.S
             )
     vectors = embed_spans(embedder, spans)
     Chunk.objects.bulk_create(chunk_rows(document, spans, vectors, embedder.model_name))
-    Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
+    Chunk.objects.filter(document=document).update(search_vector=chunk_search_vector())
     return document
 
 
@@ -251,6 +252,37 @@ def test_the_words_arm_weighs_a_rare_term_above_words_every_passage_has(db, embe
     # "party" and "agreement" are in three passages of four; "assign" in one: it decides.
     assert "assigned only with written consent" in top.text
     assert len(hits) == 4
+
+
+def test_words_joined_by_no_break_and_other_unicode_spaces_are_found_by_the_words_arm(db, embedder):
+    # PDFs exported from HTML (EDGAR filings) put U+00A0 between most words; Postgres's parser
+    # reads it as a letter, and "Fox\u00a0shall\u00a0earn" would be one word that no query finds.
+    owner = User.objects.create_user("erin")
+    text = "Licensee shall pay Fox royalties at the rate of".replace(" ", "\u00a0") + "\u202ften\u2009percent."
+    document = _document(owner, "Licence", [text], embedder)
+    for term in ("royalties", "ten", "percent"):
+        hits = text_search(f"What {term}?", limit=5, user=owner, document_ids=[document.pk])
+        assert [Chunk.objects.get(pk=pk).document_id for pk, _ in hits] == [document.pk], term
+    chunk = Chunk.objects.get(document=document)
+    assert chunk.text == text  # the stored text keeps its spaces: offsets and quotes rest on it
+
+
+def test_the_migration_indexes_again_the_chunks_stored_with_unicode_spaces_read_as_letters(db, embedder):
+    import importlib
+
+    migration = importlib.import_module("documents.migrations.0007_search_vector_unicode_spaces")
+    owner = User.objects.create_user("frank")
+    spaced = _document(owner, "Spaced", ["The licence is perpetual and irrevocable.".replace(" ", "\u00a0")], embedder)
+    plain = _document(owner, "Plain", ["The licence is perpetual, said the other paper."], embedder)
+    Chunk.objects.update(search_vector=SearchVector("text", config="english"))  # as stored before
+    assert [pk for pk, _ in text_search("irrevocable", limit=5, user=owner)] == []
+    untouched = {c.pk: c.search_vector for c in Chunk.objects.filter(document=plain)}
+    with connection.cursor() as cursor:
+        cursor.execute(migration.REINDEX, [migration.UNICODE_SPACES, migration.UNICODE_SPACES])
+        assert cursor.rowcount == Chunk.objects.filter(document=spaced).count()  # only those with such a space
+    found = [Chunk.objects.get(pk=pk).document_id for pk, _ in text_search("irrevocable", limit=5, user=owner)]
+    assert found == [spaced.pk]
+    assert {c.pk: c.search_vector for c in Chunk.objects.filter(document=plain)} == untouched
 
 
 def test_significant_terms_keep_codes_and_numbers_and_drop_function_words():
