@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from django.contrib.auth.models import User
 
 from documents.search import Passage, readable_documents, search_passages
-from inference.drafting import DRAFT_PASSAGES, fuse_rankings, retrieval_queries
+from inference.drafting import DRAFT_PASSAGES, fuse_by_passage_and_document, retrieval_queries
 from inference.job_results import PassageRecord
 from inference.prompts import NumberedPassage, passage_source
 
@@ -82,7 +82,8 @@ def retrieve(
     rerank: bool | None = None,
 ) -> list[Passage]:
     """The passages that best answer ``message``, best first: one search per query of
-    ``drafting.retrieval_queries``, fused by rank."""
+    ``drafting.retrieval_queries``, fused by rank and by document
+    (``drafting.fuse_by_passage_and_document``)."""
     ids = scope_document_ids(user=user, scope=scope)
     if not ids:
         return []
@@ -95,7 +96,8 @@ def retrieve(
         rankings.append([p.chunk_id for p in passages])
         for passage in passages:
             found.setdefault(passage.chunk_id, passage)
-    return [found[chunk_id] for chunk_id in fuse_rankings(rankings)[:limit]]
+    document_of = {chunk_id: passage.document_id for chunk_id, passage in found.items()}
+    return [found[chunk_id] for chunk_id in fuse_by_passage_and_document(rankings, document_of)[:limit]]
 
 
 def numbered(passages: Sequence[Passage]) -> list[NumberedPassage]:

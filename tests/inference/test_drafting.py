@@ -8,6 +8,7 @@ import pytest
 from inference.drafting import (
     check_support,
     cited_numbers,
+    fuse_by_passage_and_document,
     fuse_rankings,
     retrieval_queries,
     sentence_parts,
@@ -116,6 +117,21 @@ def test_rankings_are_fused_by_reciprocal_rank():
     # 7 is second in both lists, so it beats 1 and 9 that are first in one list and absent from the other.
     assert fuse_rankings([[1, 7, 3], [9, 7]]) == [7, 1, 9, 3]
     assert fuse_rankings([]) == []
+
+
+def test_a_messages_passages_are_fused_by_rank_and_by_the_document_they_are_in():
+    # Passages 1x are of the lease the letter is about, 21 and 31 of unrelated notes: each of
+    # those is first for one paragraph's wording, and alone in its document.
+    document_of = {pid: pid // 10 for pid in (11, 12, 13, 14, 15, 21, 31)}
+    rankings = [[21, 11, 12], [31, 13, 14], [15, 12, 11]]
+    assert fuse_rankings(rankings) == [11, 12, 21, 31, 15, 13, 14]
+    fused = fuse_by_passage_and_document(rankings, document_of)
+    assert fused == [11, 12, 15, 21, 13, 31, 14]  # among the first four: three of the lease's, not two
+    assert sorted(fused) == sorted(document_of)  # nothing lost, nothing repeated
+    # One document searched (a contract asked about): the order is reciprocal-rank fusion's own.
+    one = [[1, 7, 3], [9, 7]]
+    assert fuse_by_passage_and_document(one, dict.fromkeys((1, 3, 7, 9), 5)) == fuse_rankings(one) == [7, 1, 9, 3]
+    assert fuse_by_passage_and_document([], {}) == []
 
 
 def test_a_sentence_splits_into_text_and_each_citation():
