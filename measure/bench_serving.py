@@ -70,6 +70,8 @@ HELP = (
 )
 
 USERNAME = "bench-serving"
+logger = logging.getLogger(__name__)
+
 SERVERS = ("appliance", "vllm")
 # name -> (key in vLLM's result JSON, the ratio's target, whether the ratio must stay below it)
 METRICS = {
@@ -287,6 +289,50 @@ def ttft_parts(rows: list[dict]) -> dict | None:
     } | {"requests": len(rows)}
 
 
+# vLLM's own timing of the requests, the same counters on both servers: the engine host sums
+# them from vLLM's iteration stats (``EngineStats.request_timing``), ``vllm serve`` exports them
+# as Prometheus histograms. Means over a run, from the sums before and after it: what each
+# engine took between the frontend's arrival and its first token (ttft), waiting in the engine
+# core's queue (queue) and from being scheduled to the first token (prefill). What the engine
+# host adds around vLLM is the appliance's prefill less vLLM's ttft.
+ENGINE_TIMING = {  # request_timing key -> (its count's key, vLLM's Prometheus histogram)
+    "queue_s": ("requests_finished", "vllm:request_queue_time_seconds"),
+    "prefill_s": ("requests_finished", "vllm:request_prefill_time_seconds"),
+    "ttft_s": ("first_tokens", "vllm:time_to_first_token_seconds"),
+}
+
+_COUNTED_BY = {count: key for key, (count, _) in reversed(ENGINE_TIMING.items())}  # its first histogram
+
+
+def prometheus_timing(text: str) -> dict[str, float]:
+    """``request_timing``'s sums and counts from ``vllm serve``'s /metrics text (every label set
+    summed). Pure."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        for key, (count, histogram) in ENGINE_TIMING.items():
+            if name == f"{histogram}_sum":
+                totals[key] = totals.get(key, 0.0) + float(value)
+            elif name == f"{histogram}_count" and key == _COUNTED_BY[count]:  # one histogram per count
+                totals[count] = totals.get(count, 0.0) + float(value)
+    return totals
+
+
+def engine_timing(before: dict | None, after: dict | None) -> dict | None:
+    """Means (ms) of ``ENGINE_TIMING`` over the requests between two readings. Pure."""
+    if not before or not after:
+        return None
+    out: dict[str, Any] = {}
+    for key, (count, _) in ENGINE_TIMING.items():
+        n = after.get(count, 0) - before.get(count, 0)
+        out[key.removesuffix("_s")] = round(1000 * (after.get(key, 0.0) - before.get(key, 0.0)) / n, 1) if n else None
+    out["requests"] = int(after.get("requests_finished", 0) - before.get("requests_finished", 0))
+    return out
+
+
 def _number(value) -> float | None:
     return None if value is None else round(float(value), 3)
 
@@ -355,6 +401,15 @@ def table(results: dict) -> list[str]:
             )
         load = repeat.get("load_average")
         lines.append(f"repeat {index + 1} ({' then '.join(repeat['order'])}, load {load[0]:.1f}): " + "; ".join(parts))
+        engines = [(server, repeat[server].get("engine_timing_ms")) for server in SERVERS]
+        if all(timing for _, timing in engines):
+            lines.append(
+                "  vLLM's own timing, means in ms (queue / prefill / TTFT at its frontend): "
+                + "; ".join(
+                    f"{server} {t['queue'] or 0:.0f} / {t['prefill'] or 0:.0f} / {t['ttft'] or 0:.0f} ({t['requests']})"
+                    for server, t in engines
+                )
+            )
         spent = repeat["appliance"].get("ttft_parts_ms")
         if spent:
             lines.append(
@@ -656,6 +711,7 @@ class _Bench:
         # The token goes by the environment (vLLM's client reads OPENAI_API_KEY), not the command line.
         env = self._env(OPENAI_API_KEY=self.account.token if name == "appliance" else "")
         self.progress(f"vllm bench serve against {name} ({base_url})")
+        timing_before = self._engine_timing(name)
         cpu_before = self._cpu_s()
         process = start_logged(argv, env=env, log_path=log)
         try:
@@ -665,6 +721,7 @@ class _Bench:
         finally:
             stop_groups([process], timeout_s=10)
         cpu_after = self._cpu_s()
+        timing_after = self._engine_timing(name)
         path = self.result_dir / result_file
         if code != 0 or not path.exists():
             raise CommandError(f"vllm bench serve against {name} failed (exit code {code}); see {log}")
@@ -672,6 +729,8 @@ class _Bench:
         figures["result_file"] = str(path)
         if name == "appliance":
             figures["ttft_parts_ms"] = ttft_parts(self.account.measured_requests(skip=self.plan["warmups"]))
+        # The warm-ups are in these means too, on both sides alike.
+        figures["engine_timing_ms"] = engine_timing(timing_before, timing_after)
         # Where the machine's time went: CPU seconds of each process this benchmark started (with
         # its children) per 1000 output tokens, counting the warm-ups, which the processes served
         # too (the client sends no test request: its ready check is off).
@@ -687,6 +746,20 @@ class _Bench:
             f"{figures['failed']} failed"
         )
         return figures
+
+    def _engine_timing(self, name: str) -> dict | None:
+        """vLLM's timing sums so far on ``name``'s server (None if it cannot be read)."""
+        from inference.engine.client import EngineClient, EngineUnavailable
+
+        try:
+            if name == "appliance":
+                return EngineClient(self.socket, connect_timeout_s=2.0).stats(timeout_s=10).get("request_timing")
+            response = httpx.get(f"http://127.0.0.1:{self.vllm_port}/metrics", timeout=10)
+            response.raise_for_status()
+            return prometheus_timing(response.text)
+        except (EngineUnavailable, httpx.HTTPError):
+            logger.warning("could not read %s's request timing", name, exc_info=True)
+            return None
 
     def _cpu_s(self) -> dict[str, float]:
         """CPU seconds so far of each process running (its children included)."""

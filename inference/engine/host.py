@@ -181,6 +181,22 @@ class _EngineStats:
         self.prefix_cache_hits = 0
         self.preemptions = 0
         self.updated_at = 0.0
+        # vLLM's own timing of requests, summed as its Prometheus histograms sum them (``vllm
+        # serve``'s /metrics): a benchmark compares the two servers' engines with vLLM's clocks.
+        self.requests_finished = 0
+        self.queue_s = 0.0  # queued in the engine core -> first scheduled
+        self.prefill_s = 0.0  # first scheduled -> first token, in the engine core
+        self.first_tokens = 0
+        self.ttft_s = 0.0  # the frontend's arrival -> its first token
+
+    def request_timing(self) -> dict[str, float | int]:
+        return {
+            "requests_finished": self.requests_finished,
+            "queue_s": round(self.queue_s, 6),
+            "prefill_s": round(self.prefill_s, 6),
+            "first_tokens": self.first_tokens,
+            "ttft_s": round(self.ttft_s, 6),
+        }
 
 
 def _stat_logger_factory(stats: _EngineStats):
@@ -200,6 +216,12 @@ def _stat_logger_factory(stats: _EngineStats):
                 stats.updated_at = time.time()
             if iteration_stats is not None:
                 stats.preemptions += iteration_stats.num_preempted_reqs
+                for finished in iteration_stats.finished_requests:
+                    stats.requests_finished += 1
+                    stats.queue_s += finished.queued_time
+                    stats.prefill_s += finished.prefill_time
+                stats.first_tokens += len(iteration_stats.time_to_first_tokens_iter)
+                stats.ttft_s += sum(iteration_stats.time_to_first_tokens_iter)
 
         def log_engine_initialized(self) -> None:
             pass
@@ -508,6 +530,7 @@ class EngineHost:
             "kv_usage": round(self.stats.kv_usage, 4),
             "prefix_cache_hit_rate": round(self.stats.prefix_cache_hits / queries, 4) if queries else 0.0,
             "preemptions": self.stats.preemptions,
+            "request_timing": self.stats.request_timing(),
             "requests_served": self.requests_served,
             "requests_in_host": len(self.runs),
             "uptime_s": round(time.time() - self.started_at, 1),

@@ -103,6 +103,8 @@ class EngineStats:
     preemptions: int | None = _api()
     requests_served: int | None = _api()
     requests_in_host: int | None = None
+    # vLLM's timing of finished requests, summed (queue_s, prefill_s, ttft_s and their counts).
+    request_timing: dict[str, float | int] | None = None
     uptime_s: float | None = _api()
     scheduling: str | None = _api()  # the scheduler's mode: appliance, engine or fifo
     kv_reservation: str | None = None  # max or predicted

@@ -128,6 +128,46 @@ def test_the_appliances_own_ttft_is_split_into_its_parts_and_shown_under_its_rep
     assert "queue 20 / 29" in line and "setup 20 / 362" in line and "3 requests" in line and "p50 260 ms" in line
 
 
+# A fragment of vllm serve's /metrics as vLLM 0.32 writes it (two label sets of one histogram).
+METRICS_TEXT = """\
+# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 9.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.25
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 9.0
+vllm:request_queue_time_seconds_sum{engine="1",model_name="m"} 0.05
+vllm:request_queue_time_seconds_count{engine="1",model_name="m"} 1.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 4.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 5.5
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 11.0
+vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="m"} 999.0
+"""
+
+
+def test_vllms_own_request_timing_is_read_alike_from_both_servers_and_shown_per_repeat():
+    totals = bench_serving.prometheus_timing(METRICS_TEXT)
+    assert totals == {
+        "queue_s": pytest.approx(0.30), "requests_finished": 10.0, "prefill_s": 4.0, "first_tokens": 11.0, "ttft_s": 5.5,
+    }  # fmt: skip
+    before = {"requests_finished": 4, "queue_s": 0.1, "prefill_s": 1.0, "first_tokens": 5, "ttft_s": 2.5}
+    means = bench_serving.engine_timing(before, totals)
+    # 6 requests: 0.2 s queued and 3 s scheduled -> first token between them; 6 first tokens in 3 s.
+    assert means == {"queue": pytest.approx(33.3), "prefill": 500.0, "ttft": 500.0, "requests": 6}
+    assert bench_serving.engine_timing(None, totals) is None  # a server that could not be read
+    assert bench_serving.engine_timing(totals, totals)["prefill"] is None  # no request between
+    appliance = bench_serving.bench_figures(_result(ttft=260.0)) | {"engine_timing_ms": means}
+    vllm = bench_serving.bench_figures(_result()) | {"engine_timing_ms": {**means, "prefill": 420.0}}
+    results = {
+        "parameters": {"num_prompts": 4, "input_len": 256, "output_len": 128, "concurrency": 2},
+        "engine": {},
+        "repeats": [_repeat(appliance, vllm)],
+        "summary": bench_serving.summarise([_repeat(appliance, vllm)]),
+    }
+    line = next(line for line in bench_serving.table(results) if "vLLM's own timing" in line)
+    assert "appliance 33 / 500 / 500 (6); vllm 33 / 420 / 500 (6)" in line
+
+
 ENGINE = {
     "model": "SmolLM2-135M-Instruct",
     "model_path": "/srv/models/SmolLM2-135M-Instruct",
