@@ -11,6 +11,8 @@ from documents.extraction.base import (
     _BINARY_RATIO,
     _CONTROL_CHARS,
     _NOT_TEXT_CHARS,
+    _UNICODE_LINE_ENDS,
+    _UNICODE_SPACES,
     KIND_MARKDOWN,
     TEXT_PAGE_CHARS,
     ExtractedDocument,
@@ -139,8 +141,10 @@ def _looks_binary(text: str) -> bool:
 
 
 def clean_text(text: str) -> str:
-    """Line ends normalised to \\n; NUL and other control characters (except \\n and \\t) removed."""
+    """Line ends normalised to \\n, Unicode spaces to " " (``_UNICODE_SPACES``); NUL and other
+    control characters (except \\n and \\t) removed."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _UNICODE_SPACES.sub(" ", _UNICODE_LINE_ENDS.sub("\n", text))
     return _CONTROL_CHARS.sub("", text)
 
 

@@ -731,6 +731,31 @@ def test_email_raw_8bit_headers_are_decoded():
     assert "From: René <rene@example.com>" in document.pages[0].text
 
 
+def test_no_break_and_other_unicode_spaces_are_stored_as_spaces_one_for_one():
+    from documents.extraction import clean_text
+
+    assert clean_text("Fee\u00a0is \u00a34\u202f500\u2009a\u3000month\u2028next\u2029line") == (
+        "Fee is \u00a34 500 a month\nnext\nline"
+    )
+    text = "Licensee\u00a0shall\u00a0pay\u00a0Fox"
+    assert len(clean_text(text)) == len(text)
+
+
+def test_a_real_edgar_pdf_with_a_no_break_space_between_its_words_is_read_with_spaces():
+    from pathlib import Path
+
+    from django.conf import settings as django_settings
+
+    # CUAD-dev's dev-00.pdf (an EDGAR filing printed from HTML): U+00A0 between most of its words.
+    path = Path(django_settings.BASE_DIR).parent / "shared" / "data" / "cuad-dev" / "pdf" / "dev-00.pdf"
+    data = path.read_bytes()
+    raw = "".join(page.extract_text() or "" for page in PdfReader(io.BytesIO(data)).pages)
+    assert raw.count("\u00a0") > 1000  # what pypdf gives
+    document = extract(data, filename=path.name)
+    text = "".join(page.text for page in document.pages)
+    assert "\u00a0" not in text and "Fox shall" in text
+
+
 def test_lone_surrogates_never_reach_the_text():
     from documents.extraction import clean_text
 
