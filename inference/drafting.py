@@ -187,24 +187,33 @@ def fuse_rankings(rankings: Sequence[Sequence[int]], *, k: int = 60) -> list[int
 
 
 def fuse_by_passage_and_document(
-    rankings: Sequence[Sequence[int]], document_of: Mapping[int, int], *, k: int = 60
+    rankings: Sequence[Sequence[int]], document_of: Mapping[int, int], *, k: int = 60, per_document: int = 3
 ) -> list[int]:
     """Passages ranked for a whole message: the queries' rankings fused by reciprocal rank
-    (``fuse_rankings``), and that order fused once more with the same passages grouped by
-    document, documents in the order of their passages' summed scores. A letter is about one
+    (``fuse_rankings``), and that order fused once more with a second one that takes the best
+    ``per_document`` passages of each document together, documents in the order of the summed
+    scores of those passages, then every other passage in the first order. A letter is about one
     or two documents: the passages that answer its several questions are in the documents its
     other passages point to, and a passage of an unrelated document that happens to match one
-    paragraph's wording well gives way to them. With one document searched, the second order is
-    the first and nothing changes. No weight is fitted: both orders count alike."""
+    paragraph's wording well gives way to them. Only a document's best few count, so a long
+    document's many weak candidates do not bury a second document's best passage (half of a
+    draft's six passages each, for a letter about two). With one document searched, the second
+    order is the first and nothing changes. No weight is fitted: both orders count alike. An id
+    with no document is a document of its own."""
     scores: dict[int, float] = {}
     for ranking in rankings:
         for rank, item in enumerate(ranking, start=1):
             scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
-    by_passage = sorted(scores, key=lambda item: -scores[item])
-    documents: dict[int, float] = {}
+    by_passage = sorted(scores, key=lambda item: -scores[item])  # ties: first seen
+    best: dict[object, list[int]] = {}
     for item in by_passage:
-        documents[document_of[item]] = documents.get(document_of[item], 0.0) + scores[item]
-    by_document = sorted(by_passage, key=lambda item: (-documents[document_of[item]], -scores[item]))
+        kept = best.setdefault(document_of.get(item, ("passage", item)), [])
+        if len(kept) < per_document:
+            kept.append(item)
+    groups = sorted(best.values(), key=lambda items: -sum(scores[item] for item in items))  # ties: first seen
+    leading = [item for items in groups for item in items]
+    taken = set(leading)
+    by_document = leading + [item for item in by_passage if item not in taken]
     return fuse_rankings([by_passage, by_document], k=k)
 
 
