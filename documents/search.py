@@ -9,7 +9,7 @@ Two arms, fused with reciprocal-rank fusion (Cormack et al., 2009):
   an index walk would have to pass over most of everyone else's chunks to find theirs;
 - words: the query's significant terms (``significant_terms``: codes, numbers, words that are
   not function words), each as ``plainto_tsquery('english', term)``, OR-ed, against
-  ``Chunk.search_vector`` (GIN; a no-break space reads as a space there), ranked by the terms a chunk holds, each weighed by its rarity
+  ``Chunk.search_vector`` (GIN; Unicode spaces and punctuation read as ASCII there), ranked by the terms a chunk holds, each weighed by its rarity
   among the passages searched (BM25's inverse document frequency), then by ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
   finds them in a long message too, whose words all together no passage has.
 
@@ -43,12 +43,26 @@ from pgvector.django import CosineDistance
 from documents.models import Chunk, Document
 from documents.selectors import documents_readable_by
 
-# Spaces other than ASCII ones that Postgres's text-search parser reads as letters: with them,
-# "Fox\u00a0shall\u00a0earn" is one word and none of its words can be found. PDFs exported from
-# HTML (EDGAR filings, for one) put a no-break space between most words. The stored text keeps
-# them (offsets, quotes); only what the words arm indexes reads them as spaces. U+200B is left:
-# it sits inside words as often as between them.
-UNICODE_SPACES = "[\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+# What the words arm indexes is the chunk's text with the characters below translated: Postgres's
+# text-search parser, in the C locale the embedded cluster is made with, reads every character
+# outside ASCII as a letter, so "Licensee\u2019s", "\u201cAgreement\u201d" and
+# "Fox\u00a0shall\u00a0earn" were each one word, and none of their words could be found
+# (PDFs printed from HTML, most EDGAR filings, put a no-break space between every word).
+# Curly quotes and apostrophes read as ASCII ones, dashes as "-", Unicode spaces and the
+# punctuation and symbols of contracts and letters as spaces, a soft hyphen as nothing. The
+# stored text is not changed (extraction already stores Unicode spaces as spaces: these are for
+# documents stored before, and for the rest). U+200B is left: it sits inside words as often as
+# between them.
+_INDEX_AS = {
+    "'": "\u2018\u2019\u201a\u201b\u2032",
+    '"': "\u201c\u201d\u201e\u201f\u00ab\u00bb\u2039\u203a\u2033",
+    "-": "\u2010\u2011\u2012\u2013\u2014\u2015\u2212",
+    " ": "\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f"
+    "\u205f\u3000\u2022\u00b7\u00a7\u00b6\u2020\u2021\u2026\u20ac\u00a3\u00a5\u00a9\u00ae\u2122\u00b0"
+    "\u00b1\u00d7\u00f7",
+}
+INDEX_TRANSLATE_FROM = "".join(_INDEX_AS.values()) + "\u00ad"  # the soft hyphen, last: dropped
+INDEX_TRANSLATE_TO = "".join(ascii * len(chars) for ascii, chars in _INDEX_AS.items())
 SEARCH_CONFIG = "english"
 
 RRF_K = 60  # the constant of reciprocal-rank fusion: score = sum over arms of 1 / (RRF_K + rank)
@@ -67,11 +81,16 @@ _FUNCTION_WORDS = frozenset(
 
 
 def chunk_search_vector() -> SearchVector:
-    """What ``Chunk.search_vector`` is computed from: the chunk's text, every space a space."""
-    spaced = Func(
-        F("text"), Value(UNICODE_SPACES), Value(" "), Value("g"), function="regexp_replace", output_field=TextField()
+    """What ``Chunk.search_vector`` is computed from: the chunk's text, its Unicode punctuation
+    and spaces translated (``INDEX_TRANSLATE_FROM``)."""
+    readable = Func(
+        F("text"),
+        Value(INDEX_TRANSLATE_FROM),
+        Value(INDEX_TRANSLATE_TO),
+        function="translate",
+        output_field=TextField(),
     )
-    return SearchVector(spaced, config=SEARCH_CONFIG)
+    return SearchVector(readable, config=SEARCH_CONFIG)
 
 
 @dataclass(frozen=True)

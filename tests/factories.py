@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from django.contrib.postgres.search import SearchVector
 from django.core.files.base import ContentFile
 
 from documents.models import Chunk, Document, Page
+from documents.search import chunk_search_vector
 
 
 def ready_document(owner, title: str, text: str | list[str]) -> Document:
@@ -32,7 +32,7 @@ def ready_document(owner, title: str, text: str | list[str]) -> Document:
             embedding_model=embedder.model_name,
         )  # fmt: skip
         start += len(page) + 2
-    Chunk.objects.filter(document=document).update(search_vector=SearchVector("text", config="english"))
+    Chunk.objects.filter(document=document).update(search_vector=chunk_search_vector())
     return document
 
 

@@ -15,6 +15,8 @@ from documents.chunking import chunk_pages, pages_with_offsets
 from documents.embeddings import embed_spans, get_embedder
 from documents.models import Chunk, Document, Page
 from documents.search import (
+    INDEX_TRANSLATE_FROM,
+    INDEX_TRANSLATE_TO,
     chunk_search_vector,
     exact_vector_search,
     explain_vector_search,
@@ -254,34 +256,41 @@ def test_the_words_arm_weighs_a_rare_term_above_words_every_passage_has(db, embe
     assert len(hits) == 4
 
 
-def test_words_joined_by_no_break_and_other_unicode_spaces_are_found_by_the_words_arm(db, embedder):
-    # PDFs exported from HTML (EDGAR filings) put U+00A0 between most words; Postgres's parser
-    # reads it as a letter, and "Fox\u00a0shall\u00a0earn" would be one word that no query finds.
+def test_words_beside_unicode_spaces_quotes_and_dashes_are_found_by_the_words_arm(db, embedder):
+    # Postgres's parser, in the C locale, reads every character outside ASCII as a letter:
+    # "Fox\u00a0shall\u00a0earn" (PDFs printed from HTML put U+00A0 between most words),
+    # "Licensee\u2019s" and "\u201cTerritory\u201d" would each be one word that no query finds.
     owner = User.objects.create_user("erin")
-    text = "Licensee shall pay Fox royalties at the rate of".replace(" ", "\u00a0") + "\u202ften\u2009percent."
+    text = (
+        "Licensee\u2019s royalties at the rate of".replace(" ", "\u00a0")
+        + "\u202ften\u2009percent\u2014payable in the \u201cTerritory\u201d \u00a7 4.2 at \u20ac1,000 per "
+        "year\u2026 unless exten\u00added."
+    )
     document = _document(owner, "Licence", [text], embedder)
-    for term in ("royalties", "ten", "percent"):
+    for term in ("licensee", "royalties", "ten", "percent", "payable", "territory", "year", "extended"):
         hits = text_search(f"What {term}?", limit=5, user=owner, document_ids=[document.pk])
         assert [Chunk.objects.get(pk=pk).document_id for pk, _ in hits] == [document.pk], term
-    chunk = Chunk.objects.get(document=document)
-    assert chunk.text == text  # the stored text keeps its spaces: offsets and quotes rest on it
+    assert Chunk.objects.get(document=document).text == text  # only what the index reads is translated
 
 
-def test_the_migration_indexes_again_the_chunks_stored_with_unicode_spaces_read_as_letters(db, embedder):
+def test_the_migration_indexes_again_the_chunks_stored_with_unicode_read_as_letters(db, embedder):
     import importlib
 
-    migration = importlib.import_module("documents.migrations.0007_search_vector_unicode_spaces")
+    migration = importlib.import_module("documents.migrations.0007_search_vector_unicode")
+    # The migration's frozen copy is what the product indexes with, as of this migration.
+    assert (migration.TRANSLATE_FROM, migration.TRANSLATE_TO) == (INDEX_TRANSLATE_FROM, INDEX_TRANSLATE_TO)
     owner = User.objects.create_user("frank")
     spaced = _document(owner, "Spaced", ["The licence is perpetual and irrevocable.".replace(" ", "\u00a0")], embedder)
+    quoted = _document(owner, "Quoted", ["The \u201cLicensor\u201d is not liable."], embedder)
     plain = _document(owner, "Plain", ["The licence is perpetual, said the other paper."], embedder)
     Chunk.objects.update(search_vector=SearchVector("text", config="english"))  # as stored before
-    assert [pk for pk, _ in text_search("irrevocable", limit=5, user=owner)] == []
+    assert [pk for pk, _ in text_search("irrevocable licensor", limit=5, user=owner)] == []
     untouched = {c.pk: c.search_vector for c in Chunk.objects.filter(document=plain)}
     with connection.cursor() as cursor:
-        cursor.execute(migration.REINDEX, [migration.UNICODE_SPACES, migration.UNICODE_SPACES])
-        assert cursor.rowcount == Chunk.objects.filter(document=spaced).count()  # only those with such a space
-    found = [Chunk.objects.get(pk=pk).document_id for pk, _ in text_search("irrevocable", limit=5, user=owner)]
-    assert found == [spaced.pk]
+        cursor.execute(migration.REINDEX, [migration.TRANSLATE_FROM, migration.TRANSLATE_TO, migration.ANY_OF_THEM])
+        assert cursor.rowcount == Chunk.objects.filter(document__in=[spaced, quoted]).count()  # only those
+    found = {Chunk.objects.get(pk=pk).document_id for pk, _ in text_search("irrevocable licensor", limit=5, user=owner)}
+    assert found == {spaced.pk, quoted.pk}
     assert {c.pk: c.search_vector for c in Chunk.objects.filter(document=plain)} == untouched
 
 
