@@ -328,8 +328,10 @@ def engine_timing(before: dict | None, after: dict | None) -> dict | None:
     out: dict[str, Any] = {}
     for key, (count, _) in ENGINE_TIMING.items():
         n = after.get(count, 0) - before.get(count, 0)
-        out[key.removesuffix("_s")] = round(1000 * (after.get(key, 0.0) - before.get(key, 0.0)) / n, 1) if n else None
-    out["requests"] = int(after.get("requests_finished", 0) - before.get("requests_finished", 0))
+        spent = after.get(key, 0.0) - before.get(key, 0.0)
+        # None for no request between, or counters that went back (a server restarted between).
+        out[key.removesuffix("_s")] = round(1000 * spent / n, 1) if n > 0 and spent >= 0 else None
+    out["requests"] = max(0, int(after.get("requests_finished", 0) - before.get("requests_finished", 0)))
     return out
 
 
@@ -406,7 +408,7 @@ def table(results: dict) -> list[str]:
             lines.append(
                 "  vLLM's own timing, means in ms (queue / prefill / TTFT at its frontend): "
                 + "; ".join(
-                    f"{server} {t['queue'] or 0:.0f} / {t['prefill'] or 0:.0f} / {t['ttft'] or 0:.0f} ({t['requests']})"
+                    f"{server} {_ms(t['queue'])} / {_ms(t['prefill'])} / {_ms(t['ttft'])} ({t['requests']})"
                     for server, t in engines
                 )
             )
@@ -419,6 +421,10 @@ def table(results: dict) -> list[str]:
                 f"{repeat['appliance'].get('ttft_p50_ms') or 0:.0f} ms)"
             )
     return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _spread_text(plan: dict) -> str:
@@ -749,7 +755,7 @@ class _Bench:
 
     def _engine_timing(self, name: str) -> dict | None:
         """vLLM's timing sums so far on ``name``'s server (None if it cannot be read)."""
-        from inference.engine.client import EngineClient, EngineUnavailable
+        from inference.engine.client import EngineClient, EngineRequestError, EngineUnavailable
 
         try:
             if name == "appliance":
@@ -757,7 +763,7 @@ class _Bench:
             response = httpx.get(f"http://127.0.0.1:{self.vllm_port}/metrics", timeout=10)
             response.raise_for_status()
             return prometheus_timing(response.text)
-        except (EngineUnavailable, httpx.HTTPError):
+        except (EngineUnavailable, EngineRequestError, httpx.HTTPError):
             logger.warning("could not read %s's request timing", name, exc_info=True)
             return None
 

@@ -78,7 +78,9 @@ TASKS = ("clauses", "summaries", "replies")
 EXTRA_TASKS = ("contracts", "long")
 # Measured without the engine: the reading of real documents, the support checks, and search.
 MODEL_FREE_TASKS = ("ceiling", "contrast", "retrieval")
-MISS_DEPTH = 30  # retrieval: how far down a passage not among the first six is looked for, for its report
+# Retrieval: how far down a passage not among the first six is looked for, for its report; among
+# the candidates retrieval gathers, 12 a query (a CUAD question is one query: at most rank 12).
+MISS_DEPTH = 30
 DEFAULT_CONTRACTS = Path(settings.BASE_DIR).parent / "shared" / "data" / "cuad-dev"
 OWNER = "evaluate"
 OUTSIDER = "evaluate-other"  # owns the distractor: the evaluated user may not read it

@@ -156,6 +156,8 @@ def test_vllms_own_request_timing_is_read_alike_from_both_servers_and_shown_per_
     assert means == {"queue": pytest.approx(33.3), "prefill": 500.0, "ttft": 500.0, "requests": 6}
     assert bench_serving.engine_timing(None, totals) is None  # a server that could not be read
     assert bench_serving.engine_timing(totals, totals)["prefill"] is None  # no request between
+    went_back = bench_serving.engine_timing(totals, before)  # a server restarted between the readings
+    assert (went_back["queue"], went_back["prefill"], went_back["ttft"], went_back["requests"]) == (None, None, None, 0)
     appliance = bench_serving.bench_figures(_result(ttft=260.0)) | {"engine_timing_ms": means}
     vllm = bench_serving.bench_figures(_result()) | {"engine_timing_ms": {**means, "prefill": 420.0}}
     results = {
