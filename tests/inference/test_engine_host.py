@@ -63,6 +63,7 @@ def test_the_weights_dtype_follows_what_the_cpu_computes_in():
 
 
 def test_generate_streams_deltas_then_done(engine_host):
+    timing = engine_host.stats()["request_timing"]
     events = list(engine_host.generate(_request(max_tokens=24, priority=Priority.PREFILL, queue="prefill")))
     assert events[0].type == "admitted"
     assert events[0].data["kv_reservation_tokens"] == events[0].data["prompt_tokens"] + 24
@@ -72,6 +73,11 @@ def test_generate_streams_deltas_then_done(engine_host):
     assert len(deltas) >= 2  # streamed, not delivered in one piece
     assert sum(e.data["tokens"] for e in deltas) == done.data["output_tokens"] <= 24
     assert "".join(e.data["text"] for e in deltas).strip()
+    # vLLM's own timing of it is summed, as vllm serve's /metrics sums it (bench serving reads both).
+    after = engine_host.stats()["request_timing"]
+    assert after["requests_finished"] == timing["requests_finished"] + 1
+    assert after["first_tokens"] == timing["first_tokens"] + 1
+    assert after["prefill_s"] > timing["prefill_s"] and after["ttft_s"] > timing["ttft_s"]
 
 
 def test_count_tokens_matches_the_admitted_prompt(engine_host):
