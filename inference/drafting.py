@@ -187,7 +187,11 @@ def fuse_rankings(rankings: Sequence[Sequence[int]], *, k: int = 60) -> list[int
 
 
 def fuse_by_passage_and_document(
-    rankings: Sequence[Sequence[int]], document_of: Mapping[int, int], *, k: int = 60, per_document: int = 3
+    rankings: Sequence[Sequence[int]],
+    document_of: Mapping[int, int],
+    *,
+    k: int = 60,
+    per_document: int = DRAFT_PASSAGES,
 ) -> list[int]:
     """Passages ranked for a whole message: the queries' rankings fused by reciprocal rank
     (``fuse_rankings``), and that order fused once more with a second one that takes the best
@@ -195,9 +199,11 @@ def fuse_by_passage_and_document(
     scores of those passages, then every other passage in the first order. A letter is about one
     or two documents: the passages that answer its several questions are in the documents its
     other passages point to, and a passage of an unrelated document that happens to match one
-    paragraph's wording well gives way to them. Only a document's best few count, so a long
-    document's many weak candidates do not bury a second document's best passage (half of a
-    draft's six passages each, for a letter about two). With one document searched, the second
+    paragraph's wording well gives way to them. Only a document's best six count (as many as a
+    draft is given), so a long document's many weak candidates do not bury a second document's
+    best passage (on the reply gold set, three gave 0.688, six 0.781, every candidate 0.781,
+    rank fusion alone 0.719; sums of every candidate put a second document's first passage
+    14th in a unit test's letter, six puts it 4th). With one document searched, the second
     order is the first and nothing changes. No weight is fitted: both orders count alike. An id
     with no document is a document of its own."""
     scores: dict[int, float] = {}

@@ -126,7 +126,7 @@ def test_a_messages_passages_are_fused_by_rank_and_by_the_document_they_are_in()
     rankings = [[21, 11, 12], [31, 13, 14], [15, 12, 11]]
     assert fuse_rankings(rankings) == [11, 12, 21, 31, 15, 13, 14]
     fused = fuse_by_passage_and_document(rankings, document_of)
-    assert fused == [11, 12, 21, 15, 31, 13, 14]  # the lease's third passage passes one unrelated note
+    assert fused == [11, 12, 15, 21, 13, 31, 14]  # the lease's passages pass the unrelated notes
     assert sorted(fused) == sorted(document_of)  # nothing lost, nothing repeated
     # One document searched (a contract asked about): the order is reciprocal-rank fusion's own.
     one = [[1, 7, 3], [9, 7]]
@@ -136,8 +136,8 @@ def test_a_messages_passages_are_fused_by_rank_and_by_the_document_they_are_in()
 
 def test_a_long_documents_many_candidates_do_not_bury_a_second_documents_best_passage():
     # A letter about a lease (36 candidate passages, 100-135) and an invoice (1 and 2): the
-    # invoice's passage 1 is first by rank. Only each document's best three count for it, so
-    # it stays among the six a draft is given (summed over every candidate, it fell to 14th).
+    # invoice's passage 1 is first by rank. Only each document's best six count for it, so it
+    # stays among the six a draft is given (summed over every candidate, it fell to 14th).
     lease = list(range(100, 136))
     document_of = dict.fromkeys(lease, "lease") | {1: "invoice", 2: "invoice"}
     rankings = [[1, *lease[0:11]], lease[0:12], lease[12:24], [1, 2, *lease[24:34]]]
