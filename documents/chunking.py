@@ -206,6 +206,30 @@ def _next_start(tokens: _Tokens, start: int, end: int, overlap_tokens: int) -> i
     return wanted
 
 
+def passage_headings(text: str, spans: Sequence[ChunkSpan]) -> list[str | None]:
+    """For each passage of a document whose text is ``text``, the title of the section it starts
+    in: the last clause title (``rerank.title_places``: "11.7 Assignment.", "ARTICLE ELEVEN
+    APPLICABLE LAW", a line in capitals) that starts before it, or None: none before it, or the
+    passage starts with its own title."""
+    from documents.rerank import title_places
+
+    places = title_places(text)
+    starts = [start for start, _ in places]
+    headings: list[str | None] = []
+    for span in spans:
+        i = bisect.bisect_right(starts, span.char_start) - 1
+        headings.append(places[i][1] if i >= 0 and starts[i] < span.char_start else None)
+    return headings
+
+
+def embedding_text(text: str, heading: str | None) -> str:
+    """What is embedded for a passage: its section's title on a line of its own, then the passage
+    (the stored passage is its text alone). A clause cut into several passages is about what its
+    title says in all of them, not only in the one that starts with the title; the embedder
+    reads 256 word pieces, a passage at most ``DEFAULT_MAX_TOKENS`` and a title at most eight words."""
+    return f"{heading}\n{text}" if heading else text
+
+
 def _span(
     index: int, text: str, char_start: int, char_end: int, token_count: int, page_at: Callable[[int], int]
 ) -> ChunkSpan:

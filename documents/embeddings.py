@@ -53,9 +53,17 @@ class Embedder:
         return np.asarray(vectors, dtype=np.float32)
 
 
-def embed_spans(embedder: Embedder, spans: Sequence[Any], batch_size: int = 64) -> np.ndarray:
-    """Chunk spans (anything with ``.text``) -> their embeddings, one row per span, in order."""
-    return embedder.encode([span.text for span in spans], batch_size=batch_size)
+def embed_spans(
+    embedder: Embedder, spans: Sequence[Any], batch_size: int = 64, *, headings: Sequence[str | None] | None = None
+) -> np.ndarray:
+    """Chunk spans (anything with ``.text``) -> their embeddings, one row per span, in order;
+    with ``headings`` (``chunking.passage_headings``), each read under its section's title as
+    the ingest reads it (``chunking.embedding_text``)."""
+    from documents.chunking import embedding_text
+
+    titles = headings if headings is not None else [None] * len(spans)
+    texts = [embedding_text(span.text, title) for span, title in zip(spans, titles, strict=True)]
+    return embedder.encode(texts, batch_size=batch_size)
 
 
 def model_path() -> tuple[Path, str]:

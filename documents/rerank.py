@@ -61,13 +61,18 @@ def stems(text: str) -> set[str]:
 def titles(text: str) -> list[str]:
     """The clause titles in ``text``, in order: numbered ones, article titles in capitals, and
     lines in capitals of their own."""
+    return [title for _, title in title_places(text)]
+
+
+def title_places(text: str) -> list[tuple[int, str]]:
+    """``titles`` with where each starts in ``text`` (its number, if it has one), in order."""
     found: list[tuple[int, str]] = []
     for pattern in (_NUMBERED_TITLE, _ARTICLE_TITLE, _CAPITALS_LINE):
         for match in pattern.finditer(text):
             title = " ".join(match.group("title").split()).strip(" ,;-")
             if title and len(title.split()) <= TITLE_MAX_WORDS:
                 found.append((match.start(), title))
-    return [title for _, title in sorted(found)]
+    return sorted(found)
 
 
 @dataclass(frozen=True)

@@ -751,7 +751,7 @@ def _embed(document: Document, reading: Reading, deadline: float) -> Document | 
     """Passages of the stored pages, embedded through the process's batcher: a piece of
     ``APPLIANCE_EMBEDDING_BATCH`` passages at a time, which the batcher embeds together with
     other documents' pieces (``documents.embedding_batcher``), reporting pages done after each."""
-    from documents.chunking import chunk_pages
+    from documents.chunking import chunk_pages, document_text, embedding_text, passage_headings
     from documents.embeddings import chunking_tokenizer, passage_batcher, passage_embedder
 
     reembedding = document.state == Document.State.READY
@@ -764,6 +764,7 @@ def _embed(document: Document, reading: Reading, deadline: float) -> Document | 
         max_tokens=settings.APPLIANCE_CHUNK_TOKENS,
         overlap_tokens=settings.APPLIANCE_CHUNK_OVERLAP_TOKENS,
     )
+    headings = passage_headings(document_text(pages), spans)
     if not reembedding:
         reading.write(state=Document.State.EMBEDDING, pages_done=0)
     chunks: list[Chunk] = []
@@ -771,7 +772,7 @@ def _embed(document: Document, reading: Reading, deadline: float) -> Document | 
     for start in range(0, len(spans), piece):
         _raise_if_past(deadline)
         batch = spans[start : start + piece]
-        vectors = batcher.embed([span.text for span in batch])
+        vectors = batcher.embed([embedding_text(span.text, headings[span.index]) for span in batch])
         chunks.extend(chunk_rows(document, batch, vectors, embedder.model_name))
         if not reembedding:  # pages before the last one this batch reached are done; a cancel stops here
             reading.write(unless_cancelled=True, pages_done=max(0, batch[-1].page_end - 1))

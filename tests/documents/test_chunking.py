@@ -199,3 +199,21 @@ def test_real_tokenizer_limits_offsets_and_pages(tokenizer):
         if after.char_start >= before.char_end:
             assert not text[before.char_end : after.char_start].strip()
             assert before.text.endswith((".", "?", "!", ";", ":")) or "\n\n" in text[before.char_end : after.char_start]
+
+
+def test_each_passage_gets_the_title_of_the_section_it_starts_in():
+    from documents.chunking import ChunkSpan, embedding_text, passage_headings
+
+    text = "LEASE\n\n3. Rent. The rent is due monthly.\n\n4. Repairs. The tenant repairs the inside. More text here."
+
+    def span(start: int, end: int) -> ChunkSpan:
+        return ChunkSpan(index=0, page_start=1, page_end=1, char_start=start, char_end=end, text=text[start:end],
+                         token_count=1)  # fmt: skip
+
+    rent, repairs, inside = text.index("3. Rent"), text.index("4. Repairs"), text.index("The tenant")
+    spans = [span(0, rent), span(rent, repairs), span(rent + 9, repairs), span(inside, len(text))]
+    # The first starts with the document's title line and the second with its clause's title: they
+    # hold their own. The third starts inside clause 3, the fourth inside clause 4.
+    assert passage_headings(text, spans) == [None, None, "Rent", "Repairs"]
+    assert embedding_text("The tenant repairs.", "Repairs") == "Repairs\nThe tenant repairs."
+    assert embedding_text("Alone.", None) == "Alone."

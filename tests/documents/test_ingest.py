@@ -177,6 +177,37 @@ def test_documents_read_together_each_get_their_own_passages_vectors(browser, al
         assert np.min(np.sum(stored * alone, axis=1)) > 0.999  # unit rows: cosine similarity
 
 
+def test_a_passage_is_embedded_under_the_title_of_the_section_it_starts_in(browser, alice, workers):
+    """A clause cut into several passages: the later ones are embedded with the clause's title
+    on a line before them (their stored text is their own), the first, which holds its title,
+    as it is."""
+    import numpy as np
+
+    from documents.chunking import document_text, embedding_text, passage_headings
+    from documents.embeddings import get_embedder
+
+    clause = [
+        f"The Supplier may not transfer its rights under contract number {n} to another company without the "
+        "prior written consent of the Customer, which may be withheld for any reason."
+        for n in range(1, 31)
+    ]
+    data = make_pdf(["SERVICES AGREEMENT\n11. Assignment.\n" + "\n".join(clause[:15]), "\n".join(clause[15:])])
+    document = finished(upload(browser, "assignment.pdf", data, "application/pdf").pk)
+    assert document.state == Document.State.READY, document.failure_reason
+    chunks = list(Chunk.objects.filter(document=document).order_by("index"))
+    assert len(chunks) >= 3
+    pages = list(document.pages.order_by("number").values_list("number", "char_start", "text"))
+    headings = passage_headings(document_text(pages), chunks)
+    assert headings[0] is None and headings[1:] == ["Assignment"] * (len(chunks) - 1)
+    embedder = get_embedder()
+    stored = np.array([chunk.embedding for chunk in chunks], dtype=np.float32)
+    titled = embedder.encode([embedding_text(c.text, h) for c, h in zip(chunks, headings, strict=True)], batch_size=1)
+    bare = embedder.encode([chunk.text for chunk in chunks], batch_size=1)
+    assert np.min(np.sum(stored * titled, axis=1)) > 0.999  # unit rows: cosine similarity
+    assert np.max(np.sum(stored[1:] * bare[1:], axis=1)) < 0.999  # not the passage's text alone
+    assert all(chunk.text.lstrip().startswith("The Supplier") for chunk in chunks[1:])  # stored as it is
+
+
 def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(workers, settings):
     """Reading documents is background work: its worker runs APPLIANCE_INGEST_NICE below the
     drafting and document-job workers, so a busy CPU serves them first."""
