@@ -22,6 +22,7 @@ tokenizer, or a fake one in tests.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -206,27 +207,44 @@ def _next_start(tokens: _Tokens, start: int, end: int, overlap_tokens: int) -> i
     return wanted
 
 
-def passage_headings(text: str, spans: Sequence[ChunkSpan]) -> list[str | None]:
-    """For each passage of a document whose text is ``text``, the title of the section it starts
-    in: the last clause title (``rerank.title_places``: "11.7 Assignment.", "ARTICLE ELEVEN
+RUNNING_HEADER_MIN_REPEATS = 3  # a title seen this often in one document is a page's header
+
+
+def passage_headings(
+    text: str,
+    spans: Sequence[Any],
+    *,
+    count_tokens: Callable[[str], int] | None = None,
+    max_tokens: int | None = None,
+) -> list[str | None]:
+    """For each passage (a ``ChunkSpan`` or a stored ``Chunk``) of a document whose text is
+    ``text``, the title of the section it starts in: the last clause title (``rerank.title_places``: "11.7 Assignment.", "ARTICLE ELEVEN
     APPLICABLE LAW", a line in capitals) that starts before it, or None: none before it, or the
-    passage starts with its own title."""
+    passage starts with its own title. Not titles here: a lettered item ("(a) The Supplier
+    shall ...") and a title that recurs ``RUNNING_HEADER_MIN_REPEATS`` times or more (a page's
+    running header, "CONFIDENTIAL", is no section's title). With ``count_tokens`` and
+    ``max_tokens`` (what the embedder reads), a heading that would push the passage past it is
+    left out: the passage's own end matters more than its title."""
     from documents.rerank import title_places
 
-    places = title_places(text)
+    places = [(start, title) for start, title in title_places(text) if text[start] != "("]
+    repeats = Counter(title for _, title in places)
+    places = [(start, title) for start, title in places if repeats[title] < RUNNING_HEADER_MIN_REPEATS]
     starts = [start for start, _ in places]
     headings: list[str | None] = []
     for span in spans:
         i = bisect.bisect_right(starts, span.char_start) - 1
-        headings.append(places[i][1] if i >= 0 and starts[i] < span.char_start else None)
+        heading = places[i][1] if i >= 0 and starts[i] < span.char_start else None
+        if heading and count_tokens and max_tokens and span.token_count + count_tokens(heading + "\n") > max_tokens:
+            heading = None
+        headings.append(heading)
     return headings
 
 
 def embedding_text(text: str, heading: str | None) -> str:
     """What is embedded for a passage: its section's title on a line of its own, then the passage
     (the stored passage is its text alone). A clause cut into several passages is about what its
-    title says in all of them, not only in the one that starts with the title; the embedder
-    reads 256 word pieces, a passage at most ``DEFAULT_MAX_TOKENS`` and a title at most eight words."""
+    title says in all of them, not only in the one that starts with the title."""
     return f"{heading}\n{text}" if heading else text
 
 

@@ -176,6 +176,19 @@ def chunking_tokenizer(embedder: Embedder) -> Any:
     return copies[key]
 
 
+def headings_for(embedder: Embedder, text: str, spans: Sequence[Any]) -> list[str | None]:
+    """``chunking.passage_headings`` of a document's passages, each left out where it would push
+    its passage past what ``embedder`` reads (its special tokens aside)."""
+    from documents.chunking import passage_headings
+
+    tokenizer = chunking_tokenizer(embedder)
+
+    def count_tokens(heading: str) -> int:
+        return len(tokenizer(heading, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+
+    return passage_headings(text, spans, count_tokens=count_tokens, max_tokens=embedder.max_seq_tokens - 2)
+
+
 def _load(device: str = "cpu") -> Embedder:
     # Before sentence-transformers (and huggingface_hub) are imported: they read it then.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

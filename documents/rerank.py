@@ -39,7 +39,11 @@ _NUMBERED_TITLE = re.compile(
 _ARTICLE_TITLE = re.compile(
     r"(?:ARTICLE|SECTION)\s+(?:[0-9IVXLC]+|[A-Z]+(?:-[A-Z]+)?)\.?\s+(?P<title>[A-Z][A-Z'/&,;\- ]{2,80}?)(?=\s+\d|\s{2,}|$)"
 )
-_CAPITALS_LINE = re.compile(r"^\s*(?:\d{1,3}(?:\.\d{1,3})*\.?\s+)?(?P<title>[A-Z][A-Z'/&,\- ]{3,60}?)\.?\s*$", re.M)
+# Spaces and tabs only around it (not \s, which takes line ends: its match would start at the
+# blank line before the title, and a long run of blank lines would cost quadratic time).
+_CAPITALS_LINE = re.compile(
+    r"^[ \t]*(?:\d{1,3}(?:\.\d{1,3})*\.?[ \t]+)?(?P<title>[A-Z][A-Z'/&,\- ]{3,60}?)\.?[ \t]*$", re.M
+)
 
 
 def stem(word: str) -> str:

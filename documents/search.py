@@ -63,6 +63,9 @@ _INDEX_AS = {
 }
 INDEX_TRANSLATE_FROM = "".join(_INDEX_AS.values()) + "\u00ad"  # the soft hyphen, last: dropped
 INDEX_TRANSLATE_TO = "".join(ascii * len(chars) for ascii, chars in _INDEX_AS.items())
+# The same reading of a query, before its terms are taken: "XK\u201042\u2010ZULU" pasted with
+# Unicode hyphens is the code "xk-42-zulu", as the index has it.
+_QUERY_AS_INDEXED = str.maketrans(INDEX_TRANSLATE_FROM[:-1], INDEX_TRANSLATE_TO, "\u00ad")
 SEARCH_CONFIG = "english"
 
 RRF_K = 60  # the constant of reciprocal-rank fusion: score = sum over arms of 1 / (RRF_K + rank)
@@ -326,7 +329,7 @@ def significant_terms(query: str, *, limit: int = MAX_QUERY_TERMS) -> list[str]:
     """The words of ``query`` worth matching, in order, without repeats: codes and numbers
     ("XK-42-ZULU", "2024") and words of three letters or more that are not function words."""
     terms: dict[str, None] = {}
-    for match in _TERM.finditer(query):
+    for match in _TERM.finditer(query.translate(_QUERY_AS_INDEXED)):
         term = match.group(0).lower().strip("-_.'")
         if not term or term in _FUNCTION_WORDS or (len(term) < 3 and not term.isdigit()):
             continue

@@ -751,8 +751,8 @@ def _embed(document: Document, reading: Reading, deadline: float) -> Document | 
     """Passages of the stored pages, embedded through the process's batcher: a piece of
     ``APPLIANCE_EMBEDDING_BATCH`` passages at a time, which the batcher embeds together with
     other documents' pieces (``documents.embedding_batcher``), reporting pages done after each."""
-    from documents.chunking import chunk_pages, document_text, embedding_text, passage_headings
-    from documents.embeddings import chunking_tokenizer, passage_batcher, passage_embedder
+    from documents.chunking import chunk_pages, document_text, embedding_text
+    from documents.embeddings import chunking_tokenizer, headings_for, passage_batcher, passage_embedder
 
     reembedding = document.state == Document.State.READY
     embedder = passage_embedder()
@@ -764,7 +764,7 @@ def _embed(document: Document, reading: Reading, deadline: float) -> Document | 
         max_tokens=settings.APPLIANCE_CHUNK_TOKENS,
         overlap_tokens=settings.APPLIANCE_CHUNK_OVERLAP_TOKENS,
     )
-    headings = passage_headings(document_text(pages), spans)
+    headings = headings_for(embedder, document_text(pages), spans)
     if not reembedding:
         reading.write(state=Document.State.EMBEDDING, pages_done=0)
     chunks: list[Chunk] = []

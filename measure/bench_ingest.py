@@ -326,8 +326,8 @@ def _pdf_page_texts(data: bytes) -> list[str]:
 
 def _ingest_breakdown(files: list[bytes], embedder, batch_size: int) -> dict[str, float]:
     """The appliance's ingest steps, timed one by one on the same files (no database writes)."""
-    from documents.chunking import chunk_pages, document_text, pages_with_offsets, passage_headings
-    from documents.embeddings import embed_spans
+    from documents.chunking import chunk_pages, document_text, pages_with_offsets
+    from documents.embeddings import embed_spans, headings_for
     from documents.extraction import extract
     from documents.sandbox import extract_in_sandbox
 
@@ -346,7 +346,7 @@ def _ingest_breakdown(files: list[bytes], embedder, batch_size: int) -> dict[str
         started = time.perf_counter()
         pages = pages_with_offsets(texts)
         spans = chunk_pages(pages, embedder.tokenizer, max_tokens=max_tokens, overlap_tokens=overlap_tokens)
-        headings = passage_headings(document_text(pages), spans)
+        headings = headings_for(embedder, document_text(pages), spans)
         spent["chunking_s"] += time.perf_counter() - started
         started = time.perf_counter()
         embed_spans(embedder, spans, batch_size=batch_size, headings=headings)

@@ -217,3 +217,54 @@ def test_each_passage_gets_the_title_of_the_section_it_starts_in():
     assert passage_headings(text, spans) == [None, None, "Rent", "Repairs"]
     assert embedding_text("The tenant repairs.", "Repairs") == "Repairs\nThe tenant repairs."
     assert embedding_text("Alone.", None) == "Alone."
+
+
+def _spans_at(text: str, *starts: int) -> list:
+    from documents.chunking import ChunkSpan
+
+    return [
+        ChunkSpan(index=i, page_start=1, page_end=1, char_start=a, char_end=len(text), text=text[a:], token_count=200)
+        for i, a in enumerate(starts)
+    ]
+
+
+def test_a_running_header_and_a_lettered_item_are_not_a_sections_title():
+    from documents.chunking import passage_headings
+
+    page = "CONFIDENTIAL\n{body}\n\n"
+    text = (
+        page.format(body="11. Assignment. No party may assign this agreement without consent.")
+        + page.format(body="(a) The Supplier shall deliver the goods to the Customer within ten days of the order.")
+        + page.format(body="12. Notices. Notices are given in writing to the addresses above.")
+    )
+    after_header = [m.end() + 1 for m in re.finditer("CONFIDENTIAL", text)]
+    # "CONFIDENTIAL" heads every page: no section's title. "(a) The Supplier shall ..." is an
+    # item: the second page is still in clause 11. The third page starts with its own title.
+    assert passage_headings(text, _spans_at(text, *after_header)) == [None, "Assignment", None]
+    later = text.index("Notices are")
+    assert passage_headings(text, _spans_at(text, later)) == ["Notices"]
+
+
+def test_a_capitals_title_after_blank_lines_is_placed_at_its_first_letter():
+    from documents.chunking import passage_headings
+    from documents.rerank import title_places
+
+    text = "Intro text here.\n\n" + "\n" * 5000 + "GOVERNING LAW\nThis agreement is governed by the laws of England."
+    title = text.index("GOVERNING LAW")
+    assert title_places(text) == [(title, "GOVERNING LAW")]  # not the blank lines before it
+    # A passage that starts with its own title gets none in front; one inside the section, it.
+    assert passage_headings(text, _spans_at(text, title, title + 20)) == [None, "GOVERNING LAW"]
+
+
+def test_a_heading_that_would_push_its_passage_past_what_the_embedder_reads_is_left_out():
+    from documents.chunking import passage_headings
+
+    text = "7. Term and Termination. The agreement runs for two years and ends on notice."
+    inside = text.index("The agreement")
+    spans = _spans_at(text, inside)  # 200 tokens each
+
+    def words(heading: str) -> int:
+        return len(heading.split())
+
+    assert passage_headings(text, spans, count_tokens=words, max_tokens=203) == ["Term and Termination"]
+    assert passage_headings(text, spans, count_tokens=words, max_tokens=202) == [None]

@@ -98,3 +98,8 @@ def test_embed_spans_keeps_order(embedder):
     assert vectors.shape == (3, 384)
     np.testing.assert_allclose(vectors, embedder.encode([span.text for span in spans]), atol=1e-5)
     assert float(vectors[0] @ vectors[2]) > float(vectors[0] @ vectors[1])
+    # Under their sections' titles, as the ingest embeds them.
+    titled = embed_spans(embedder, spans, headings=["Termination", None, "Termination"])
+    expected = embedder.encode(["Termination\ntermination with notice", "a recipe for bread",
+                                "Termination\nending the contract early"])  # fmt: skip
+    np.testing.assert_allclose(titled, expected, atol=1e-5)

@@ -149,10 +149,12 @@ def test_an_upload_over_the_size_limit_is_refused_with_a_message(browser, alice,
 
 def test_documents_read_together_each_get_their_own_passages_vectors(browser, alice, workers):
     """The worker reads several documents at once and embeds their passages together in shared
-    batches: each passage's stored vector is still the one the model gives for its own text."""
+    batches: each passage's stored vector is still the one the model gives for what it embeds
+    for that passage alone (its text under its section's title)."""
     import numpy as np
 
-    from documents.embeddings import get_embedder
+    from documents.chunking import document_text, embedding_text
+    from documents.embeddings import get_embedder, headings_for
 
     subjects = ("a lease of the Leeds warehouse", "the payroll audit", "rail travel in standard class",
                 "the supplier insurance", "the pension scheme trustees", "a refund of the deposit")  # fmt: skip
@@ -173,7 +175,11 @@ def test_documents_read_together_each_get_their_own_passages_vectors(browser, al
         chunks = list(Chunk.objects.filter(document=document).order_by("index"))
         assert chunks and all(subject in " ".join(chunk.text.split()) for chunk in chunks)  # lines wrap
         stored = np.array([chunk.embedding for chunk in chunks], dtype=np.float32)
-        alone = embedder.encode([chunk.text for chunk in chunks], batch_size=1)
+        pages = list(document.pages.order_by("number").values_list("number", "char_start", "text"))
+        headings = headings_for(embedder, document_text(pages), chunks)
+        alone = embedder.encode(
+            [embedding_text(c.text, h) for c, h in zip(chunks, headings, strict=True)], batch_size=1
+        )
         assert np.min(np.sum(stored * alone, axis=1)) > 0.999  # unit rows: cosine similarity
 
 
@@ -184,7 +190,7 @@ def test_a_passage_is_embedded_under_the_title_of_the_section_it_starts_in(brows
     import numpy as np
 
     from documents.chunking import document_text, embedding_text, passage_headings
-    from documents.embeddings import get_embedder
+    from documents.embeddings import get_embedder, headings_for
 
     clause = [
         f"The Supplier may not transfer its rights under contract number {n} to another company without the "
@@ -199,6 +205,7 @@ def test_a_passage_is_embedded_under_the_title_of_the_section_it_starts_in(brows
     pages = list(document.pages.order_by("number").values_list("number", "char_start", "text"))
     headings = passage_headings(document_text(pages), chunks)
     assert headings[0] is None and headings[1:] == ["Assignment"] * (len(chunks) - 1)
+    assert headings_for(get_embedder(), document_text(pages), chunks) == headings  # they fit
     embedder = get_embedder()
     stored = np.array([chunk.embedding for chunk in chunks], dtype=np.float32)
     titled = embedder.encode([embedding_text(c.text, h) for c, h in zip(chunks, headings, strict=True)], batch_size=1)

@@ -15,8 +15,6 @@ from documents.chunking import chunk_pages, pages_with_offsets
 from documents.embeddings import embed_spans, get_embedder
 from documents.models import Chunk, Document, Page
 from documents.search import (
-    INDEX_TRANSLATE_FROM,
-    INDEX_TRANSLATE_TO,
     chunk_search_vector,
     exact_vector_search,
     explain_vector_search,
@@ -277,8 +275,12 @@ def test_the_migration_indexes_again_the_chunks_stored_with_unicode_read_as_lett
     import importlib
 
     migration = importlib.import_module("documents.migrations.0007_search_vector_unicode")
-    # The migration's frozen copy is what the product indexes with, as of this migration.
-    assert (migration.TRANSLATE_FROM, migration.TRANSLATE_TO) == (INDEX_TRANSLATE_FROM, INDEX_TRANSLATE_TO)
+    # Its frozen copy reads no-break spaces as spaces and curly quotes as ASCII ones, as the index did then.
+    for character, read_as in (("\u00a0", " "), ("\u2019", "'"), ("\u201c", '"'), ("\u2014", "-")):
+        assert migration.TRANSLATE_TO[migration.TRANSLATE_FROM.index(character)] == read_as
+    assert (
+        migration.TRANSLATE_FROM.endswith("\u00ad") and len(migration.TRANSLATE_TO) == len(migration.TRANSLATE_FROM) - 1
+    )
     owner = User.objects.create_user("frank")
     spaced = _document(owner, "Spaced", ["The licence is perpetual and irrevocable.".replace(" ", "\u00a0")], embedder)
     quoted = _document(owner, "Quoted", ["The \u201cLicensor\u201d is not liable."], embedder)
@@ -296,6 +298,9 @@ def test_the_migration_indexes_again_the_chunks_stored_with_unicode_read_as_lett
 
 def test_significant_terms_keep_codes_and_numbers_and_drop_function_words():
     from documents.search import significant_terms
+
+    # A code pasted with Unicode hyphens is the code the index holds; a curly apostrophe is one.
+    assert significant_terms("XK\u201042\u2010ZULU, the Licensee\u2019s") == ["xk-42-zulu", "licensee's"]
 
     assert significant_terms("What is the fee for XK-42-ZULU in 2024, and the fee?") == ["fee", "xk-42-zulu", "2024"]
     assert significant_terms("Dear Sir, could you please let me know") == ["sir"]
