@@ -118,14 +118,19 @@ def test_the_appliances_own_ttft_is_split_into_its_parts_and_shown_under_its_rep
     assert bench_serving.ttft_parts(rows[3:]) is None
     vllm = bench_serving.bench_figures(_result())
     appliance = bench_serving.bench_figures(_result(ttft=260.0)) | {"ttft_parts_ms": parts}
+    line = _table_line(appliance, vllm, "appliance TTFT")
+    assert "queue 20 / 29" in line and "setup 20 / 362" in line and "3 requests" in line and "p50 260 ms" in line
+
+
+def _table_line(appliance: dict, vllm: dict, marker: str) -> str:
+    """The line of ``bench_serving.table`` holding ``marker``, for one repeat of these figures."""
     results = {
         "parameters": {"num_prompts": 4, "input_len": 256, "output_len": 128, "concurrency": 2},
         "engine": {},
         "repeats": [_repeat(appliance, vllm)],
         "summary": bench_serving.summarise([_repeat(appliance, vllm)]),
     }
-    line = next(line for line in bench_serving.table(results) if "appliance TTFT" in line)
-    assert "queue 20 / 29" in line and "setup 20 / 362" in line and "3 requests" in line and "p50 260 ms" in line
+    return next(line for line in bench_serving.table(results) if marker in line)
 
 
 # A fragment of vllm serve's /metrics as vLLM 0.32 writes it (two label sets of one histogram).
@@ -160,13 +165,7 @@ def test_vllms_own_request_timing_is_read_alike_from_both_servers_and_shown_per_
     assert (went_back["queue"], went_back["prefill"], went_back["ttft"], went_back["requests"]) == (None, None, None, 0)
     appliance = bench_serving.bench_figures(_result(ttft=260.0)) | {"engine_timing_ms": means}
     vllm = bench_serving.bench_figures(_result()) | {"engine_timing_ms": {**means, "prefill": 420.0}}
-    results = {
-        "parameters": {"num_prompts": 4, "input_len": 256, "output_len": 128, "concurrency": 2},
-        "engine": {},
-        "repeats": [_repeat(appliance, vllm)],
-        "summary": bench_serving.summarise([_repeat(appliance, vllm)]),
-    }
-    line = next(line for line in bench_serving.table(results) if "vLLM's own timing" in line)
+    line = _table_line(appliance, vllm, "vLLM's own timing")
     assert "appliance 33 / 500 / 500 (6); vllm 33 / 420 / 500 (6)" in line
 
 
