@@ -48,16 +48,17 @@ from documents.selectors import documents_readable_by
 # outside ASCII as a letter, so "Licensee\u2019s", "\u201cAgreement\u201d" and
 # "Fox\u00a0shall\u00a0earn" were each one word, and none of their words could be found
 # (PDFs printed from HTML, most EDGAR filings, put a no-break space between every word).
-# Curly quotes and apostrophes read as ASCII ones, dashes as "-", Unicode spaces and the
-# punctuation and symbols of contracts and letters as spaces, a soft hyphen as nothing. The
+# Curly quotes and apostrophes read as ASCII ones, Unicode hyphens as "-", dashes, Unicode spaces
+# and the punctuation and symbols of contracts and letters as spaces, a soft hyphen as nothing. The
 # stored text is not changed (extraction already stores Unicode spaces as spaces: these are for
 # documents stored before, and for the rest). U+200B is left: it sits inside words as often as
 # between them.
 _INDEX_AS = {
     "'": "\u2018\u2019\u201a\u201b\u2032",
     '"': "\u201c\u201d\u201e\u201f\u00ab\u00bb\u2039\u203a\u2033",
-    "-": "\u2010\u2011\u2012\u2013\u2014\u2015\u2212",
-    " ": "\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f"
+    "-": "\u2010\u2011\u2212",  # hyphens and the minus sign: "non\u2011compete" is "non-compete"
+    # Dashes are spaces: Postgres reads "2019-2020" as 2019 and -2020, and no search for 2020 finds it.
+    " ": "\u2012\u2013\u2014\u2015\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f"
     "\u205f\u3000\u2022\u00b7\u00a7\u00b6\u2020\u2021\u2026\u20ac\u00a3\u00a5\u00a9\u00ae\u2122\u00b0"
     "\u00b1\u00d7\u00f7",
 }
