@@ -182,9 +182,13 @@ def headings_for(embedder: Embedder, text: str, spans: Sequence[Any]) -> list[st
     from documents.chunking import passage_headings
 
     tokenizer = chunking_tokenizer(embedder)
+    counted: dict[str, int] = {}  # a section's passages share its title: tokenised once
 
     def count_tokens(heading: str) -> int:
-        return len(tokenizer(heading, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+        if heading not in counted:
+            encoding = tokenizer(heading, add_special_tokens=False, return_offsets_mapping=True)
+            counted[heading] = len(encoding["offset_mapping"])
+        return counted[heading]
 
     return passage_headings(text, spans, count_tokens=count_tokens, max_tokens=embedder.max_seq_tokens - 2)
 

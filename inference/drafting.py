@@ -179,11 +179,17 @@ def retrieval_queries(message: str) -> list[str]:
 
 def fuse_rankings(rankings: Sequence[Sequence[int]], *, k: int = 60) -> list[int]:
     """Reciprocal-rank fusion of several ranked lists of ids, best first (ties: first seen)."""
+    scores = _fused_scores(rankings, k)
+    return sorted(scores, key=lambda item: -scores[item])
+
+
+def _fused_scores(rankings: Sequence[Sequence[int]], k: int) -> dict[int, float]:
+    """Each id's reciprocal-rank score over ``rankings``, in the order ids are first seen."""
     scores: dict[int, float] = {}
     for ranking in rankings:
         for rank, item in enumerate(ranking, start=1):
             scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
-    return sorted(scores, key=lambda item: -scores[item])
+    return scores
 
 
 def fuse_by_passage_and_document(
@@ -206,11 +212,8 @@ def fuse_by_passage_and_document(
     14th in a unit test's letter, six puts it 4th). With one document searched, the second
     order is the first and nothing changes. No weight is fitted: both orders count alike. An id
     with no document is a document of its own."""
-    scores: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, item in enumerate(ranking, start=1):
-            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
-    by_passage = sorted(scores, key=lambda item: -scores[item])  # ties: first seen
+    scores = _fused_scores(rankings, k)
+    by_passage = fuse_rankings(rankings, k=k)
     best: dict[object, list[int]] = {}
     for item in by_passage:
         kept = best.setdefault(document_of.get(item, ("passage", item)), [])
