@@ -533,6 +533,7 @@ class EngineHost:
             "request_timing": self.stats.request_timing(),
             "requests_served": self.requests_served,
             "requests_in_host": len(self.runs),
+            "request_ids": sorted(self.runs),
             "uptime_s": round(time.time() - self.started_at, 1),
             "scheduling": str(self.policy.mode),
             "kv_reservation": str(self.policy.reservation),
@@ -540,6 +541,7 @@ class EngineHost:
             "kv_reserved_tokens": int(kv.get("reserved_tokens", 0)),
             "kv_reserved_future_tokens": int(kv.get("reserved_future_blocks", 0)) * block,
             "admitted_requests": len(state.get("reservations", {})),
+            "admitted_request_ids": sorted(state.get("reservations", {})),
             "waiting_for_admission": sum(1 for _, why in waiting if why == "kv_budget"),
             "drafting_requests": sum(
                 1 for run in self.runs.values() if run.in_engine and run.request.priority <= Priority.DECODE

@@ -103,6 +103,7 @@ class EngineStats:
     preemptions: int | None = _api()
     requests_served: int | None = _api()
     requests_in_host: int | None = None
+    request_ids: list[str] | None = None  # the requests the host holds ("<job>-<attempt>-<part>")
     # vLLM's timing of finished requests, summed (queue_s, prefill_s, ttft_s and their counts).
     request_timing: dict[str, float | int] | None = None
     uptime_s: float | None = _api()
@@ -112,6 +113,7 @@ class EngineStats:
     kv_reserved_tokens: int | None = None
     kv_reserved_future_tokens: int | None = None
     admitted_requests: int | None = None
+    admitted_request_ids: list[str] | None = None  # of them, those holding a KV reservation
     waiting_for_admission: int | None = None
     drafting_requests: int | None = None
     documents_held: int | None = None
