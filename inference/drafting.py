@@ -28,7 +28,7 @@ SUPPORT_MIN_SIMILARITY = 0.5  # cosine similarity of a sentence to its best cite
 DRAFT_MAX_TOKENS = {"short": 192, "standard": 384, "detailed": 768}  # per DRAFT_LENGTHS
 DRAFT_PASSAGES = 6  # passages given to the model, best first
 MESSAGE_MAX_CHARS = 12_000  # an incoming letter or e-mail; longer ones are cut, with a note
-MAX_QUERIES = 6  # the whole message and up to five of its questions and paragraphs
+MAX_QUERIES = 10  # the whole message and up to nine of its points (asks, then paragraphs)
 PARAGRAPH_QUERY_MIN_WORDS = 12  # a body paragraph, not "Dear Ms Vaughan," nor a signature
 QUERY_MAX_CHARS = 1_000
 
@@ -155,26 +155,162 @@ def check_support(
     return checks
 
 
+_WH = r"(?:how|what|when|whether|why|which|who|whom|where)"
+# A sentence that asks without a question mark: "we would like to know whether ...", "please
+# could you explain who ...", "let us know if ...". English only: a letter in another language
+# has its questions (a question mark) and its paragraphs as points.
+_INDIRECT_ASK = re.compile(
+    rf"\b(?:know|confirm|explain|tell (?:me|us)|clarify|advise|ask|wonder(?:ing)?)(?:\s+\w+){{0,2}}?"
+    rf"\s+(?:{_WH}|if)\b",
+    re.IGNORECASE,
+)
+# Set phrases of courtesy that ask for nothing a document answers ("Please let me know if you
+# have any questions."); only a sentence without a question mark is read as one.
+_COURTESY = re.compile(
+    r"\bif you (?:have|need|require) any(?:thing)?\b|\bif you (?:need|require) (?:any )?further\b"
+    r"|\bif you would like\b|\b(?:do not|don't|don’t) hesitate\b|\blook(?:ing)? forward to\b"
+    r"|\bhearing from you\b|\bgrateful for (?:your|a) (?:early |prompt |swift )?(?:reply|response)\b",
+    re.IGNORECASE,
+)
+# A piece of a sentence that asks something itself, not the context before an ask ("if I did
+# decide to resign, how much notice ...").
+_ASKING = re.compile(
+    rf"\b(?:could|would|can|will|may) (?:you|we|I)\b|\bplease\b|\b(?:know|confirm|explain|tell|clarify|advise)\b"
+    rf"|\b{_WH}\b",
+    re.IGNORECASE,
+)
+# Where one ask ends and the next of the same sentence begins, in a list of asks: "confirm on
+# what date ..., how much notice ..., and whether ...". A bare comma splits only in a sentence
+# that has such a list (an "and" or "or" before a question word), and never before a relative
+# "who" or "which" ("our tenant, who moved in on 1 May, ..."); "whether A or whether B" asks
+# one thing.
+_NEXT_ASK = re.compile(rf"(?:,\s*(?:and\s+|or\s+)?|\s+(?:and|or)\s+)(?={_WH}\b)", re.IGNORECASE)
+_CONJUNCTION = re.compile(r"\b(and|or)\b", re.IGNORECASE)
+_RELATIVE = re.compile(r"(?:who|whom|which)\b", re.IGNORECASE)
+ASK_MIN_WORDS = 4  # shorter pieces stay with the ask before them ("when, where and how?")
+# Where a message stops being its sender's own words: a quoted thread or a forwarded one.
+_THREAD = re.compile(r"^\s*(?:>|-{2,}\s*(?:Original|Forwarded) Message|On .{0,200}\bwrote:\s*$|From:\s)", re.IGNORECASE)
+# Lines and blocks that are not the sender asking or telling anything: headers, disclaimers,
+# contact details.
+_HEADER = re.compile(r"^\s*(?:Subject|Re|Fwd?|Fw|To|Cc|Sent|Date):", re.IGNORECASE)
+_DISCLAIMER = re.compile(r"^(?:this (?:e-?mail|message)|confidential|disclaimer)\b", re.IGNORECASE)
+_CONTACT = re.compile(r"[\w.+-]+@[\w-]+\.\w|\|")  # an address or "Tel | Fax": a signature, not a paragraph
+
+
+def _is_question(sentence: str) -> bool:
+    return sentence.rstrip(")\"'”’»").endswith("?") and len(sentence) > 12
+
+
+def _split_asks(sentence: str) -> list[str]:
+    """A sentence that asks, cut where it goes on to ask something else (``_NEXT_ASK``)."""
+
+    def joins(match: re.Match) -> str | None:
+        """The conjunction of a cut ("and", "or"), "" for a bare comma, None where it is no cut."""
+        found = _CONJUNCTION.search(match.group(0))
+        conjunction = found.group(1).lower() if found else ""
+        after = sentence[match.end() :]
+        if conjunction == "or" and after.lower().startswith("whether"):
+            return None
+        if not conjunction and _RELATIVE.match(after):
+            return None
+        return conjunction
+
+    cuts = [match for match in _NEXT_ASK.finditer(sentence) if joins(match) is not None]
+    if not any(joins(match) for match in cuts):
+        return [sentence]  # commas alone make no list of asks
+    # Cut where both sides have words of their own: "how, when and why the fees changed" is
+    # one ask. The context before the first ask stays with it.
+    bounds = [0, *(x for match in cuts for x in (match.start(), match.end())), len(sentence)]
+    segments = [(bounds[i], bounds[i + 1]) for i in range(0, len(bounds), 2)]  # between the cuts
+    pieces: list[str] = []
+    start = 0
+    for (a, b), (c, d) in zip(segments, segments[1:], strict=False):
+        if (
+            len(sentence[a:b].split()) >= ASK_MIN_WORDS
+            and len(sentence[c:d].split()) >= ASK_MIN_WORDS
+            and _ASKING.search(sentence[start:b])
+        ):
+            pieces.append(sentence[start:b].strip())
+            start = c
+    pieces.append(sentence[start:].strip())
+    return [piece for piece in pieces if piece]
+
+
+def _asks(sentence: str) -> list[str]:
+    """The separate things one sentence asks, or none when it asks nothing. A question mark
+    ends an ask even where no capital letter follows ("what's the notice? also can we ...")."""
+    asks: list[str] = []
+    for part in re.split(r"(?<=\?)\s+", strip_item_marker(sentence.strip())):
+        question = _is_question(part)
+        if not question and (_COURTESY.search(part) or not _INDIRECT_ASK.search(part)):
+            continue
+        asks += _split_asks(part)
+    return asks
+
+
+def _own_words(message: str) -> str:
+    """The message down to where a quoted or forwarded thread starts (all of it if it starts
+    with one), without header lines."""
+    lines = message.splitlines()
+    for n, line in enumerate(lines):
+        if n and _THREAD.match(line):
+            lines = lines[:n]
+            break
+    return "\n".join(line for line in lines if not _HEADER.match(line))
+
+
+def message_points(message: str) -> list[str]:
+    """What a reply to ``message`` has to answer: first each thing it asks, in the message's
+    order (a question, or a sentence that asks without a question mark, cut where it goes on to
+    ask something else: "how quickly ..., how long ..., and what ..."; each item of a list that
+    follows an ask ending in a colon), then each body paragraph that asks nothing (a request
+    written as a statement, "we would ask that the audit is postponed", or the facts the reply
+    must answer). Greetings, sign-offs, courtesies, headers, contact details and a quoted
+    thread are not points."""
+    asks: list[str] = []
+    paragraphs: list[str] = []
+    listing = False  # the items after "Could you please confirm:" are its asks
+    for block in _blocks(_own_words(message)):
+        block = " ".join(block.split())
+        item = _ITEM.match(block) is not None
+        if listing and item:
+            text = strip_item_marker(block)
+            if len(text.split()) >= 2:
+                asks.append(text)
+            continue
+        listing = False
+        if _DISCLAIMER.match(block):
+            continue
+        sentences = split_sentences(block)
+        if block.endswith(":") and _ASKING.search(sentences[-1]):
+            listing = True  # its last sentence introduces the list, and asks nothing by itself
+            sentences = sentences[:-1]
+        found = [ask for sentence in sentences for ask in _asks(sentence)]
+        if found:
+            asks += found
+        elif (
+            not listing
+            and len(block.split()) >= PARAGRAPH_QUERY_MIN_WORDS
+            and not (len(sentences) == 1 and _COURTESY.search(block))
+            and not _CONTACT.search(block)
+        ):
+            paragraphs.append(strip_item_marker(block))
+    return list(dict.fromkeys(point[:QUERY_MAX_CHARS] for point in asks + paragraphs))
+
+
 def retrieval_queries(message: str) -> list[str]:
     """What to search for to answer ``message``: the message itself (its start, as the embedder
-    reads only so much), then each question it asks, then each paragraph of its body, so that a
-    letter with three questions finds passages for all three and not only for the one its
-    wording leans on, and a request written as a statement ("we would ask that the audit is
-    postponed") in its third paragraph is searched for too. Greetings and sign-offs are too short
-    to be body paragraphs."""
+    reads only so much), then each of its points (``message_points``): each thing it asks,
+    then each body paragraph that asks nothing. A letter with three questions finds passages for
+    all three and not only for the one its wording leans on, and a request written as a
+    statement in its third paragraph is searched for too. Searching also each question and
+    paragraph as written, beside the points, diluted the fusion (reply gold set recall@6 0.656
+    and 0.688, against 0.781 with the points alone and 0.750 with questions and paragraphs as
+    written, no points)."""
     text = " ".join(message.split())
     if not text:
         return []
-    queries = [text[:QUERY_MAX_CHARS]]
-    wanted = [s for s in split_sentences(text) if s.endswith("?") and len(s) > 12]
-    wanted += [" ".join(b.split()) for b in _blocks(message) if len(b.split()) >= PARAGRAPH_QUERY_MIN_WORDS]
-    for query in wanted:
-        query = query[:QUERY_MAX_CHARS]
-        if query not in queries:
-            queries.append(query)
-        if len(queries) >= MAX_QUERIES:
-            break
-    return queries
+    return list(dict.fromkeys([text[:QUERY_MAX_CHARS], *message_points(message)]))[:MAX_QUERIES]
 
 
 def fuse_rankings(rankings: Sequence[Sequence[int]], *, k: int = 60) -> list[int]:

@@ -83,7 +83,9 @@ def retrieve(
 ) -> list[Passage]:
     """The passages that best answer ``message``, best first: one search per query of
     ``drafting.retrieval_queries``, fused by rank and by document
-    (``drafting.fuse_by_passage_and_document``)."""
+    (``drafting.fuse_by_passage_and_document``). (Making the first six include each point's best
+    passage, whatever fusion said, lowered the reply gold set's recall@6 in every variant
+    tried: 0.688 against 0.781; a point's own first passage is often not its answer.)"""
     ids = scope_document_ids(user=user, scope=scope)
     if not ids:
         return []

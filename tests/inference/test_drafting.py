@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from inference.drafting import (
+    MAX_QUERIES,
     check_support,
     cited_numbers,
     fuse_by_passage_and_document,
     fuse_rankings,
+    message_points,
     retrieval_queries,
     sentence_parts,
     split_sentences,
@@ -88,13 +90,11 @@ def test_retrieval_searches_for_the_message_and_each_of_its_questions():
     )
     queries = retrieval_queries(message)
     assert queries[0].startswith("Dear Sir, we received")  # whitespace folded, the whole message first
-    assert queries[1:3] == ["When is it payable?", "Also: can we end the contract early?"]
-    assert queries[3:] == [
-        "we received your invoice 4411. When is it payable? Also: can we end the contract early? Thanks."
-    ]
+    # Its questions; the paragraph they are in is not searched again as a whole.
+    assert queries[1:] == ["When is it payable?", "Also: can we end the contract early?"]
     assert retrieval_queries("   ") == []
     many = " ".join(f"Question number {i} is here?" for i in range(10))
-    assert len(retrieval_queries(many)) == 6
+    assert len(retrieval_queries(many)) == MAX_QUERIES
 
 
 def test_retrieval_searches_each_body_paragraph_of_a_letter_that_asks_without_question_marks():
@@ -111,6 +111,55 @@ def test_retrieval_searches_each_body_paragraph_of_a_letter_that_asks_without_qu
         "is postponed until July."
     )
     assert len(queries) == 3  # the greeting and the signature are not searched for on their own
+
+
+def test_each_thing_a_letter_asks_is_a_point_of_its_own():
+    message = (
+        "Dear Mr Mollison,\n\nOur board may wish to end the lease early. Before we decide, could you please confirm "
+        "on what date the lease allows us to terminate early, how much notice we would need to give, and whether "
+        "there are any conditions we must meet?\n\nWe would also like to know whether a notice sent by e-mail is "
+        "acceptable, as that would be simplest for us.\n\nI haven't decided anything yet, but if we did decide "
+        "to sell, how much would the landlord charge?\n\nOur accounts team would ask that invoices quote our "
+        "order number from now on, in line with our procedures.\n\nI would be grateful for your reply by the "
+        "end of the month.\n\nPlease let me know if you have any questions.\n\nYours sincerely,\n\nOttilie Brandt"
+    )
+    assert message_points(message) == [
+        # One question that asks three things: three points.
+        "Before we decide, could you please confirm on what date the lease allows us to terminate early",
+        "how much notice we would need to give",
+        "whether there are any conditions we must meet?",
+        # An ask without a question mark; the paragraph's other sentence is not one.
+        "We would also like to know whether a notice sent by e-mail is acceptable, as that would be simplest for us.",
+        # What comes before an ask is its context, not an ask of its own.
+        "I haven't decided anything yet, but if we did decide to sell, how much would the landlord charge?",
+        # A request written as a statement: its paragraph.
+        "Our accounts team would ask that invoices quote our order number from now on, in line with our procedures.",
+    ]  # the courtesies, the greeting and the signature are not points
+    queries = retrieval_queries(message)
+    assert all(point in queries for point in message_points(message))  # every point is searched for
+
+
+def test_what_is_not_the_senders_ask_is_no_point_and_a_list_of_asks_is_one_point_each():
+    message = (
+        "Subject: Re: the lease?\n\nhi, what's the notice period for ending the lease? also can we pay the rent "
+        "monthly?\n\nCould you please confirm:\n- the break date of the lease\n- whether notice by e-mail is "
+        "valid\n\nCould you confirm whether our tenant, who moved in on 1 May, is allowed to sublet?\n\nWe "
+        "hesitate to escalate this, but could you explain why the invoice was returned?\n\nWe would like to "
+        "know how, when and why the fees changed, and what we can do about it.\n\nJane Roe | Tel 01234 567890 | "
+        "jane.roe@example.com | Roe & Partners, 1 High Street, Exeter\n\nThis e-mail is confidential; if you "
+        "received it in error, please let us know whether you have deleted it.\n\nOn Mon, 3 March 2026, Bob "
+        "wrote:\n> Could you confirm the rent review date?\n"
+    )
+    assert message_points(message) == [
+        "hi, what's the notice period for ending the lease?",  # a question mark ends an ask
+        "also can we pay the rent monthly?",
+        "the break date of the lease",  # each item of a list of asks
+        "whether notice by e-mail is valid",
+        "Could you confirm whether our tenant, who moved in on 1 May, is allowed to sublet?",  # relative: one
+        "We hesitate to escalate this, but could you explain why the invoice was returned?",
+        "We would like to know how, when and why the fees changed",  # the words of three asks are shared
+        "what we can do about it.",
+    ]  # not the subject line, the signature, the disclaimer nor the quoted thread
 
 
 def test_rankings_are_fused_by_reciprocal_rank():
