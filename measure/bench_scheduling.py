@@ -285,7 +285,8 @@ def ttft_tail(jobs: list, q: float = 95) -> dict:
     admission to the first token (``prefill_ms``: the steps it waited behind and its own), and
     what is left (the host's and the stream's hops)."""
     cut = percentile([job.metrics.ttft_ms for job in jobs], q)
-    tail = [job.metrics for job in jobs if cut is not None and job.metrics.ttft_ms >= cut]
+    slowest = [job for job in jobs if cut is not None and job.metrics.ttft_ms >= cut]
+    tail = [job.metrics for job in slowest]
     if not tail:
         return {"requests": 0}
     parts = {
@@ -295,10 +296,24 @@ def ttft_tail(jobs: list, q: float = 95) -> dict:
     }
     means = {name: statistics.mean(values) for name, values in parts.items()}
     ttft = statistics.mean(m.ttft_ms for m in tail)
+    # The worker wait in two: the job's creation to its message sent (the row, its commit, the
+    # publish), then to a worker's claim (the broker's delivery, a free thread, the claim).
+    sent = [job for job in slowest if job.dispatched_at is not None and job.claimed_at is not None]
+    split = (
+        {
+            "sending_ms": _round(
+                statistics.mean((j.dispatched_at - j.created_at).total_seconds() * 1000 for j in sent)
+            ),
+            "taking_ms": _round(statistics.mean((j.claimed_at - j.dispatched_at).total_seconds() * 1000 for j in sent)),
+        }
+        if sent
+        else {}
+    )
     return {
         "requests": len(tail),
         "ttft_ms": _round(ttft),
         **{name: _round(value) for name, value in means.items()},
+        **split,
         "other_ms": _round(ttft - sum(means.values())),
     }
 
@@ -1322,7 +1337,9 @@ def _tail_lines(repeats: list[dict], workload: str) -> list[str]:
         if tail.get("requests"):
             lines.append(
                 f"  appliance repeat {index}, TTFT >= p95 ({tail['requests']} drafts, {tail['ttft_ms']} ms): "
-                f"worker wait {tail['queue_wait_ms']}, KV/turn wait {tail['admission_wait_ms']}, "
+                f"worker wait {tail['queue_wait_ms']}"
+                + (f" (sent {tail['sending_ms']}, then taken {tail['taking_ms']})" if "sending_ms" in tail else "")
+                + f", KV/turn wait {tail['admission_wait_ms']}, "
                 f"admitted -> first token {tail['prefill_ms']}, other {tail['other_ms']} ms"
             )
     return lines

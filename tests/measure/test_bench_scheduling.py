@@ -67,18 +67,29 @@ class FakeMetrics:
 
 
 class FakeJob:
-    def __init__(self, metrics: FakeMetrics) -> None:
+    """A fake of a draft's ``Job``: its metrics and when it was created, sent and claimed."""
+
+    def __init__(self, metrics: FakeMetrics, sending_ms: float | None = 5, taking_ms: float = 15) -> None:
+        from datetime import UTC, datetime, timedelta
+
         self.metrics = metrics
+        self.created_at = datetime(2026, 12, 4, tzinfo=UTC)
+        self.dispatched_at = None if sending_ms is None else self.created_at + timedelta(milliseconds=sending_ms)
+        self.claimed_at = self.created_at + timedelta(milliseconds=(sending_ms or 0) + taking_ms)
 
 
 def test_the_ttft_tail_says_where_the_slowest_drafters_waited():
     fast = [FakeJob(FakeMetrics(400, 20, 0, 300)) for _ in range(19)]
-    slow = FakeJob(FakeMetrics(3400, 2900, 100, 300))  # waited for a worker: the tail is the queue's
+    # Waited for a worker: the tail is the queue's, and of that the wait after its message was sent.
+    slow = FakeJob(FakeMetrics(3400, 2900, 100, 300), sending_ms=40, taking_ms=2860)
     tail = bench_scheduling.ttft_tail([*fast, slow])
     assert tail["requests"] == 1 and tail["ttft_ms"] == 3400
     assert tail["queue_wait_ms"] == 2900 and tail["admission_wait_ms"] == 100 and tail["prefill_ms"] == 300
+    assert tail["sending_ms"] == 40 and tail["taking_ms"] == 2860
     assert tail["other_ms"] == 100
     assert bench_scheduling.ttft_tail([]) == {"requests": 0}
+    unsent = bench_scheduling.ttft_tail([FakeJob(FakeMetrics(400, 20, 0, 300), sending_ms=None)])
+    assert "sending_ms" not in unsent and unsent["queue_wait_ms"] == 20  # sent by the watchdog: no split
 
 
 def test_drafting_is_counted_present_while_any_draft_lives_not_once_per_draft():
