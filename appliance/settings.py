@@ -245,11 +245,6 @@ APPLIANCE_CPU_KV_CACHE_GIB = env_int("APPLIANCE_CPU_KV_CACHE_GIB", 2, minimum=1)
 # The engine starts in well under a minute instead of about three on this CPU, and decodes about
 # 15 % slower; on a GPU, far slower. The test suite, which builds an engine five times, runs eager.
 APPLIANCE_ENFORCE_EAGER = env_bool("APPLIANCE_ENFORCE_EAGER", False)
-# vLLM's engine core waits for each step's result from its model worker by spinning on the CPU
-# (sched_yield) for up to a second after the last one, then sleeps until woken. While the engine
-# is busy that is a whole core, which a box with few cores needs for everything else (web,
-# workers, the database, the ingest's embedder): "auto" spins on a box with 8 or more cores.
-APPLIANCE_ENGINE_CORE_SPIN = env_choice("APPLIANCE_ENGINE_CORE_SPIN", "auto", ("auto", "on", "off"))
 # Every request to the engine host carries this token (the socket is owner-only as well); in the
 # embedded default it is generated under var/secrets/. Benchmark operations (switching the
 # scheduling policy, emptying the prefix cache, running requests past admission) are served

@@ -88,7 +88,6 @@ class EngineConfig:
     chunk_fixed_cost_share: float = 0.0
     document_min_share: float = 0.2
     enforce_eager: bool = False
-    engine_core_spin: bool = True  # vLLM's own: its engine core spins while a step runs (see settings)
     token: str = ""  # every request must carry it ("": none asked, for hosts made by unit tests)
     tensor_parallel_size: int = 1  # GPUs this engine spreads the model over (vLLM's tensor parallelism)
     listen: str = ""  # host:port: TCP as well as the Unix socket ("": the socket only)
@@ -132,7 +131,6 @@ class EngineConfig:
             chunk_fixed_cost_share=settings.APPLIANCE_CHUNK_FIXED_COST_SHARE,
             document_min_share=settings.APPLIANCE_DOCUMENT_MIN_SHARE,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
-            engine_core_spin=engine_core_spins(settings.APPLIANCE_ENGINE_CORE_SPIN),
             token=settings.APPLIANCE_ENGINE_TOKEN,
             tensor_parallel_size=settings.APPLIANCE_TENSOR_PARALLEL_SIZE,
             listen=settings.APPLIANCE_ENGINE_LISTEN,
@@ -256,14 +254,6 @@ def _device_description() -> dict[str, Any]:
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def engine_core_spins(setting: str, cpu_count: int | None = None) -> bool:
-    """Whether vLLM's engine core may spin while it waits for a step (``APPLIANCE_ENGINE_CORE_SPIN``):
-    "auto" lets it on a box with 8 or more cores, where one core spent so costs little."""
-    if setting in ("on", "off"):
-        return setting == "on"
-    return (cpu_count if cpu_count is not None else os.cpu_count() or 1) >= 8
-
-
 def check_kv_capacity(tokens: int, *, max_model_len: int, block: int) -> None:
     """A KV capacity given in tokens must hold one request of the whole context beside the
     block vLLM keeps back (its null block); otherwise the engine core refuses to start with a
@@ -364,7 +354,7 @@ class EngineHost:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from inference.engine.vllm_scheduler import CONFIG_ENV, SPIN_ENV, scheduler_class_path
+        from inference.engine.vllm_scheduler import CONFIG_ENV, scheduler_class_path
 
         cfg = self.config = self.device_defaults()
         cache_args: dict[str, int] = {}
@@ -400,7 +390,6 @@ class EngineHost:
         scheduler = vllm_config.scheduler_config
         scheduler.scheduler_cls = scheduler_class_path(async_scheduling=bool(scheduler.async_scheduling))
         os.environ[CONFIG_ENV] = json.dumps(self.policy.to_dict())  # the spawned engine core reads it
-        os.environ[SPIN_ENV] = "1" if self.config.engine_core_spin else "0"
         return AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[_stat_logger_factory(self.stats)])
 
     def start_engine(self) -> None:
@@ -547,7 +536,6 @@ class EngineHost:
             "request_ids": sorted(self.runs),
             "uptime_s": round(time.time() - self.started_at, 1),
             "scheduling": str(self.policy.mode),
-            "engine_core_spin": self.config.engine_core_spin,
             "kv_reservation": str(self.policy.reservation),
             "kv_budget_tokens": self.kv_budget_tokens() if self.info else 0,
             "kv_reserved_tokens": int(kv.get("reserved_tokens", 0)),

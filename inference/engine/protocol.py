@@ -108,7 +108,6 @@ class EngineStats:
     request_timing: dict[str, float | int] | None = None
     uptime_s: float | None = _api()
     scheduling: str | None = _api()  # the scheduler's mode: appliance, engine or fifo
-    engine_core_spin: bool | None = None  # vLLM's engine core spins while a step runs (APPLIANCE_ENGINE_CORE_SPIN)
     kv_reservation: str | None = None  # max or predicted
     kv_budget_tokens: int | None = None
     kv_reserved_tokens: int | None = None

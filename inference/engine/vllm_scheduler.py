@@ -51,36 +51,9 @@ logger = logging.getLogger("vllm.appliance.scheduler")
 # The policy the engine host starts the engine core with (JSON of ``PolicyConfig``): the engine
 # core is a spawned process, so it comes through the environment.
 CONFIG_ENV = "APPLIANCE_SCHEDULER_CONFIG"
-# "0": the engine core sleeps while it waits for a step's result instead of spinning
-# (``APPLIANCE_ENGINE_CORE_SPIN``; ``stop_spinning``).
-SPIN_ENV = "APPLIANCE_ENGINE_CORE_SPIN_ON"
 UTILITY_METHOD = "appliance_scheduler"
 
 _FINISHED_NATURALLY = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
-
-
-def stop_spinning() -> bool:
-    """Make this process's readers of vLLM's shared-memory queues sleep until the writer wakes
-    them, instead of spinning (``sched_yield`` in a loop) for a second after each message. The
-    engine core reads each step's result from its model worker so: while the engine is busy, it
-    spins for the whole of every step, a core of a box that may have two. vLLM sleeps so itself
-    once a queue has been quiet for a second (``SpinCondition.wait``); this makes that its only
-    way. The wake-up costs tens of microseconds against steps of tens of milliseconds. Readers
-    made before the call are changed too (the method is the class's). Returns whether it was
-    done now (False: done before)."""
-    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
-
-    if getattr(SpinCondition, "_appliance_sleeps", False):
-        return False
-    spinning_wait = SpinCondition.wait
-
-    def wait(self, timeout_ms: int | None = None) -> None:
-        self.busy_loop_s = 0  # what a queue quiet for that long gets: its notify socket is polled
-        spinning_wait(self, timeout_ms)
-
-    SpinCondition.wait = wait  # type: ignore[method-assign]
-    SpinCondition._appliance_sleeps = True  # type: ignore[attr-defined]
-    return True
 
 
 def appliance_args(request: Request) -> dict:
@@ -107,8 +80,6 @@ class ApplianceScheduling(_SchedulerBase):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         config = PolicyConfig.from_dict(json.loads(os.environ.get(CONFIG_ENV) or "{}"))
-        if os.environ.get(SPIN_ENV) == "0" and stop_spinning():
-            logger.info("appliance scheduler: the engine core sleeps while a step runs (APPLIANCE_ENGINE_CORE_SPIN)")
         self.planner = Planner(config=config, max_budget_tokens=self.max_num_scheduled_tokens)
         self.output_lengths = OutputLengths()
         self._reserve_tokens: dict[str, int] = {}  # running request -> its reservation (prompt + output)

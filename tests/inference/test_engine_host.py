@@ -40,12 +40,6 @@ def test_stats_describe_the_engine(engine_host):
     for key in ("running", "waiting", "kv_usage", "prefix_cache_hit_rate", "preemptions", "vllm_version", "device"):
         assert key in stats
     assert stats["enforce_eager"] is True  # the test settings: the suite's engines start uncompiled
-    # Whether vLLM's engine core spins while a step runs follows the machine (two cores: it sleeps).
-    from django.conf import settings
-
-    from inference.engine.host import engine_core_spins
-
-    assert stats["engine_core_spin"] is engine_core_spins(settings.APPLIANCE_ENGINE_CORE_SPIN)
 
 
 def test_every_key_the_host_sends_in_stats_is_declared_for_its_readers(engine_host):
