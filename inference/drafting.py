@@ -204,7 +204,7 @@ def _is_question(sentence: str) -> bool:
 def _split_asks(sentence: str) -> list[str]:
     """A sentence that asks, cut where it goes on to ask something else (``_NEXT_ASK``)."""
 
-    def joins(match: re.Match) -> str | None:
+    def joins(match: re.Match[str]) -> str | None:
         """The conjunction of a cut ("and", "or"), "" for a bare comma, None where it is no cut."""
         found = _CONJUNCTION.search(match.group(0))
         conjunction = found.group(1).lower() if found else ""
