@@ -27,6 +27,7 @@ watchdog. Tasks and services call these; ``services`` creates and cancels jobs.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -165,7 +166,7 @@ def fair_share_candidates(*, celery_queue: str):
 
 
 def job_claim_next(
-    *, celery_queue: str, place: Turn | None = None, engine: str = ""
+    *, celery_queue: str, place: Turn | None = None, engine: str = "", marks: dict[str, float] | None = None
 ) -> Job | None | placement.Decision:
     """Claim the next job of a Celery queue by fair share. Claims of one queue take turns (a
     transaction-scoped advisory lock), so each sees the running counts the one before it left;
@@ -175,6 +176,8 @@ def job_claim_next(
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.claim:{celery_queue}"])
+        if marks is not None:
+            marks["locked"] = time.monotonic()  # when this claim's turn came (``_note_slow_claim``)
         candidates = fair_share_candidates(celery_queue=celery_queue).select_for_update(skip_locked=True, of=("self",))
         if place is None:
             job_id = candidates.values_list("pk", flat=True).first()
@@ -290,9 +293,13 @@ def job_run_next(*, celery_queue: str, job_id=None, client: EngineClient | None 
     """A worker's turn on ``celery_queue`` (the message was sent for ``job_id``, and passed on
     ``hops`` times by placement): claim the next job by fair share and run it. Returns the job as
     it ended, or None if there was none."""
+    began = time.monotonic()
     client = client or EngineClient.from_settings()
     place = Turn.of_this_engine(celery_queue=celery_queue, client=client, hops=hops)
-    job = job_claim_next(celery_queue=celery_queue, place=place, engine=this_engine(client))
+    viewed = time.monotonic()
+    marks: dict[str, float] = {}
+    job = job_claim_next(celery_queue=celery_queue, place=place, engine=this_engine(client), marks=marks)
+    _note_slow_claim(job, began=began, viewed=viewed, locked=marks.get("locked", viewed))
     if isinstance(job, placement.Decision):  # passed on to another engine's workers
         _publish_turn(job_id, celery_queue=celery_queue, hops=hops + 1,
                       to_queue=placement.direct_queue(celery_queue, job.to))  # fmt: skip
@@ -309,6 +316,33 @@ def job_run_next(*, celery_queue: str, job_id=None, client: EngineClient | None 
     if job.document_id is not None:
         _remember_engine(job.document_id, job.engine)
     return _run(job, client)
+
+
+# A claim slower than this is logged with where its time went: a drafter's whole time to first
+# token is a few hundred milliseconds on a CPU, and a claim is normally a few.
+SLOW_CLAIM_S = 0.25
+
+
+def _note_slow_claim(job, *, began: float, viewed: float, locked: float) -> None:
+    """Log a job claimed long after its message was sent, with where that time went: the
+    message's way to this thread (the broker, a free thread), the cluster view, the wait for the
+    queue's claim lock, and the claim's query and update."""
+    claimed = time.monotonic()
+    if not isinstance(job, Job) or job.dispatched_at is None:
+        return
+    since_sent = (timezone.now() - job.dispatched_at).total_seconds()
+    if since_sent < SLOW_CLAIM_S:
+        return
+    ms = {
+        "to a thread": since_sent - (claimed - began),
+        "cluster view": viewed - began,
+        "claim lock": locked - viewed,
+        "claim": claimed - locked,
+    }
+    logger.info(  # under load a job waits for a free thread, as it should: information, not a fault
+        "job %s: claimed %.0f ms after its message was sent (%s)",
+        job.pk, since_sent * 1000, ", ".join(f"{name} {value * 1000:.0f} ms" for name, value in ms.items()),
+    )  # fmt: skip
 
 
 def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:

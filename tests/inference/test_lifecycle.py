@@ -614,3 +614,22 @@ def test_a_job_queued_while_its_document_was_shared_is_not_run_after_the_share_i
     result = lifecycle.job_run(job_id=job.pk, client=engine)
     assert result.state == Job.State.FAILED and "no longer shared with you" in result.error
     assert engine.requests == []  # nothing of the document reached the engine
+
+
+def test_a_job_claimed_long_after_its_message_was_sent_is_logged_with_where_the_time_went(caplog):
+    now = time.monotonic()
+    late = Job(dispatched_at=timezone.now() - timedelta(seconds=0.9))
+    with caplog.at_level("INFO", logger="inference.lifecycle"):
+        # The turn began 0.3 s ago: 0.6 s went before it reached this thread, 0.2 s to the lock.
+        lifecycle._note_slow_claim(late, began=now - 0.3, viewed=now - 0.29, locked=now - 0.09)
+        lifecycle._note_slow_claim(Job(dispatched_at=timezone.now()), began=now, viewed=now, locked=now)  # prompt
+        lifecycle._note_slow_claim(None, began=now - 5, viewed=now, locked=now)  # nothing was claimed
+    lines = [r.getMessage() for r in caplog.records if "claimed" in r.getMessage()]
+    assert len(lines) == 1
+    import re
+
+    parts = {
+        name: int(ms) for name, ms in re.findall(r"(to a thread|cluster view|claim lock|claim) (\d+) ms", lines[0])
+    }
+    assert 590 <= parts["to a thread"] <= 610 and parts["cluster view"] == 10 and parts["claim lock"] == 200, lines
+    assert parts["claim"] >= 90  # from the lock to now
