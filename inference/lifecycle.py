@@ -33,7 +33,7 @@ from datetime import timedelta
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Count, F, Min, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -170,7 +170,7 @@ def job_claim_next(
 ) -> Job | None | placement.Decision:
     """Claim the next job of a Celery queue by fair share. Claims of one queue take turns (a
     transaction-scoped advisory lock), so each sees the running counts the one before it left;
-    ``SKIP LOCKED`` keeps a row another transaction holds out of it. With other engines in the
+    a row another transaction holds is passed over, or waited for when all are (``_unheld``). With other engines in the
     cluster (``place``), placement may take a later job of the order, or pass the turn on (its
     decision is returned)."""
     with transaction.atomic():
@@ -178,16 +178,46 @@ def job_claim_next(
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.claim:{celery_queue}"])
         if marks is not None:
             marks["locked"] = time.monotonic()  # when this claim's turn came (``_note_slow_claim``)
-        candidates = fair_share_candidates(celery_queue=celery_queue).select_for_update(skip_locked=True, of=("self",))
+        candidates = fair_share_candidates(celery_queue=celery_queue)
         if place is None:
-            job_id = candidates.values_list("pk", flat=True).first()
-            return None if job_id is None else _claim(job_id, engine=engine)
-        rows = list(candidates.values_list("pk", "document_id", "created_at")[: placement.CANDIDATES])
+            first = _unheld(candidates, ("pk",), 1)
+            return _claim(first[0][0], engine=engine) if first else None
+        rows = _unheld(candidates, ("pk", "document_id", "created_at"), placement.CANDIDATES)
         decision = place.choose(rows)
         if decision.action == "pass":
             logger.info("a turn of %s passed from %s to %s: %s", celery_queue, place.here, decision.to, decision.reason)
             return decision
         return None if decision.job_id is None else _claim(decision.job_id, engine=place.here)
+
+
+# How long a claim waits for a queued job's row that another transaction holds, when every job
+# that may start is so held. Its creator holds it for a moment just after sending its message
+# (to record that it was sent), and a cancel does too: before, a turn that met that moment found
+# nothing, and came back a second later (``IDLE_TURN_RETRY_S``), or a later job's turn took the
+# job meanwhile; that was the slowest drafters' whole wait for a worker (300-1,000 ms where the
+# claim itself takes 10 ms) in the steady scheduling benchmark.
+HELD_ROW_WAIT_MS = 2000
+
+
+def _unheld(candidates, fields: tuple[str, ...], limit: int) -> list[tuple]:
+    """The first ``limit`` candidates (``fields`` of each) in order, locked for this claim: those
+    no other transaction holds or, when every candidate is held, the first ones once they are
+    let go (at most ``HELD_ROW_WAIT_MS``; nothing if they are not)."""
+    rows = list(candidates.select_for_update(skip_locked=True, of=("self",)).values_list(*fields)[:limit])
+    if rows or not candidates.exists():
+        return rows
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        (previous,) = cursor.fetchone()
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{HELD_ROW_WAIT_MS}ms"])
+    try:
+        with transaction.atomic():  # a savepoint: a lock timeout undoes it, not the claim's transaction
+            rows = list(candidates.select_for_update(of=("self",)).values_list(*fields)[:limit])
+    except OperationalError:  # still held: this turn comes back later (``_turn_later``)
+        rows = []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+    return rows
 
 
 def _turn_later(*, celery_queue: str, job_id) -> None:

@@ -172,6 +172,40 @@ def test_a_row_another_transaction_holds_is_skipped_not_waited_for(alice, bob):
         assert lifecycle.job_claim_next(celery_queue="decode").pk == second.pk
 
 
+def test_a_job_whose_row_is_held_for_a_moment_is_waited_for_not_left_to_a_later_turn(alice, monkeypatch):
+    import threading
+
+    import psycopg
+
+    db = connection.settings_dict
+    params = {
+        "host": db["HOST"],
+        "port": db["PORT"],
+        "user": db["USER"],
+        "password": db["PASSWORD"],
+        "dbname": db["NAME"],
+    }
+    only = _job(alice)
+    # Its creator holds its row for a moment after sending its message (to record that it was sent).
+    other = psycopg.connect(**params)
+    other.execute("SELECT id FROM inference_job WHERE id = %s FOR UPDATE", (only.pk,))
+    release = threading.Timer(0.3, other.commit)
+    release.start()
+    try:
+        claimed = lifecycle.job_claim_next(celery_queue="decode")
+    finally:
+        release.join()
+        other.close()
+    assert claimed is not None and claimed.pk == only.pk and claimed.state == Job.State.RUNNING
+    # Held past the wait: nothing is claimed (the turn comes back later), and the next claim works.
+    monkeypatch.setattr(lifecycle, "HELD_ROW_WAIT_MS", 100)
+    again = _job(alice)
+    with psycopg.connect(**params) as holder:
+        holder.execute("SELECT id FROM inference_job WHERE id = %s FOR UPDATE", (again.pk,))
+        assert lifecycle.job_claim_next(celery_queue="decode") is None
+    assert lifecycle.job_claim_next(celery_queue="decode").pk == again.pk
+
+
 def test_a_turn_that_finds_only_jobs_waiting_for_the_engine_comes_back_when_the_first_may_start(alice, sent):
     later = timezone.now() + timedelta(seconds=20)
     waiting = _job(alice, not_before=later)
