@@ -215,8 +215,9 @@ def _split_asks(sentence: str) -> list[str]:
             return None
         return conjunction
 
-    cuts = [match for match in _NEXT_ASK.finditer(sentence) if joins(match) is not None]
-    if not any(joins(match) for match in cuts):
+    joints = [(match, joins(match)) for match in _NEXT_ASK.finditer(sentence)]
+    cuts = [match for match, joint in joints if joint is not None]
+    if not any(joint for _, joint in joints):
         return [sentence]  # commas alone make no list of asks
     # Cut where both sides have words of their own: "how, when and why the fees changed" is
     # one ask. The context before the first ask stays with it.

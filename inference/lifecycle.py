@@ -206,18 +206,14 @@ def _unheld(candidates, fields: tuple[str, ...], limit: int) -> list[tuple]:
     rows = list(candidates.select_for_update(skip_locked=True, of=("self",)).values_list(*fields)[:limit])
     if rows or not candidates.exists():
         return rows
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('lock_timeout')")
-        (previous,) = cursor.fetchone()
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{HELD_ROW_WAIT_MS}ms"])
     try:
-        with transaction.atomic():  # a savepoint: a lock timeout undoes it, not the claim's transaction
-            rows = list(candidates.select_for_update(of=("self",)).values_list(*fields)[:limit])
+        # A savepoint: a lock timeout undoes it, not the claim's transaction. The timeout is the
+        # transaction's own (SET LOCAL), and this is the claim's last wait for a lock.
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{HELD_ROW_WAIT_MS}ms"])
+            return list(candidates.select_for_update(of=("self",)).values_list(*fields)[:limit])
     except OperationalError:  # still held: this turn comes back later (``_turn_later``)
-        rows = []
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
-    return rows
+        return []
 
 
 def _turn_later(*, celery_queue: str, job_id) -> None:
