@@ -40,6 +40,24 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
         connection_created.connect(_backend_yields_too, weak=False, dispatch_uid="ingest-backend-niceness")
         logger.info("ingest worker: CPU priority lowered by %s (niceness %s), its database backends' too",
                     increment, niceness)  # fmt: skip
+    if settings.APPLIANCE_INGEST_CPU_CLASS == "idle":
+        idle_threads = idle_cpu_class()
+        logger.info("ingest worker: in the idle CPU class (SCHED_IDLE, %d thread(s) so far)", idle_threads)
+
+
+def idle_cpu_class() -> int:
+    """Put every thread of this process in Linux's idle scheduling class (``SCHED_IDLE``): it
+    runs only on CPU time no other process wants, and a waking process of the normal class
+    takes the CPU from it at once. Threads and children started later inherit the class. The
+    number of threads moved."""
+    moved = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setscheduler(int(task), os.SCHED_IDLE, os.sched_param(0))
+            moved += 1
+        except (ProcessLookupError, PermissionError):  # ended meanwhile / not ours
+            continue
+    return moved
 
 
 def _backend_yields_too(sender, connection, **kwargs) -> None:

@@ -217,13 +217,47 @@ def test_a_passage_is_embedded_under_the_title_of_the_section_it_starts_in(brows
 
 def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(workers, settings):
     """Reading documents is background work: its worker runs APPLIANCE_INGEST_NICE below the
-    drafting and document-job workers, so a busy CPU serves them first."""
+    drafting and document-job workers, and in the idle CPU class (the default), so a busy CPU
+    serves them first."""
     by_queue = {
         queue: p for p in workers for queue in ("ingest", "prefill", "decode") if f"{queue}@%h" in " ".join(p.args)
     }
     ingest, decode = by_queue["ingest"], by_queue["decode"]
     assert settings.APPLIANCE_INGEST_NICE == 10
     assert os.getpriority(os.PRIO_PROCESS, ingest.pid) == os.getpriority(os.PRIO_PROCESS, decode.pid) + 10
+    assert settings.APPLIANCE_INGEST_CPU_CLASS == "idle"
+    assert os.sched_getscheduler(ingest.pid) == os.SCHED_IDLE
+    assert os.sched_getscheduler(decode.pid) == os.SCHED_OTHER
+
+
+def test_the_idle_cpu_class_moves_every_thread_and_what_starts_later():
+    """APPLIANCE_INGEST_CPU_CLASS=idle: the ingest worker's threads (those already running, the
+    pool's and torch's started later) and its extraction children run in SCHED_IDLE. Run in a
+    process of its own: the test's must keep its class."""
+    script = """
+import os, subprocess, sys, threading
+import django
+django.setup()
+from documents.tasks import idle_cpu_class
+stop = threading.Event()
+before = threading.Thread(target=stop.wait)
+before.start()
+moved = idle_cpu_class()
+seen = {}
+later = threading.Thread(target=lambda: seen.update(later=os.sched_getscheduler(0)))
+later.start(); later.join()
+child = subprocess.run([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"], capture_output=True, text=True)
+print(moved, os.sched_getscheduler(0), os.sched_getscheduler(before.native_id), seen["later"], child.stdout.strip())
+stop.set()
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
+    moved, main, before, later, child = (int(v) for v in out.stdout.split())
+    assert moved >= 2
+    assert main == before == later == child == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
 def test_the_ingest_workers_database_backends_yield_the_cpu_too(browser, alice, workers):
