@@ -31,7 +31,8 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
     that where the CPU is contended the drafting workers, the web server and a CPU engine are
     served first. With the CPU to itself it runs at full speed (a priority, not a cap). The
     Postgres backends it queries on this machine (its passages' writes and their index updates)
-    run at its niceness too: at full priority they competed with the drafters' job claims."""
+    run at its niceness too: at full priority they competed with the drafters' job claims.
+    With ``APPLIANCE_INGEST_CPU_CLASS=idle`` the worker also goes into the idle CPU class."""
     if instance is None or "ingest" not in instance.app.amqp.queues.consume_from:
         return
     increment = settings.APPLIANCE_INGEST_NICE
@@ -47,9 +48,9 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
 
 def idle_cpu_class() -> int:
     """Put every thread of this process in Linux's idle scheduling class (``SCHED_IDLE``): it
-    runs only on CPU time no other process wants, and a waking process of the normal class
-    takes the CPU from it at once. Threads and children started later inherit the class. The
-    number of threads moved."""
+    gets almost no CPU while a process of the normal class wants it, and a waking one takes the
+    CPU from it at once. Threads and children started later inherit the class. The number of
+    threads moved. (``APPLIANCE_INGEST_CPU_CLASS=idle``; not the default: see its setting.)"""
     moved = 0
     for task in os.listdir("/proc/self/task"):
         try:

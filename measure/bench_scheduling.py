@@ -27,8 +27,8 @@ interval over the repeats:
    tuned ``engine``'s (when it meets the bounds). The bound documents could reach within the
    ITL target is worked out from the step costs the scheduler measured. Drafting alone here
    takes twice ``--min-drafts`` requests, and the p95 ratios are also given over every repeat's
-   requests pooled, with a bootstrap interval: a p95 of 60 requests is the mean of the three
-   slowest, so one stall of a shared machine moves a repeat's ratio by half.
+   requests pooled, with a bootstrap interval: a p95 of 60 requests is about the fourth
+   slowest, so one stall of a shared machine that catches four moves a repeat's ratio by half.
 3. ``eos``: ``steady`` with real EOS-terminated outputs (no ``ignore_eos``): ``appliance`` and
    ``fifo``.
 4. ``idle``: the backlog alone through the appliance, against the same prompts run straight on
@@ -488,13 +488,14 @@ class _Bench:
         self._warm_up()
 
     def _warm_up(self) -> None:
-        """Jobs through pools just started, not measured: a pool's first jobs pay for its
-        threads' first connections (database, engine host) and what its process loads on first
-        use, and a phase's first drafts should not."""
+        """A few jobs through pools just started (8 drafts and a summary), not measured: a
+        pool's first jobs pay for what its process loads on first use and for their threads'
+        first connections (database, engine host), and a phase's first drafts should not. Its
+        own texts: the measured runs' stay as seeded."""
         from inference import services
 
         rng = random.Random(0)  # noqa: S311 - its own: the measured runs' texts stay as seeded
-        document = self._document(self._tokens(300))
+        document = self._document(self._tokens(300), rng=rng)
         drafts = [
             (0.0, lambda m=m: services.job_create_chat(owner=self.owner, messages=m, max_tokens=4, ignore_eos=True))
             for m in self._draft_messages(min(8, self.options["draft_pool"]), rng)
@@ -562,11 +563,11 @@ class _Bench:
             words = max(1, int(words * tokens / max(measured, 1)))
         return text
 
-    def _document(self, tokens: int, owner=None):
+    def _document(self, tokens: int, owner=None, rng: random.Random | None = None):
         """A ready document of about ``tokens`` prompt tokens (text stored as pages, no file)."""
         from documents.models import Document, Page
 
-        text = self._text(tokens)
+        text = self._text(tokens, rng)
         self._documents += 1
         pages = [text[i : i + 3000] for i in range(0, len(text), 3000)]
         document = Document.objects.create(
@@ -780,7 +781,7 @@ class _Bench:
                 episodes += 1
             return {"drafts": drafts, "documents": docs, "started": started, "episodes": episodes}
         # Alone, twice --min-drafts: the denominator of every ratio rests on about as many
-        # requests as the runs beside a backlog (100-150 at the defaults), not on its 3 slowest.
+        # requests as the runs beside a backlog (100-150 at the defaults), not on its 4 slowest.
         alone = None if documents else 2 * self.options["min_drafts"]
         return self._steady_run(rng, documents=bool(documents), eos=eos, drafts_wanted=alone)
 
@@ -949,6 +950,16 @@ class _Bench:
         )
         return result
 
+    def _quiet(self, phase: str) -> None:
+        """No drafting traffic means none lately either: the scheduler keeps steps short for
+        drafting_recent_s after the last drafter (an earlier phase's, or a warm-up's)."""
+        quiet_s = float(self.engine_stats().get("scheduler", {}).get("config", {}).get("drafting_recent_s", 0))
+        if quiet_s:
+            self.progress(
+                f"{phase}: waiting {quiet_s:.0f} s, the scheduler's drafting_recent_s, after the last drafter"
+            )
+            time.sleep(quiet_s + 1)
+
     def idle(self, seed: int) -> dict:
         """The backlog alone: through the appliance, then the same prompts straight on the
         engine under vLLM's own scheduling."""
@@ -958,12 +969,7 @@ class _Bench:
 
         self._workers("split")
         self._set_mode("appliance")
-        # No drafting traffic means none lately either: the scheduler keeps steps short for
-        # drafting_recent_s after the last drafter (the earlier phases' drafts).
-        quiet_s = float(self.engine_stats().get("scheduler", {}).get("config", {}).get("drafting_recent_s", 0))
-        if quiet_s:
-            self.progress(f"idle: waiting {quiet_s:.0f} s, the scheduler's drafting_recent_s, after the last drafter")
-            time.sleep(quiet_s + 1)
+        self._quiet("idle")
         n = self.options["documents"]
         output = self._tokens(self.options["document_output"])
         self.progress(f"idle: {n} documents alone through the appliance")
@@ -1121,6 +1127,7 @@ class _Bench:
         self.progress("prefix reuse: a summary, then a clause extraction on the same document")
         self._workers("split")
         self._set_mode("appliance")
+        self._quiet("prefix reuse")  # both of its jobs with nobody drafting lately
         document = self._document(self._tokens(self.options["prefix_tokens"]))
         first = self._submit_schedule("appliance", [(0.0, self._document_factory(document))]).jobs[0]
         clauses = (0.0, lambda: services.job_create_clauses(owner=self.owner, document=document, taxonomy="office"))

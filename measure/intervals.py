@@ -68,9 +68,12 @@ def pooled_ratio(
     denominators pooled, with a percentile-bootstrap 95 % interval: each repeat's values are
     resampled with replacement within that repeat (its share of the pool stays the same), both
     sides independently. For a tail statistic such as a p95 this rests on all the requests of
-    the run: a per-repeat p95 from 60 requests is the mean of its three slowest, and one stall of
+    the run: a per-repeat p95 from 60 requests is about its fourth slowest, and one stall of
     the machine moves it (the per-repeat interval then spans the target whatever the policy).
-    ``n`` is the numerator's count of values."""
+    The interval is of the requests' sampling only: it holds the repeats as they were, so it is
+    narrower than one that would also count the noise between repeats (the per-repeat interval
+    does), and requests caught together by one stall count as independent. ``n`` is the
+    numerator's count of values."""
     tops = [list(group) for group in numerators if group]
     bottoms = [list(group) for group in denominators if group]
     if not tops or not bottoms:

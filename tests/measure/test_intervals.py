@@ -50,8 +50,8 @@ def test_a_pooled_ratio_is_the_statistic_of_all_requests_with_a_bootstrap_interv
 
 def test_one_stall_moves_a_pooled_p95_less_than_it_moves_one_repeats():
     """Three repeats of 60 requests alone, one with four requests caught in a 600 ms stall:
-    that repeat's own p95 ratio falls to about a third of the truth (1.5), the pooled one stays
-    near it."""
+    that repeat's own p95 ratio falls to about a third (0.33, the truth being 1.5), the pooled
+    one stays near the truth."""
     same = [100.0 + i for i in range(60)]
     stalled = same[:56] + [700.0] * 4
     beside = [[v * 1.5 for v in same] for _ in range(3)]
