@@ -170,9 +170,9 @@ def job_claim_next(
 ) -> Job | None | placement.Decision:
     """Claim the next job of a Celery queue by fair share. Claims of one queue take turns (a
     transaction-scoped advisory lock), so each sees the running counts the one before it left;
-    a row another transaction holds is passed over, or waited for when all are (``_unheld``). With other engines in the
-    cluster (``place``), placement may take a later job of the order, or pass the turn on (its
-    decision is returned)."""
+    a row another transaction holds is passed over, or waited for when all are (``_unheld``).
+    With other engines in the cluster (``place``), placement may take a later job of the order,
+    or pass the turn on (its decision is returned)."""
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.claim:{celery_queue}"])

@@ -9,13 +9,13 @@ sentence cutting), not the model. Pure apart from reading the folder.
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from inference.clauses import quote_choices
 from measure.evaluation.metrics import JACCARD_MATCH, Counts, words
+from measure.intervals import percentile_bootstrap
 
 # CUAD's entity categories hold short answers (a name, a date), not clauses: not quoted spans.
 ENTITY_CATEGORIES = frozenset({"Document Name", "Parties", "Agreement Date", "Effective Date"})
@@ -121,16 +121,10 @@ def bootstrap(units: list, statistic: Callable[[list], float | None], *, seed: i
     contracts: a contract's clauses are not independent of each other). None for fewer than two."""
     if len(units) < 2:
         return None
-    rng = random.Random(seed)  # noqa: S311 - a resampling, not a secret
-    values = []
-    for _ in range(BOOTSTRAP_SAMPLES):
-        value = statistic([units[rng.randrange(len(units))] for _ in units])
-        if value is not None:
-            values.append(value)
-    if not values:
-        return None
-    values.sort()
-    return [round(values[int(0.025 * (len(values) - 1))], 3), round(values[int(0.975 * (len(values) - 1))], 3)]
+    bounds = percentile_bootstrap(
+        lambda rng: statistic([units[rng.randrange(len(units))] for _ in units]), resamples=BOOTSTRAP_SAMPLES, seed=seed
+    )
+    return None if bounds is None else [round(bounds[0], 3), round(bounds[1], 3)]
 
 
 def clause_scores(per_contract: list[dict[str, Counts]], *, seed: int = 0) -> dict:
