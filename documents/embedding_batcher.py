@@ -22,10 +22,16 @@ engine runs drafting requests (``YieldWhileDrafting``), embedding only ``share``
 with nobody drafting, or with the embedder on another device, it never rests. Off by default:
 on a 2-core CPU a share of 0.1 cut the ingest to a tenth while drafting ran, and drafting's TTFT
 and ITL ratios did not measurably gain.
+
+**Its thread's CPU class.** ``thread_setup`` runs first in the batcher's own thread: the ingest
+worker uses it to put the embedding, and nothing else, in Linux's idle CPU class
+(``documents.embeddings.idle_thread``). The thread holds no database connection and no lock
+while it embeds, so a starved batch delays only the passages that wait for it.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -33,6 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 Encode = Callable[[list[str]], np.ndarray]  # texts -> (len(texts), dimensions) rows
 # The seconds the last batch took -> rests (waits) as it sees fit, given a wait that returns True
@@ -107,11 +115,12 @@ class EmbeddingBatcher:
     """One embedder shared by the threads of a process, fed in full batches across callers."""
 
     def __init__(self, encode: Encode, *, batch_size: int, name: str = "embedding-batcher",
-                 rest: Rest | None = None) -> None:  # fmt: skip
+                 rest: Rest | None = None, thread_setup: Callable[[], None] | None = None) -> None:  # fmt: skip
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self._encode = encode
         self._rest = rest
+        self._thread_setup = thread_setup  # run first in the batcher's own thread (its CPU class)
         self.batch_size = batch_size
         self._name = name
         self._waiting: deque[_Request] = deque()
@@ -162,6 +171,11 @@ class EmbeddingBatcher:
             return take_batch(self._waiting, self.batch_size)
 
     def _serve(self) -> None:
+        if self._thread_setup is not None:
+            try:
+                self._thread_setup()
+            except Exception:  # the batcher embeds anyway, in the class it started in
+                logger.exception("embedding batcher: its thread's setup failed")
         while True:
             batch = self._next_batch()
             if batch is None:

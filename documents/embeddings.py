@@ -29,6 +29,7 @@ _embedder: Embedder | None = None
 _passage_embedder: Embedder | None = None
 _batcher: EmbeddingBatcher | None = None
 _local = threading.local()
+_embed_in_idle_class = False  # set in the ingest worker (APPLIANCE_INGEST_CPU_CLASS=idle-embedding)
 
 
 @dataclass(frozen=True)
@@ -120,10 +121,26 @@ def passage_embedder() -> Embedder:
     return _passage_embedder
 
 
+def embed_in_idle_class() -> None:
+    """The process's batcher of passages, once started, embeds in Linux's idle CPU class
+    (``idle_thread``); its other threads keep theirs. Called by the ingest worker as it starts,
+    before any passage is embedded."""
+    global _embed_in_idle_class
+    _embed_in_idle_class = True
+
+
+def idle_thread() -> None:
+    """Put the calling thread (and the threads it starts later, torch's included) in Linux's idle
+    scheduling class, ``SCHED_IDLE``: almost no CPU while a thread of the normal class wants it."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    logger.info("embedding in the idle CPU class (SCHED_IDLE)")
+
+
 def passage_batcher() -> EmbeddingBatcher:
     """The process's batcher of passages (``documents.embedding_batcher``): the threads of an
     ingest worker hand it their documents' passages, and it embeds them together in full batches
-    of ``APPLIANCE_EMBEDDING_BATCH``."""
+    of ``APPLIANCE_EMBEDDING_BATCH``, in the idle CPU class if ``embed_in_idle_class`` was
+    called."""
     from django.conf import settings
 
     global _batcher
@@ -139,6 +156,7 @@ def passage_batcher() -> EmbeddingBatcher:
                     rest=YieldWhileDrafting(lambda: engine_drafts_on(device), share=share, poll_s=0.5)
                     if share < 1
                     else None,
+                    thread_setup=idle_thread if _embed_in_idle_class else None,
                 )
     return _batcher
 

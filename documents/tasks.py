@@ -32,7 +32,8 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
     served first. With the CPU to itself it runs at full speed (a priority, not a cap). The
     Postgres backends it queries on this machine (its passages' writes and their index updates)
     run at its niceness too: at full priority they competed with the drafters' job claims.
-    With ``APPLIANCE_INGEST_CPU_CLASS=idle`` the worker also goes into the idle CPU class."""
+    ``APPLIANCE_INGEST_CPU_CLASS`` may also put its embedding (``idle-embedding``: the batcher's
+    thread alone) or the whole worker (``idle``) in Linux's idle CPU class."""
     if instance is None or "ingest" not in instance.app.amqp.queues.consume_from:
         return
     increment = settings.APPLIANCE_INGEST_NICE
@@ -41,7 +42,12 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
         connection_created.connect(_backend_yields_too, weak=False, dispatch_uid="ingest-backend-niceness")
         logger.info("ingest worker: CPU priority lowered by %s (niceness %s), its database backends' too",
                     increment, niceness)  # fmt: skip
-    if settings.APPLIANCE_INGEST_CPU_CLASS == "idle":
+    if settings.APPLIANCE_INGEST_CPU_CLASS == "idle-embedding":
+        from documents import embeddings
+
+        embeddings.embed_in_idle_class()
+        logger.info("ingest worker: its embedding in the idle CPU class (SCHED_IDLE)")
+    elif settings.APPLIANCE_INGEST_CPU_CLASS == "idle":
         idle_threads = idle_cpu_class()
         logger.info("ingest worker: in the idle CPU class (SCHED_IDLE, %d thread(s) so far)", idle_threads)
 

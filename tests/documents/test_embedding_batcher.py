@@ -195,3 +195,36 @@ def test_the_batcher_rests_after_each_batch_and_a_stop_ends_the_rest(encoder):
     stopper.start()
     stopper.join(5)
     assert not stopper.is_alive()
+
+
+def test_the_idle_class_covers_the_batchers_thread_alone():
+    """APPLIANCE_INGEST_CPU_CLASS=idle-embedding: the batcher's thread embeds in SCHED_IDLE (what
+    encode runs in), and the threads that hand it passages keep the normal class."""
+    import os
+
+    from documents.embeddings import idle_thread
+
+    seen: list[int] = []
+
+    def encode(texts: list[str]) -> np.ndarray:
+        seen.append(os.sched_getscheduler(0))
+        return np.zeros((len(texts), 2), dtype=np.float32)
+
+    batcher = EmbeddingBatcher(encode, batch_size=4, thread_setup=idle_thread)
+    try:
+        assert batcher.embed(["a-1", "a-2"]).shape == (2, 2)
+    finally:
+        batcher.stop()
+    assert seen == [os.SCHED_IDLE]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_a_thread_setup_that_fails_leaves_the_batcher_embedding(encoder):
+    def setup() -> None:
+        raise PermissionError("no such class here")
+
+    batcher = EmbeddingBatcher(encoder, batch_size=4, thread_setup=setup)
+    try:
+        assert batcher.embed(["x-1", "x-2"])[:, 0].tolist() == [1.0, 2.0]
+    finally:
+        batcher.stop()
