@@ -82,6 +82,36 @@ def test_the_ceiling_counts_clause_spans_not_entities_and_gives_an_interval(tmp_
     assert 0.5 <= low <= 0.75 <= high <= 1.0
     assert {m["category"] for m in result["misses"]} == {"Audit Rights"}
 
+    # Per category, over the same resamplings of contracts: every law clause is matched in every
+    # contract, the audit clause in half of them (a resample of four contracts holds none of the
+    # matched ones, or only those, one time in sixteen: more than the 2.5 % at each end).
+    assert result["per_category"] == {
+        "Audit Rights": {"spans": 4, "matched": 2, "ceiling": 0.5, "interval": [0.0, 1.0]},
+        "Governing Law": {"spans": 4, "matched": 4, "ceiling": 1.0, "interval": [1.0, 1.0]},
+    }
+
+
+def test_the_ceiling_per_category_counts_contracts_without_the_category_as_empty(tmp_path):
+    (tmp_path / "txt").mkdir()
+    law = "This Agreement is governed by the laws of the State of New York."
+    insurance = ["The Supplier shall keep liability insurance of one million dollars.", "Nothing like the text."]
+    labels = [{"id": f"c{i}", "labels": {"Governing Law": [law]}} for i in range(5)]
+    labels[3]["labels"]["Insurance"] = insurance  # one contract of five has it: one span of two matched
+    for item in labels:
+        (tmp_path / "txt" / f"{item['id']}.txt").write_text("unused: a fake reader gives the pages")
+    (tmp_path / "labels.json").write_text(json.dumps(labels))
+    loaded = contract_set.load_contracts(tmp_path)
+
+    def fake_pages(contract):
+        return [f"{law}\n{insurance[0]}"]
+
+    per_category = contract_set.quote_ceiling(loaded, fake_pages)["per_category"]
+    # The resamples without contract c3 have no insurance span: no share, left out, not 0.
+    assert per_category["Insurance"] == {"spans": 2, "matched": 1, "ceiling": 0.5, "interval": [0.5, 0.5]}
+    assert per_category["Governing Law"]["interval"] == [1.0, 1.0]
+    alone = contract_set.quote_ceiling(loaded[3:4], fake_pages)["per_category"]  # one contract: no interval
+    assert alone["Insurance"] == {"spans": 2, "matched": 1, "ceiling": 0.5, "interval": None}
+
 
 def test_the_contrast_set_alters_one_fact_at_a_time_and_keeps_the_sentence_as_written():
     from measure.evaluation.contrast import build_contrast_set
@@ -127,6 +157,53 @@ def test_clause_scores_count_per_category_and_give_intervals_over_contracts():
         low, high = scores["interval"][name]
         assert 0.0 <= low <= scores[name] <= high <= 1.0  # resampled contracts, not clauses
     assert contract_set.clause_scores(per_contract[:1])["interval"]["f1"] is None  # one contract: no interval
+
+    # Per category, the same resamplings of contracts, a contract without the category counting
+    # zero for it. Insurance is in one contract of three: every resample that holds it gives its
+    # own figures, the others none (left out), so its interval is its point figure.
+    insurance = scores["per_category"]["Insurance"]
+    assert insurance["interval"] == {name: [insurance[name]] * 2 for name in ("precision", "recall", "f1")}
+    assert insurance["recall"] == 0.5 and insurance["f1"] == round(2 / 3, 3)
+    law = scores["per_category"]["Governing Law"]
+    assert law["interval"]["precision"] == [1.0, 1.0]  # every kept law quote matched
+    low, high = law["interval"]["recall"]
+    assert low < law["recall"] < high == 1.0  # the third contract's missed clause: in some resamples only
+    assert scores["per_category"]["Audit Rights"]["interval"]["f1"] == [0.0, 0.0]
+    single = contract_set.clause_scores(per_contract[:1])["per_category"]
+    assert single["Governing Law"]["interval"] == {"precision": None, "recall": None, "f1": None}
+
+
+def test_clause_scores_per_category_intervals_resample_every_contract_as_the_overall_ones_do():
+    from measure.evaluation.metrics import Counts
+
+    # Renewal Term: recall 1 in every contract that has it, whatever the precision.
+    per_contract = [
+        {"Renewal Term": Counts(1, 1, 1), "Governing Law": Counts(0, 1, 1)},
+        {"Renewal Term": Counts(2, 4, 2)},
+        {"Governing Law": Counts(1, 1, 1)},
+        {"Renewal Term": Counts(1, 2, 1), "Governing Law": Counts(1, 2, 2)},
+        {},
+        {"Governing Law": Counts(0, 0, 1)},
+        {"Renewal Term": Counts(1, 3, 1), "Governing Law": Counts(2, 2, 3)},
+        {"Audit Rights": Counts(1, 2, 1)},
+    ]
+    scores = contract_set.clause_scores(per_contract, seed=4)
+    renewal = scores["per_category"]["Renewal Term"]
+    assert renewal["recall"] == 1.0 and renewal["interval"]["recall"] == [1.0, 1.0]
+    low, high = renewal["interval"]["precision"]
+    assert low < renewal["precision"] == 0.5 < high
+    assert scores["per_category"]["Audit Rights"]["interval"]["f1"] == [0.667, 0.667]  # one contract of eight
+    for category, entry in scores["per_category"].items():
+        # The category's figures are those of the contracts with only that category kept, every
+        # contract still a unit (with no counts): the same draws as the overall interval.
+        alone = contract_set.clause_scores(
+            [{category: c[category]} if category in c else {} for c in per_contract], seed=4
+        )
+        assert entry == {k: v for k, v in alone.items() if k != "per_category"}, category
+        for name in ("precision", "recall", "f1"):
+            low, high = entry["interval"][name]
+            assert low <= entry[name] <= high
+    assert scores["per_category"]["Governing Law"]["interval"] != scores["interval"]  # not the overall's
 
 
 def test_the_long_document_plants_each_fact_once_in_its_third_and_the_seed_decides():
