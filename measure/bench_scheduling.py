@@ -36,7 +36,11 @@ interval over the repeats:
 5. ``peak``: a burst whose KV demand is ``--peak-factor`` times the KV capacity: fixed lengths
    under ``appliance`` and ``engine`` (failures, preemptions and the highest KV use: what
    admission avoids), then EOS-terminated outputs under the two KV reservations (``max`` and
-   ``predicted``): requests per minute, TTFT, preemptions.
+   ``predicted``): requests per minute, TTFT, preemptions, and which one the interval shows
+   serving more. Their requests ask real things of real text (a yes or no, a title, a summary, a
+   reply; ``measure.benchmarking.REAL_ASKS`` about Debian's licence texts), so that the answers
+   end where the model ends them, at lengths that vary; the predicted run learns from the max
+   run's outputs, not from the fixed-length runs before.
 6. ``fairness``: one user queues a batch of summaries, a second user then one: how many of the
    first user's jobs started before the second's (target <= 1), and the second's wait in job
    turns.
@@ -79,12 +83,15 @@ from django.test import override_settings
 from appliance.processes import held, start_appliance_processes, stop_groups
 from inference.timing import percentile
 from measure.benchmarking import (
+    REAL_ASKS,
+    REAL_TEXT_DIR,
     Progress,
     bench_user,
     check_migrated,
     ensure_embedded_broker,
     ensure_embedded_database,
     machine,
+    real_paragraphs,
     start_logged,
     synthetic_rng,
     synthetic_sentence,
@@ -234,6 +241,21 @@ def _refuse_if_appliance_running() -> None:
             f"Workers are serving the inference queues ({', '.join(busy)}): stop `make run` first; "
             "the benchmark starts its own workers and needs the engine to itself."
         )
+
+
+def reservation_shown(peak: dict) -> str:
+    """Which KV reservation the EOS peak runs show serving more requests a minute: ``predicted``
+    only if its ratio to ``max`` has an interval above 1 and it failed nothing, ``max`` if the
+    interval is below 1, else ``neither`` (the default then stays ``max``: it never preempts)."""
+    ratio = peak.get("predicted_vs_max")
+    predicted = peak.get("eos:appliance:predicted") or {}
+    if not ratio or ratio.get("low") is None or ratio.get("n", 0) < 2:
+        return "neither"
+    if ratio["low"] > 1 and not any(predicted.get("failed") or []):
+        return "predicted"
+    if ratio["high"] < 1:
+        return "max"
+    return "neither"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -535,11 +557,12 @@ class _Bench:
 
     # --- engine policy ----------------------------------------------------------------------
 
-    def _set_mode(self, mode: str, **settings_: object) -> None:
+    def _set_mode(self, mode: str, *, forget_output_lengths: bool = False, **settings_: object) -> None:
         """``engine@512``: vLLM's priority scheduling with long_prefill_token_threshold 512."""
         name, _, threshold = mode.partition("@")
         client = self.client()
-        client.set_scheduling(name, long_prefill_token_threshold=int(threshold or 0), **settings_)
+        client.set_scheduling(name, forget_output_lengths=forget_output_lengths,
+                              long_prefill_token_threshold=int(threshold or 0), **settings_)  # fmt: skip
         client.reset_prefix_cache()  # no run profits from another's cache
 
     @staticmethod
@@ -1017,19 +1040,26 @@ class _Bench:
             message = [{"role": "user", "content": f"Draft a reply to this letter. {self._text(prompt, rng)}"}]
             demand += self.client().count_tokens([message])[0] + output
             messages.append(message)
+        asked, source = self._real_asks(prompt, output, wanted, rng)
         result: dict[str, Any] = {
             "requests": len(messages),
             "kv_capacity_tokens": capacity,
             "demand_over_capacity": round(demand / capacity, 2),
+            "eos_requests": len(asked),
+            "eos_text": source,
         }
         runs = [("fixed", "appliance", "max"), ("fixed", "engine", "max"), ("eos", "appliance", "max"),
                 ("eos", "appliance", "predicted")]  # fmt: skip
         for lengths, mode, reservation in runs:
             key = f"{lengths}:{mode}" + (f":{reservation}" if mode == "appliance" else "")
-            self.progress(f"peak [{key}]: {len(messages)} requests at once against {capacity} KV tokens")
+            batch = asked if lengths == "eos" else messages
+            self.progress(f"peak [{key}]: {len(batch)} requests at once against {capacity} KV tokens")
+            # The prediction is the recent outputs' 90th percentile: the EOS runs start from a
+            # history of their own workload alone (the max run's outputs, for the predicted run).
             result[key] = self._peak_run(
-                messages, mode=mode, reservation=reservation, output=output, eos=lengths == "eos"
-            )
+                batch, mode=mode, reservation=reservation, output=output, eos=lengths == "eos",
+                forget_output_lengths=key == "eos:appliance:max",
+            )  # fmt: skip
             self.progress(
                 f"peak [{key}]: {result[key]['failed']} failed, {result[key]['preemptions']} preemptions, "
                 f"KV use max {result[key]['kv_usage_max']}, {result[key]['requests_per_minute']} requests/min"
@@ -1037,11 +1067,42 @@ class _Bench:
         self._set_mode("appliance", reservation=str(settings.APPLIANCE_KV_RESERVATION))
         return result
 
-    def _peak_run(self, messages: list, *, mode: str, reservation: str, output: int, eos: bool) -> dict:
+    def _real_asks(self, prompt: int, output: int, wanted: float, rng: random.Random) -> tuple[list, str]:
+        """Requests whose answers end where the model ends them: each one of ``REAL_ASKS`` about a
+        passage of real text (``real_paragraphs``) of about ``prompt`` tokens, until their KV
+        demand at their maximum output reaches ``wanted``. Synthetic text where no real text is
+        at hand (said in the result)."""
+        paragraphs = real_paragraphs()
+        messages: list = []
+        demand = 0
+        while demand < wanted:
+            ask = REAL_ASKS[len(messages) % len(REAL_ASKS)]
+            if paragraphs:
+                start = rng.randrange(len(paragraphs))
+                taken: list[str] = []
+                words = 0
+                for paragraph in paragraphs[start:] + paragraphs[:start]:
+                    if taken and words + len(paragraph.split()) > prompt * 0.7:
+                        break
+                    taken.append(paragraph)
+                    words += len(paragraph.split())
+                text = "\n\n".join(taken)
+            else:
+                text = self._text(prompt, rng)
+            message = [{"role": "user", "content": f"{ask}\n\n{text}"}]
+            tokens = self.client().count_tokens([message])[0]
+            if tokens > prompt * 2:  # one paragraph longer than the whole prompt: skip it
+                continue
+            demand += tokens + output
+            messages.append(message)
+        return messages, (str(REAL_TEXT_DIR) if paragraphs else "synthetic")
+
+    def _peak_run(self, messages: list, *, mode: str, reservation: str, output: int, eos: bool,
+                  forget_output_lengths: bool = False) -> dict:  # fmt: skip
         from inference import services
 
         self._workers("split", decode=len(messages))
-        self._set_mode(mode, reservation=reservation)
+        self._set_mode(mode, reservation=reservation, forget_output_lengths=forget_output_lengths)
         before = self.engine_stats()
         usage: list[float] = []
         stop = threading.Event()
@@ -1081,6 +1142,9 @@ class _Bench:
             "elapsed_s": round(elapsed, 1),
             "requests_per_minute": round(len(done) / elapsed * 60, 2) if elapsed > 0 else None,
             "output_tokens_mean": round(statistics.mean(j.metrics.output_tokens for j in done), 1) if done else None,
+            "output_tokens_p50": _round(percentile([j.metrics.output_tokens for j in done], 50)),
+            "output_tokens_p90": _round(percentile([j.metrics.output_tokens for j in done], 90)),
+            "at_max_tokens": sum(j.metrics.output_tokens >= output for j in done),
             "ttft_p50_ms": _round(percentile([j.metrics.ttft_ms for j in done], 50)),
             "ttft_p95_ms": _round(percentile([j.metrics.ttft_ms for j in done], 95)),
         }
@@ -1249,6 +1313,9 @@ def summarise(repeats: list[dict]) -> dict:
                 "requests_per_minute": (
                     iv.to_dict() if (iv := interval([p[key]["requests_per_minute"] for p in peaks])) else None
                 ),
+                "ttft_p95_ms": [p[key].get("ttft_p95_ms") for p in peaks],
+                "output_tokens_p50": [p[key].get("output_tokens_p50") for p in peaks],
+                "at_max_tokens": [p[key].get("at_max_tokens") for p in peaks],
             }
             for key in peaks[0]
             if isinstance(peaks[0][key], dict)
@@ -1268,6 +1335,7 @@ def summarise(repeats: list[dict]) -> dict:
             )
             else None
         )
+        summary["peak"]["reservation_shown"] = reservation_shown(summary["peak"])
         summary["peak"]["verdict"] = (
             "met"
             if all(
@@ -1379,7 +1447,13 @@ def table(results: dict) -> list[str]:
                 )
         lines.append(
             f"  predicted / max reservation, requests per minute (EOS): {_fmt(summary['peak'].get('predicted_vs_max'))}"
+            f"; the better default shown: {summary['peak'].get('reservation_shown')}"
         )
+        for key in ("eos:appliance:max", "eos:appliance:predicted"):
+            if key in summary["peak"]:
+                p = summary["peak"][key]
+                lines.append(f"  {key}: output tokens p50 {p.get('output_tokens_p50')}, at the maximum "
+                             f"{p.get('at_max_tokens')}, TTFT p95 ms {p.get('ttft_p95_ms')}")  # fmt: skip
         lines.append(f"  verdict (no failure, no preemption under admission): {summary['peak']['verdict']}")
     if "fairness" in summary:
         f = summary["fairness"]

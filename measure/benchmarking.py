@@ -7,6 +7,7 @@ import contextlib
 import os
 import platform
 import random
+import re
 import signal
 import subprocess
 import time
@@ -190,6 +191,42 @@ def synthetic_text(rng: random.Random, words: int) -> str:
     while sum(len(s.split()) for s in sentences) < words:
         sentences.append(synthetic_sentence(rng))
     return " ".join(sentences)
+
+
+# Text no one here wrote, for workloads whose outputs should be a model's real answers (the
+# public licence texts every Debian system carries; one paragraph per blank-line block).
+REAL_TEXT_DIR = Path("/usr/share/common-licenses")
+
+# What staff ask of a passage, from a one-word answer to a letter: a model's answers to these end
+# at its end-of-sequence token at lengths that vary as real drafting's do.
+REAL_ASKS = (
+    "Answer yes or no: does this passage let the reader change the text?",
+    "Which party does this passage protect? Name it only.",
+    "Write a one-line title for this passage.",
+    "Summarise this passage in two sentences.",
+    "Explain this passage to a new colleague in plain words.",
+    "Draft a short e-mail to a colleague saying what this passage requires of us.",
+    "Draft a reply to a customer who asked whether this passage allows them to sell copies.",
+    "What must a person who redistributes the work do, according to this passage?",
+)
+
+
+def real_paragraphs(folder: Path = REAL_TEXT_DIR) -> list[str]:
+    """The paragraphs of the text files in ``folder`` (sorted, so reproducible), whitespace
+    folded; empty where the folder is missing (the caller falls back to synthetic text)."""
+    paragraphs: list[str] = []
+    if not folder.is_dir():
+        return paragraphs
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for block in re.split(r"\n\s*\n", text):
+            folded = " ".join(block.split())
+            if len(folded.split()) >= 8:
+                paragraphs.append(folded)
+    return paragraphs
 
 
 # --- processes a benchmark or an evaluation starts for itself ------------------------------------

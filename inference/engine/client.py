@@ -167,12 +167,20 @@ class EngineClient:
         self._call({"op": "abort", "request_id": request_id}, timeout_s=timeout_s)
 
     def set_scheduling(
-        self, scheduling: str | None = None, *, timeout_s: float = 30.0, **settings: Any
+        self,
+        scheduling: str | None = None,
+        *,
+        forget_output_lengths: bool = False,
+        timeout_s: float = 30.0,
+        **settings: Any,
     ) -> dict[str, Any]:
         """Switch the running host's policy (``appliance``, ``engine`` or ``fifo``) and any of the
         scheduler's settings (``step_policy.PolicyConfig``: ``reservation``, ``itl_slowdown``,
-        ``long_prefill_token_threshold``, ...). Returns the policy now in force."""
-        message = {"op": "set_scheduling", "scheduling": scheduling, "settings": settings}
+        ``long_prefill_token_threshold``, ...); ``forget_output_lengths`` also empties the output
+        lengths the ``predicted`` reservation learns from. Returns the policy now in force."""
+        message: dict[str, Any] = {"op": "set_scheduling", "scheduling": scheduling, "settings": settings}
+        if forget_output_lengths:
+            message["forget_output_lengths"] = True
         return self._call(message, timeout_s=timeout_s)
 
     def reset_prefix_cache(self, *, timeout_s: float = 30.0) -> None:

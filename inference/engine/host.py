@@ -612,7 +612,9 @@ class EngineHost:
 
     async def _set_scheduling(self, message: dict[str, Any]) -> dict[str, Any]:
         """Benchmarks: switch the policy (``appliance``, ``engine`` or ``fifo``) and any of the
-        scheduler's settings (``PolicyConfig``) on the running engine."""
+        scheduler's settings (``PolicyConfig``) on the running engine; ``forget_output_lengths``:
+        the ``predicted`` reservation starts learning again (a benchmark run whose workload is
+        not the one before)."""
         settings = dict(message.get("settings") or {})
         if message.get("scheduling") is not None:
             settings["mode"] = str(message["scheduling"])
@@ -620,6 +622,8 @@ class EngineHost:
             policy = self.policy.updated(settings)
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"bad scheduling settings: {exc}") from None
+        if message.get("forget_output_lengths"):
+            await self._scheduler_call("forget_output_lengths")
         await self._scheduler_call("configure", policy.to_dict())
         self.policy = policy
         logger.info("scheduling is now %s", policy.to_dict())

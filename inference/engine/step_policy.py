@@ -279,6 +279,11 @@ class OutputLengths:
     def record(self, *, drafting: bool, output_tokens: int) -> None:
         self._lengths[drafting].append(int(output_tokens))
 
+    def forget(self) -> None:
+        """Start learning again: the max is reserved until ``min_samples`` new outputs."""
+        for lengths in self._lengths.values():
+            lengths.clear()
+
     def predicted(self, *, drafting: bool) -> int | None:
         lengths = self._lengths[drafting]
         if len(lengths) < self.min_samples:

@@ -336,6 +336,8 @@ def _appliance_scheduler_utility(self, command: str, payload: str = "{}") -> str
         raise RuntimeError("the engine core does not run the appliance's scheduler")
     if command == "configure":
         scheduler.appliance_configure(json.loads(payload))
+    elif command == "forget_output_lengths":
+        scheduler.output_lengths.forget()
     elif command != "snapshot":
         raise ValueError(f"unknown scheduler command {command!r}")
     return json.dumps(scheduler.appliance_snapshot())

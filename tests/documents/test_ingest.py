@@ -215,19 +215,35 @@ def test_a_passage_is_embedded_under_the_title_of_the_section_it_starts_in(brows
     assert all(chunk.text.lstrip().startswith("The Supplier") for chunk in chunks[1:])  # stored as it is
 
 
-def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(workers, settings):
+def _thread_classes(pid: int) -> list[int]:
+    classes = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            classes.append(os.sched_getscheduler(int(task)))
+    return classes
+
+
+def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(browser, alice, workers, settings):
     """Reading documents is background work: its worker runs APPLIANCE_INGEST_NICE below the
-    drafting and document-job workers, in the CPU class its setting names, so a busy CPU
-    serves them first."""
+    drafting and document-job workers, in the CPU class its setting names (idle-embedding: the
+    thread that embeds, once a document was read, and no other), so a busy CPU serves them
+    first."""
     by_queue = {
         queue: p for p in workers for queue in ("ingest", "prefill", "decode") if f"{queue}@%h" in " ".join(p.args)
     }
     ingest, decode = by_queue["ingest"], by_queue["decode"]
     assert settings.APPLIANCE_INGEST_NICE == 10
     assert os.getpriority(os.PRIO_PROCESS, ingest.pid) == os.getpriority(os.PRIO_PROCESS, decode.pid) + 10
-    idle = settings.APPLIANCE_INGEST_CPU_CLASS == "idle"
-    assert os.sched_getscheduler(ingest.pid) == (os.SCHED_IDLE if idle else os.SCHED_OTHER)
-    assert os.sched_getscheduler(decode.pid) == os.SCHED_OTHER
+    cpu_class = settings.APPLIANCE_INGEST_CPU_CLASS
+    assert os.sched_getscheduler(ingest.pid) == (os.SCHED_IDLE if cpu_class == "idle" else os.SCHED_OTHER)
+    assert set(_thread_classes(decode.pid)) == {os.SCHED_OTHER}
+    document = finished(upload(browser, "cpu-class.txt", b"The deposit is refunded within thirty days.").pk)
+    assert document.state == Document.State.READY, document.failure_reason
+    classes = _thread_classes(ingest.pid)
+    if cpu_class == "idle-embedding":  # the batcher's thread (and any it started), the others not
+        assert os.SCHED_IDLE in classes and os.SCHED_OTHER in classes
+    elif cpu_class == "nice":
+        assert set(classes) == {os.SCHED_OTHER}
 
 
 def test_the_idle_cpu_class_moves_every_thread_and_what_starts_later():

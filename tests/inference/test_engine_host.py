@@ -440,6 +440,28 @@ def test_the_baseline_policies_leave_vllm_alone(engine_host):
     assert error.value.code == "protocol"
 
 
+def test_a_benchmark_can_make_the_predicted_reservation_learn_again(engine_host):
+    """The predicted reservation learns from what recent drafts wrote (20 at least); a benchmark
+    whose workload changes empties that history (``forget_output_lengths``)."""
+
+    def predicted():
+        return engine_host.stats()["scheduler"]["predicted_output_tokens"]["drafting"]
+
+    def settles(want, timeout_s: float = 10.0):
+        deadline = time.monotonic() + timeout_s
+        while predicted() != want and time.monotonic() < deadline:
+            time.sleep(0.2)  # the host reads the scheduler's state once a second
+        return predicted()
+
+    engine_host.set_scheduling(forget_output_lengths=True)
+    assert settles(None) is None
+    result = engine_host.run_direct([_request(max_tokens=3, ignore_eos=True) for _ in range(20)], timeout_s=300)
+    assert result["output_tokens"] == 60
+    assert settles(3) == 3
+    engine_host.set_scheduling(forget_output_lengths=True)
+    assert settles(None) is None
+
+
 def test_run_direct_runs_requests_straight_on_the_engine(engine_host):
     result = engine_host.run_direct([_request(max_tokens=6, ignore_eos=True) for _ in range(2)], timeout_s=120)
     assert result["output_tokens"] == 12

@@ -155,6 +155,9 @@ def test_predicted_reservations_use_what_requests_of_the_kind_wrote():
     assert lengths.reserve_output(drafting=True, max_tokens=64, reservation=Reservation.PREDICTED) == 64
     assert lengths.reserve_output(drafting=True, max_tokens=512, reservation=Reservation.MAX) == 512
     assert lengths.predicted(drafting=False) is None  # documents have their own history
+    lengths.forget()
+    assert lengths.predicted(drafting=True) is None
+    assert lengths.reserve_output(drafting=True, max_tokens=512, reservation=Reservation.PREDICTED) == 512
 
 
 def test_blocks_round_up():

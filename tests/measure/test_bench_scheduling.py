@@ -159,3 +159,42 @@ def test_the_summary_gives_each_p95_ratio_over_the_repeats_requests_pooled_with_
     lines = bench_scheduling.table(results)
     pooled_line = lines[lines.index("pooled over the repeats' requests (bootstrap 95 % interval):") + 1]
     assert pooled_line.split()[:2] == ["appliance", f"{appliance['ttft_p95_ratio_pooled']['mean']:.2f}"]
+
+
+def _peak_repeat(max_per_minute: float, predicted_per_minute: float, *, predicted_failed: int = 0) -> dict:
+    def run(per_minute: float, failed: int = 0) -> dict:
+        return {"failed": failed, "preemptions": 0, "requests_per_minute": per_minute, "ttft_p95_ms": 900.0,
+                "output_tokens_p50": 40, "at_max_tokens": 3}  # fmt: skip
+
+    return {
+        "peak": {
+            "requests": 70,
+            "fixed:appliance:max": run(20.0),
+            "fixed:engine": run(19.0),
+            "eos:appliance:max": run(max_per_minute),
+            "eos:appliance:predicted": run(predicted_per_minute, predicted_failed),
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("repeats", "shown"),
+    [
+        ([(30.0, 39.0), (31.0, 40.0), (29.0, 38.5)], "predicted"),  # about 1.3x, every repeat
+        ([(30.0, 24.0), (31.0, 25.0), (29.0, 23.0)], "max"),
+        ([(30.0, 36.0), (31.0, 27.0), (29.0, 31.0)], "neither"),  # the interval crosses 1
+        ([(30.0, 39.0)], "neither"),  # one repeat: no interval
+    ],
+)
+def test_the_peak_shows_a_reservation_only_when_its_interval_does(repeats, shown):
+    summary = bench_scheduling.summarise([_peak_repeat(m, p) for m, p in repeats])
+    assert summary["peak"]["reservation_shown"] == shown
+    assert summary["peak"]["eos:appliance:max"]["output_tokens_p50"] == [40] * len(repeats)
+    assert "the better default shown: " + shown in "\n".join(
+        bench_scheduling.table({"summary": summary, "engine": {}, "parameters": {}, "repeats": []})
+    )
+
+
+def test_a_predicted_reservation_that_fails_requests_is_not_shown_better():
+    summary = bench_scheduling.summarise([_peak_repeat(30.0, 39.0, predicted_failed=2) for _ in range(3)])
+    assert summary["peak"]["reservation_shown"] == "neither"

@@ -53,3 +53,20 @@ def test_a_second_sigterm_does_not_cut_the_cleanup_of_the_first_short():
             os.kill(os.getpid(), signal.SIGTERM)  # while the engine host and workers are being stopped
             cleaned.append("after the second")
     assert cleaned == ["after the second"]
+
+
+def test_real_paragraphs_are_read_in_a_reproducible_order(tmp_path):
+    from measure.benchmarking import real_paragraphs
+
+    (tmp_path / "B-licence").write_text("Short.\n\nThe second file's only paragraph, long enough to be kept here.\n")
+    (tmp_path / "A-licence").write_text(
+        "The first paragraph of the first file,\nwrapped over two lines of text.\n\n  \n"
+        "Its second paragraph, also long enough to be kept as one.\n"
+    )
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\x00 not text")
+    assert real_paragraphs(tmp_path) == [
+        "The first paragraph of the first file, wrapped over two lines of text.",
+        "Its second paragraph, also long enough to be kept as one.",
+        "The second file's only paragraph, long enough to be kept here.",
+    ]
+    assert real_paragraphs(tmp_path / "missing") == []
