@@ -203,14 +203,19 @@ CELERY_TASK_ALWAYS_EAGER = False
 APPLIANCE_INGEST_CONCURRENCY = env_int("APPLIANCE_INGEST_CONCURRENCY", 0, minimum=0)
 # The ingest worker's CPU priority below the other processes (nice); 0: the same.
 APPLIANCE_INGEST_NICE = env_int("APPLIANCE_INGEST_NICE", 10, minimum=0, maximum=19)
-# Its CPU class: "nice" (the priority above only), "idle-embedding" (the embedding alone, the
-# batcher's thread, in Linux's SCHED_IDLE: almost no CPU while any normal process wants it) or
-# "idle" (the whole worker and its extraction children). Measured on 2 cores, drafting TTFT p95
-# beside a backlog: 1.77x alone with "nice", 1.07x with "idle". "idle" is not the default: an
-# engine that keeps every core busy for long starves it, and its wall-clock limits (an
-# extraction's 120 s, an ingest's hour) then fail good files; the row locks its open
-# transactions hold wait for it too. The embedding thread holds neither.
-APPLIANCE_INGEST_CPU_CLASS = env_choice("APPLIANCE_INGEST_CPU_CLASS", "nice", ("nice", "idle-embedding", "idle"))
+# Its CPU class: "idle-embedding" (the default: the embedding alone, the batcher's thread, in
+# Linux's SCHED_IDLE: almost no CPU while any normal process wants it; embedding is 93 % of the
+# ingest's work), "nice" (the priority above only) or "idle" (the whole worker and its
+# extraction children). Measured on 2 cores, drafting TTFT p95 beside a backlog, pooled: 1.77x
+# alone with "nice", 1.13x with "idle-embedding", 1.07x with "idle". "idle" is not the default:
+# an engine that keeps every core busy for long starves it, and its wall-clock limits (an
+# extraction's 120 s) then fail good files; the row locks its open transactions hold wait for
+# it too. The embedding thread holds no connection and no lock; a document waiting for it counts
+# the wait in its ingest's hour (documents.tasks.INGEST_TIME_LIMIT_S), which a busy engine must
+# starve it for nearly all of.
+APPLIANCE_INGEST_CPU_CLASS = env_choice(
+    "APPLIANCE_INGEST_CPU_CLASS", "idle-embedding", ("nice", "idle-embedding", "idle")
+)
 APPLIANCE_PREFILL_CONCURRENCY = env_int("APPLIANCE_PREFILL_CONCURRENCY", 2, minimum=1)
 APPLIANCE_DECODE_CONCURRENCY = env_int("APPLIANCE_DECODE_CONCURRENCY", 8, minimum=1)
 
