@@ -942,6 +942,35 @@ class _Evaluation:
         }
 
 
+def _per_category_lines(c: dict, figure) -> list[str]:
+    """One line per CUAD category of the first layout scored (the PDF where there is one):
+    precision, recall and F1 with their intervals, what was kept and labelled, and the quote
+    ceiling of that category's spans; the other layout's F1 beside it."""
+    layouts = [layout for layout in LAYOUTS if layout in c]
+    if not layouts:
+        return []
+    first, others = layouts[0], layouts[1:]
+
+    def ranged(part: dict, name: str) -> str:
+        interval = part.get("interval", {}).get(name) if name != "ceiling" else part.get("interval")
+        return figure(part[name]) + (f" [{', '.join(figure(v) for v in interval)}]" if interval else "")
+
+    lines = [f"  per category ({first}; intervals over contracts):"]
+    ceilings = c.get("ceiling", {}).get(first, {}).get("per_category", {})
+    for category, part in c[first].get("per_category", {}).items():
+        line = (
+            f"    {category}: precision {ranged(part, 'precision')}, recall {ranged(part, 'recall')}, "
+            f"F1 {ranged(part, 'f1')} ({part['matched']} matched of {part['predicted']} kept, {part['labelled']} labelled)"
+        )
+        if category in ceilings:
+            line += f"; ceiling {ranged(ceilings[category], 'ceiling')}"
+        for layout in others:
+            other = c[layout].get("per_category", {}).get(category)
+            line += f"; {layout} F1 {figure(other['f1']) if other else 'none'}"
+        lines.append(line)
+    return lines
+
+
 def table(results: dict) -> list[str]:
     """The figures a person reads: one block per task."""
 
@@ -1038,6 +1067,7 @@ def table(results: dict) -> list[str]:
             lines.append(
                 f"  pdf - txt: precision {figure(d['precision'])}, recall {figure(d['recall'])}, F1 {figure(d['f1'])}"
             )
+        lines += _per_category_lines(c, figure)
     if "long" in results:
         g = results["long"]
         thirds = ", ".join(f"{figure(v)}" for v in g["by_third"].values())

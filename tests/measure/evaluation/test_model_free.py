@@ -267,3 +267,25 @@ def test_the_contracts_task_asks_the_categories_named_and_refuses_names_cuad_doe
         with pytest.raises(CommandError, match=wrong):
             contract_categories(f"Governing Law,{wrong}")
     assert set(every) < set(CUAD_CATEGORIES)
+
+
+def test_the_printed_table_gives_each_category_its_figures_intervals_and_ceiling():
+    from measure.evaluation.metrics import Counts
+    from measure.evaluation.run import table
+
+    pdf = [{"Governing Law": Counts(1, 1, 1), "Audit Rights": Counts(0, 2, 1)}, {"Governing Law": Counts(1, 1, 1)}]
+    txt = [{"Governing Law": Counts(1, 1, 1), "Audit Rights": Counts(1, 1, 1)}, {"Governing Law": Counts(0, 1, 1)}]
+    ceiling = {"ceiling": 1.0, "per_category": {"Governing Law": {"spans": 2, "matched": 2, "ceiling": 1.0,
+                                                                  "interval": [1.0, 1.0]}}}  # fmt: skip
+    results = {
+        "contracts": {
+            "folder": "cuad-dev", "contracts": 2, "categories": 37, "ceiling": {"pdf": ceiling, "txt": ceiling},
+            "pdf": contract_set.clause_scores(pdf), "txt": contract_set.clause_scores(txt),
+        }
+    }  # fmt: skip
+    lines = table(results)
+    law = next(line for line in lines if line.strip().startswith("Governing Law:"))
+    assert "recall 1.000 [1.000, 1.000]" in law and "(2 matched of 2 kept, 2 labelled)" in law
+    assert "ceiling 1.000 [1.000, 1.000]" in law and law.endswith("txt F1 0.500")
+    audit = next(line for line in lines if line.strip().startswith("Audit Rights:"))
+    assert "precision 0.000" in audit and "ceiling" not in audit and audit.endswith("txt F1 1.000")
