@@ -207,7 +207,7 @@ APPLIANCE_INGEST_NICE = env_int("APPLIANCE_INGEST_NICE", 10, minimum=0, maximum=
 # Linux's SCHED_IDLE: almost no CPU while any normal process wants it; embedding is 93 % of the
 # ingest's work), "nice" (the priority above only) or "idle" (the whole worker and its
 # extraction children). Measured on 2 cores, drafting TTFT p95 beside a backlog, pooled: 1.77x
-# alone with "nice", 1.13x with "idle-embedding", 1.07x with "idle". "idle" is not the default:
+# alone with "nice", 1.04x with "idle-embedding", 1.07x with "idle". "idle" is not the default:
 # an engine that keeps every core busy for long starves it, and its wall-clock limits (an
 # extraction's 120 s) then fail good files; the row locks its open transactions hold wait for
 # it too. The embedding thread holds no connection and no lock; a document waiting for it counts
