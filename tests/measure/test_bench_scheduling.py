@@ -198,3 +198,23 @@ def test_the_peak_shows_a_reservation_only_when_its_interval_does(repeats, shown
 def test_a_predicted_reservation_that_fails_requests_is_not_shown_better():
     summary = bench_scheduling.summarise([_peak_repeat(30.0, 39.0, predicted_failed=2) for _ in range(3)])
     assert summary["peak"]["reservation_shown"] == "neither"
+
+
+def test_the_idle_phase_splits_the_engine_from_the_work_after_the_last_token():
+    """``last_token_at``: created + TTFT + the rest of the output at its mean ITL, the latest of
+    the jobs; the summary gives the ratio to raw vLLM up to that point beside the end-to-end one."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    def job(created_s: float, ttft_ms: float, tokens: int, itl_ms: float | None):
+        metrics = SimpleNamespace(ttft_ms=ttft_ms, output_tokens=tokens, itl_mean_ms=itl_ms)
+        return SimpleNamespace(created_at=datetime.fromtimestamp(created_s, tz=UTC), metrics=metrics)
+
+    jobs = [job(100.0, 2_000, 65, 50.0), job(101.0, 500, 11, 100.0)]
+    assert bench_scheduling.last_token_at(jobs) == pytest.approx(105.2)  # 100 + 2 s + 64 x 50 ms
+    assert bench_scheduling.last_token_at([*jobs, job(100.0, 100, 1, None)]) is None  # no ITL: unknown
+    repeats = [{"idle": {"vs_raw": v, "vs_raw_to_last_token": t}} for v, t in ((0.96, 1.0), (0.97, 0.99), (0.98, 1.01))]
+    summary = bench_scheduling.summarise(repeats)
+    assert summary["idle"]["vs_raw_to_last_token"]["mean"] == pytest.approx(1.0)
+    printed = "\n".join(bench_scheduling.table({"summary": summary, "engine": {}, "parameters": {}, "repeats": []}))
+    assert "up to the last token (without the summaries' checks and storing): 1" in printed
