@@ -92,6 +92,7 @@ from measure.benchmarking import (
     ensure_embedded_database,
     machine,
     real_paragraphs,
+    real_passage,
     start_logged,
     synthetic_rng,
     synthetic_sentence,
@@ -1096,22 +1097,11 @@ class _Bench:
         while demand < wanted:
             ask = REAL_ASKS[len(messages) % len(REAL_ASKS)]
             if paragraphs:
-                start = rng.randrange(len(paragraphs))
-                taken: list[str] = []
-                words = 0
-                for paragraph in paragraphs[start:] + paragraphs[:start]:
-                    if taken and words + len(paragraph.split()) > prompt * 0.7:
-                        break
-                    taken.append(paragraph)
-                    words += len(paragraph.split())
-                text = "\n\n".join(taken)
+                text = real_passage(paragraphs, rng.randrange(len(paragraphs)), words=max(1, int(prompt * 0.7)))
             else:
                 text = self._text(prompt, rng)
             message = [{"role": "user", "content": f"{ask}\n\n{text}"}]
-            tokens = self.client().count_tokens([message])[0]
-            if tokens > prompt * 2:  # one paragraph longer than the whole prompt: skip it
-                continue
-            demand += tokens + output
+            demand += self.client().count_tokens([message])[0] + output
             messages.append(message)
         return messages, (str(REAL_TEXT_DIR) if paragraphs else "synthetic")
 

@@ -229,6 +229,23 @@ def real_paragraphs(folder: Path = REAL_TEXT_DIR) -> list[str]:
     return paragraphs
 
 
+def real_passage(paragraphs: list[str], start: int, *, words: int) -> str:
+    """Consecutive paragraphs from ``start`` (going round to the first after the last) of at most
+    ``words`` words together; a first paragraph longer than that is cut to it, so a passage is
+    never empty and never longer than asked."""
+    taken: list[str] = []
+    count = 0
+    for paragraph in paragraphs[start:] + paragraphs[:start]:
+        size = len(paragraph.split())
+        if count + size > words:
+            if not taken:
+                taken.append(" ".join(paragraph.split()[:words]))
+            break
+        taken.append(paragraph)
+        count += size
+    return "\n\n".join(taken)
+
+
 # --- processes a benchmark or an evaluation starts for itself ------------------------------------
 
 

@@ -70,3 +70,13 @@ def test_real_paragraphs_are_read_in_a_reproducible_order(tmp_path):
         "The second file's only paragraph, long enough to be kept here.",
     ]
     assert real_paragraphs(tmp_path / "missing") == []
+
+
+def test_a_real_passage_is_consecutive_paragraphs_within_its_words_and_never_empty():
+    from measure.benchmarking import real_passage
+
+    paragraphs = ["one two three", "four five", "six seven eight nine ten", "eleven"]
+    assert real_passage(paragraphs, 0, words=5) == "one two three\n\nfour five"
+    assert real_passage(paragraphs, 3, words=4) == "eleven\n\none two three"  # goes round
+    assert real_passage(paragraphs, 2, words=3) == "six seven eight"  # a long first one is cut
+    assert real_passage(paragraphs, 1, words=100) == "four five\n\nsix seven eight nine ten\n\neleven\n\none two three"
