@@ -210,7 +210,8 @@ APPLIANCE_INGEST_NICE = env_int("APPLIANCE_INGEST_NICE", 10, minimum=0, maximum=
 # alone with "nice", 1.04x with "idle-embedding", 1.07x with "idle". "idle" is not the default:
 # an engine that keeps every core busy for long starves it, and its wall-clock limits (an
 # extraction's 120 s) then fail good files; the row locks its open transactions hold wait for
-# it too. The embedding thread holds no connection and no lock; a document waiting for it counts
+# it too. The embedding thread holds no connection and no row lock (the worker's other threads
+# wait for it only while it holds Python's interpreter lock); a document waiting for it counts
 # the wait in its ingest's hour (documents.tasks.INGEST_TIME_LIMIT_S), which a busy engine must
 # starve it for nearly all of.
 APPLIANCE_INGEST_CPU_CLASS = env_choice(

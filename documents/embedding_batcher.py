@@ -25,8 +25,10 @@ and ITL ratios did not measurably gain.
 
 **Its thread's CPU class.** ``thread_setup`` runs first in the batcher's own thread: the ingest
 worker uses it to put the embedding, and nothing else, in Linux's idle CPU class
-(``documents.embeddings.idle_thread``). The thread holds no database connection and no lock
-while it embeds, so a starved batch delays only the passages that wait for it.
+(``documents.embeddings.idle_thread``). The thread holds no database connection and no row lock
+while it embeds, so a starved batch delays the passages that wait for it; the process's other
+threads wait for it only while it holds Python's interpreter lock (torch and the tokenizer let
+go of it while they compute).
 """
 
 from __future__ import annotations

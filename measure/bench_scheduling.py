@@ -81,6 +81,7 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from appliance.processes import held, start_appliance_processes, stop_groups
+from inference.engine.step_policy import OutputLengths
 from inference.timing import percentile
 from measure.benchmarking import (
     REAL_ASKS,
@@ -365,11 +366,14 @@ def document_figures(jobs: list, started: float) -> dict:
 
 def last_token_at(jobs: list) -> float | None:
     """When the last of the jobs' engine requests wrote its last token (epoch seconds), from
-    their metrics: created + time to first token + the rest of the output at its mean ITL."""
+    their metrics: created + time to first token + the rest of the output at its mean ITL; None
+    unless every job made one engine request."""
     ends = []
     for job in jobs:
         metrics = getattr(job, "metrics", None)
-        if metrics is None or metrics.itl_mean_ms is None:
+        # A job of several engine requests (sections, a retry) has one request's timing but
+        # every request's tokens: its end cannot be told from them.
+        if metrics is None or metrics.itl_mean_ms is None or metrics.engine_requests != 1:
             return None
         rest_ms = max(0, metrics.output_tokens - 1) * metrics.itl_mean_ms
         ends.append(job.created_at.timestamp() + (metrics.ttft_ms + rest_ms) / 1000)
@@ -1060,11 +1064,17 @@ class _Bench:
             demand += self.client().count_tokens([message])[0] + output
             messages.append(message)
         asked, source = self._real_asks(prompt, output, wanted, rng)
+        if len(asked) < OutputLengths().min_samples:
+            self.progress(
+                f"peak: only {len(asked)} EOS requests: the predicted reservation learns from "
+                f"{OutputLengths().min_samples} and reserves the max until then (raise --peak-factor)"
+            )
         result: dict[str, Any] = {
             "requests": len(messages),
             "kv_capacity_tokens": capacity,
             "demand_over_capacity": round(demand / capacity, 2),
             "eos_requests": len(asked),
+            "predicted_can_learn": len(asked) >= OutputLengths().min_samples,
             "eos_text": source,
         }
         runs = [("fixed", "appliance", "max"), ("fixed", "engine", "max"), ("eos", "appliance", "max"),

@@ -212,12 +212,17 @@ REAL_ASKS = (
 
 
 def real_paragraphs(folder: Path = REAL_TEXT_DIR) -> list[str]:
-    """The paragraphs of the text files in ``folder`` (sorted, so reproducible), whitespace
-    folded; empty where the folder is missing (the caller falls back to synthetic text)."""
+    """The paragraphs of the text files in ``folder`` (sorted, so reproducible; a file linked
+    under a second name read once), whitespace folded; empty where the folder is missing (the
+    caller falls back to synthetic text)."""
     paragraphs: list[str] = []
     if not folder.is_dir():
         return paragraphs
+    seen: set[Path] = set()
     for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        if path.resolve() in seen:  # GPL -> GPL-3: one text, read once
+            continue
+        seen.add(path.resolve())
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):

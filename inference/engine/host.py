@@ -624,7 +624,9 @@ class EngineHost:
             raise ProtocolError(f"bad scheduling settings: {exc}") from None
         if message.get("forget_output_lengths"):
             await self._scheduler_call("forget_output_lengths")
-        await self._scheduler_call("configure", policy.to_dict())
+        # The scheduler's state as it is now, not as last polled: a reservation made in the next
+        # second reads its prediction.
+        self.scheduler_state = await self._scheduler_call("configure", policy.to_dict())
         self.policy = policy
         logger.info("scheduling is now %s", policy.to_dict())
         return {"scheduling": str(policy.mode), "settings": policy.to_dict()}

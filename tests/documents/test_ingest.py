@@ -244,6 +244,8 @@ def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(browser, alice,
         assert os.SCHED_IDLE in classes and os.SCHED_OTHER in classes
     elif cpu_class == "nice":
         assert set(classes) == {os.SCHED_OTHER}
+    else:
+        assert set(classes) == {os.SCHED_IDLE}
 
 
 def test_the_idle_cpu_class_moves_every_thread_and_what_starts_later():

@@ -206,13 +206,14 @@ def test_the_idle_phase_splits_the_engine_from_the_work_after_the_last_token():
     from datetime import UTC, datetime
     from types import SimpleNamespace
 
-    def job(created_s: float, ttft_ms: float, tokens: int, itl_ms: float | None):
-        metrics = SimpleNamespace(ttft_ms=ttft_ms, output_tokens=tokens, itl_mean_ms=itl_ms)
+    def job(created_s: float, ttft_ms: float, tokens: int, itl_ms: float | None, requests: int = 1):
+        metrics = SimpleNamespace(ttft_ms=ttft_ms, output_tokens=tokens, itl_mean_ms=itl_ms, engine_requests=requests)
         return SimpleNamespace(created_at=datetime.fromtimestamp(created_s, tz=UTC), metrics=metrics)
 
     jobs = [job(100.0, 2_000, 65, 50.0), job(101.0, 500, 11, 100.0)]
     assert bench_scheduling.last_token_at(jobs) == pytest.approx(105.2)  # 100 + 2 s + 64 x 50 ms
     assert bench_scheduling.last_token_at([*jobs, job(100.0, 100, 1, None)]) is None  # no ITL: unknown
+    assert bench_scheduling.last_token_at([*jobs, job(100.0, 100, 9, 10.0, requests=2)]) is None  # sections
     repeats = [{"idle": {"vs_raw": v, "vs_raw_to_last_token": t}} for v, t in ((0.96, 1.0), (0.97, 0.99), (0.98, 1.01))]
     summary = bench_scheduling.summarise(repeats)
     assert summary["idle"]["vs_raw_to_last_token"]["mean"] == pytest.approx(1.0)

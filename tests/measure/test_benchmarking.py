@@ -64,6 +64,7 @@ def test_real_paragraphs_are_read_in_a_reproducible_order(tmp_path):
         "Its second paragraph, also long enough to be kept as one.\n"
     )
     (tmp_path / "binary").write_bytes(b"\xff\xfe\x00 not text")
+    (tmp_path / "C-same-as-A").symlink_to(tmp_path / "A-licence")  # read once, under its first name
     assert real_paragraphs(tmp_path) == [
         "The first paragraph of the first file, wrapped over two lines of text.",
         "Its second paragraph, also long enough to be kept as one.",
