@@ -1064,17 +1064,18 @@ class _Bench:
             demand += self.client().count_tokens([message])[0] + output
             messages.append(message)
         asked, source = self._real_asks(prompt, output, wanted, rng)
-        if len(asked) < OutputLengths().min_samples:
+        learns_from = OutputLengths().min_samples  # outputs the predicted reservation needs first
+        if len(asked) < learns_from:
             self.progress(
                 f"peak: only {len(asked)} EOS requests: the predicted reservation learns from "
-                f"{OutputLengths().min_samples} and reserves the max until then (raise --peak-factor)"
+                f"{learns_from} and reserves the max until then (raise --peak-factor)"
             )
         result: dict[str, Any] = {
             "requests": len(messages),
             "kv_capacity_tokens": capacity,
             "demand_over_capacity": round(demand / capacity, 2),
             "eos_requests": len(asked),
-            "predicted_can_learn": len(asked) >= OutputLengths().min_samples,
+            "predicted_can_learn": len(asked) >= learns_from,
             "eos_text": source,
         }
         runs = [("fixed", "appliance", "max"), ("fixed", "engine", "max"), ("eos", "appliance", "max"),
