@@ -84,6 +84,9 @@ class ClauseOptions:
 
 @dataclass(frozen=True)
 class ChatOptions:
+    """A chat job's request: ``messages`` in the model's chat template, or (``/v1/completions``)
+    a raw ``prompt`` continued as written, whose answer is kept verbatim."""
+
     messages: tuple[dict[str, str], ...]
     max_tokens: int
     temperature: float = 0.0
@@ -92,6 +95,7 @@ class ChatOptions:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     frequency_penalty: float = 0.0
+    prompt: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -100,6 +104,8 @@ class ChatOptions:
             "temperature": self.temperature,
             "ignore_eos": self.ignore_eos,
         }
+        if self.prompt:
+            data["prompt"] = self.prompt
         # Only what differs from the engine's defaults, so that the jobs of the browser and the
         # benchmarks keep the options they always had.
         if self.top_p != 1.0:
@@ -116,7 +122,7 @@ class ChatOptions:
     def from_json(cls, data: Mapping[str, Any]) -> ChatOptions:
         sampling = Sampling.from_json(data)
         return cls(
-            messages=tuple({"role": str(m["role"]), "content": str(m["content"])} for m in data["messages"]),
+            messages=tuple({"role": str(m["role"]), "content": str(m["content"])} for m in data.get("messages") or ()),
             max_tokens=int(data["max_tokens"]),
             temperature=sampling.temperature,
             ignore_eos=sampling.ignore_eos,
@@ -124,6 +130,7 @@ class ChatOptions:
             seed=sampling.seed,
             stop=sampling.stop,
             frequency_penalty=sampling.frequency_penalty or 0.0,
+            prompt=str(data.get("prompt") or ""),
         )
 
 

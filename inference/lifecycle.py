@@ -437,7 +437,7 @@ def _store_result(job: Job, attempt: Attempt, result: running.TaskResult) -> Job
     with transaction.atomic():
         updated = held(attempt).update(
             state=Job.State.SUCCEEDED,
-            result_text=result.text.strip(),
+            result_text=result.text if result.verbatim else result.text.strip(),
             result_note=result.note,
             result_data=result.data.to_json(),
             finished_at=timezone.now(),

@@ -88,6 +88,7 @@ class TaskResult:
     runs: list[EngineRun] = field(default_factory=list)  # every engine request, in order
     visible: EngineRun | None = None  # the one the user watched stream, if any
     resumed: int = 0  # hidden requests answered from the job's checkpoint instead of the engine
+    verbatim: bool = False  # stored as written (a raw completion's whitespace is part of it), else stripped
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _served_model: str | None = field(default=None, repr=False, compare=False)
 
@@ -238,10 +239,17 @@ def request_fingerprint(request: GenerateRequest) -> str:
 
 
 def engine_request(
-    job: Job, messages: list[dict[str, str]], max_tokens: int, *, part: str, json_schema: dict | None = None
+    job: Job,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    *,
+    part: str,
+    json_schema: dict | None = None,
+    prompt: str = "",
 ) -> GenerateRequest:
     """One request of ``job``: for its owner (the engine takes turns between users), and marked
-    ``suspect`` once the engine has died with the job in it (the host runs suspects apart)."""
+    ``suspect`` once the engine has died with the job in it (the host runs suspects apart).
+    ``prompt``: a raw prompt instead of ``messages`` (then empty)."""
     sampling = Sampling.from_json(job.options)
     free_text = json_schema is None and job.kind in (JobKind.SUMMARISE, JobKind.DRAFT)
     return GenerateRequest(
@@ -265,6 +273,7 @@ def engine_request(
         json_schema=json_schema,
         user=str(job.owner_id),
         suspect=job.engine_crashes >= 1,
+        prompt=prompt,
     )
 
 
@@ -652,9 +661,9 @@ def draft_note(support: dict, *, passages: int, left_out: int = 0) -> str:
 
 def run_chat(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     options = ChatOptions.from_json(job.options)
-    request = engine_request(job, list(options.messages), options.max_tokens, part="chat")
+    request = engine_request(job, list(options.messages), options.max_tokens, part="chat", prompt=options.prompt)
     run = run_engine(job, request, client, attempt)
-    return TaskResult(text=run.text, runs=[run], visible=run)
+    return TaskResult(text=run.text, runs=[run], visible=run, verbatim=bool(options.prompt))
 
 
 RUNNERS = {

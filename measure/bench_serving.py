@@ -91,6 +91,10 @@ LABELS = {
 SERVER_START_TIMEOUT_S = 900  # a fresh machine compiles the model's graphs once
 
 
+# --api: vLLM's bench backend and the endpoint it calls, alike on both servers.
+APIS = {"chat": ("openai-chat", "/v1/chat/completions"), "completions": ("openai", "/v1/completions")}
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the pair (intervals need 2 or more)")
     parser.add_argument("--input-len", type=int, default=256, help="prompt tokens per request (default 256)")
@@ -117,6 +121,13 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--seed", type=int, default=20261215, help="the random dataset's seed (+ the repeat)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one bench run may take")
+    parser.add_argument(
+        "--api",
+        choices=sorted(APIS),
+        default="chat",
+        help="the endpoint both servers are measured on: chat (/v1/chat/completions, the prompt in the chat "
+        "template; default) or completions (/v1/completions, the raw prompt: vLLM's bench client's default)",
+    )
 
 
 def run(command, **options) -> dict:
@@ -192,6 +203,7 @@ def _plan(options: dict) -> dict:
         "warmups": warmups,
         "seed": options["seed"],
         "timeout_s": options["timeout"],
+        "api": options.get("api") or "chat",
     }
 
 
@@ -375,7 +387,8 @@ def table(results: dict) -> list[str]:
         f"bench serving: {engine.get('model')} on {engine.get('device_name')}; {plan['num_prompts']} requests of "
         f"{plan['input_len']} tokens in / {plan['output_len']} out{_spread_text(plan)}, "
         f"{plan['concurrency']} at most at once{_arrivals_text(plan)}, "
-        f"{len(results['repeats'])} repeat(s); ratios are appliance /v1 over vllm serve, each within a repeat",
+        f"{len(results['repeats'])} repeat(s), on {APIS[plan.get('api') or 'chat'][1]}; "
+        "ratios are appliance over vllm serve, each within a repeat",
         "",
         f"{'':18}{'appliance /v1':>16}{'vllm serve':>14}{'ratio, mean [95 % CI]':>28}{'target':>10}  verdict",
     ]
@@ -494,9 +507,10 @@ def bench_argv(
     *, python: str, base_url: str, engine: dict, plan: dict, seed: int, result_dir: Path, result_file: str
 ) -> list[str]:
     """``vllm bench serve``, the same for both servers but for the URL."""
+    backend, endpoint = APIS[plan.get("api") or "chat"]
     return [
         python, "-m", "inference.engine.vllm_cli", "bench", "serve",
-        "--backend", "openai-chat", "--base-url", base_url, "--endpoint", "/v1/chat/completions",
+        "--backend", backend, "--base-url", base_url, "--endpoint", endpoint,
         "--model", str(engine["model_path"]), "--served-model-name", str(engine["model"]),
         "--tokenizer", str(engine["model_path"]),
         "--dataset-name", "random",

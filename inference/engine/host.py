@@ -558,6 +558,14 @@ class EngineHost:
         document's literal "<|im_end|>" never ends its message (``chat_tokens``)."""
         return prompt_token_ids(self.tokenizer, messages)
 
+    def request_token_ids(self, request: GenerateRequest) -> list[int]:
+        """The prompt of ``request``: its messages in the chat template, or its raw prompt as
+        vLLM's completions endpoint reads one (the tokenizer's own special tokens added, such as
+        a beginning-of-sequence token, and markers in the text read as control tokens)."""
+        if request.prompt:
+            return list(self.tokenizer.encode(request.prompt, add_special_tokens=True))
+        return self.prompt_token_ids(request.messages)
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await reader.readline()
@@ -635,7 +643,7 @@ class EngineHost:
         self, request: GenerateRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         # Tokenising a long document takes a while: off the loop, so that streams keep flowing.
-        prompt_ids = await asyncio.to_thread(self.prompt_token_ids, request.messages)
+        prompt_ids = await asyncio.to_thread(self.request_token_ids, request)
         max_len = self.info["max_model_len"]
         if len(prompt_ids) + request.max_tokens > max_len:
             detail = (
@@ -825,7 +833,7 @@ class EngineHost:
         from vllm.sampling_params import RequestOutputKind
 
         requests = [GenerateRequest.from_message({"op": "generate", **m}) for m in message.get("requests", [])]
-        prompts = await asyncio.to_thread(lambda: [self.prompt_token_ids(r.messages) for r in requests])
+        prompts = await asyncio.to_thread(lambda: [self.request_token_ids(r) for r in requests])
 
         async def one(request: GenerateRequest, prompt_ids: list[int]) -> tuple[int, float, float]:
             params = SamplingParams(

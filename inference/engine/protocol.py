@@ -191,16 +191,25 @@ class GenerateRequest:
     # The job was in the engine when its engine core died: the host runs such requests one at a
     # time, so that a request that kills the engine takes no other suspect with it.
     suspect: bool = False
+    # A raw prompt (``/v1/completions``): read as the text it is, with no chat template around it,
+    # instead of ``messages`` (then empty). Whoever writes it writes the whole prompt, so its
+    # control markers are read as such, as vLLM's own completions endpoint reads them.
+    prompt: str = ""
 
     def to_message(self) -> dict[str, Any]:
-        return {"op": "generate", **asdict(self)}
+        message = {"op": "generate", **asdict(self)}
+        if not self.prompt:
+            # Left out when unused: a request's fingerprint (``running.request_fingerprint``, which
+            # a summary's finished sections are kept under) stays what it was before raw prompts.
+            del message["prompt"]
+        return message
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> GenerateRequest:
         try:
             request = cls(
                 request_id=str(message["request_id"]),
-                messages=[{"role": str(m["role"]), "content": str(m["content"])} for m in message["messages"]],
+                messages=[{"role": str(m["role"]), "content": str(m["content"])} for m in message.get("messages", [])],
                 max_tokens=int(message["max_tokens"]),
                 priority=int(message.get("priority", Priority.PREFILL)),
                 temperature=float(message.get("temperature", 0.0)),
@@ -213,6 +222,7 @@ class GenerateRequest:
                 json_schema=message.get("json_schema"),
                 user=str(message.get("user", "")),
                 suspect=bool(message.get("suspect", False)),
+                prompt=str(message.get("prompt") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"bad generate request: {exc!r}") from None
@@ -220,8 +230,10 @@ class GenerateRequest:
             raise ProtocolError("bad generate request: empty request_id")
         if request.max_tokens < 1:
             raise ProtocolError("bad generate request: max_tokens must be at least 1")
-        if not request.messages:
-            raise ProtocolError("bad generate request: no messages")
+        if not request.messages and not request.prompt:
+            raise ProtocolError("bad generate request: no messages and no prompt")
+        if request.messages and request.prompt:
+            raise ProtocolError("bad generate request: both messages and a raw prompt (one or the other)")
         if not -2.0 <= request.frequency_penalty <= 2.0:
             raise ProtocolError("bad generate request: frequency_penalty must be between -2 and 2")
         if request.json_schema is not None and not isinstance(request.json_schema, dict):

@@ -47,14 +47,16 @@ class StreamDiverged(Exception):
 
 
 class StreamedText:
-    """What a stream has sent, kept equal to what the job stores. The worker stores the answer
-    without its leading and trailing whitespace, so trailing whitespace is held back until more
-    text follows. A job the appliance restarts (its worker or engine was lost) writes its answer
-    again from the start: what was sent already is not sent twice, as long as it is the same."""
+    """What a stream has sent, kept equal to what the job stores. The worker stores a chat
+    answer without its leading and trailing whitespace, so trailing whitespace is held back until
+    more text follows; a raw completion's answer (``verbatim``) is stored and sent as written. A
+    job the appliance restarts (its worker or engine was lost) writes its answer again from the
+    start: what was sent already is not sent twice, as long as it is the same."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, verbatim: bool = False) -> None:
         self.sent = ""
         self._attempt = ""
+        self._verbatim = verbatim
         self.caught_up = True  # this attempt has written all that was sent (a restarted one: not yet)
 
     def restart(self) -> None:
@@ -64,7 +66,7 @@ class StreamedText:
     def add(self, text: str) -> str:
         """The text to send now for a delta of the job's text."""
         self._attempt += text
-        ready = self._attempt.strip()
+        ready = self._attempt if self._verbatim else self._attempt.strip()
         if ready.startswith(self.sent):
             new, self.sent, self.caught_up = ready[len(self.sent) :], ready, True
             return new
@@ -123,19 +125,29 @@ async def _wait_for(job: Job) -> Job:
 def _stream(
     job: Job, chat: ChatRequest, model: str, *, user_id: int | None = None, slot: str | None = None
 ) -> StreamingHttpResponse:
-    """The chat completion's stream; ``slot``: the stream slot its person holds (given back at
-    its end), None when no limit applies."""
-    base = {"id": completion_id(job), "object": "chat.completion.chunk", "created": int(job.created_at.timestamp())}
-    base["model"] = model
+    """The completion's stream: ``chat.completion.chunk`` events, or ``text_completion`` ones for a
+    raw prompt (``chat.raw``); ``slot``: the stream slot its person holds (given back at its
+    end), None when no limit applies."""
+    base = {
+        "id": completion_id(job, raw=chat.raw),
+        "object": "text_completion" if chat.raw else "chat.completion.chunk",
+        "created": int(job.created_at.timestamp()),
+        "model": model,
+    }
+
+    def choice(delta: dict, finish: str | None) -> dict:
+        if chat.raw:
+            return {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
 
     def chunk(delta: dict | None = None, finish: str | None = None, **extra) -> str:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        choices = [] if delta is None else [choice(delta, finish)]
         body = {**base, "choices": choices, **({"usage": None} if chat.include_usage else {}), **extra}
         return f"data: {json.dumps(body)}\n\n"
 
     async def events() -> AsyncIterator[str]:
         finished = False
-        text = StreamedText()
+        text = StreamedText(verbatim=chat.raw)
         # This attempt's tokens, and when each batch of them reached the worker (sent with the next
         # chunk), for continuous_usage_stats.
         written = {"prompt_tokens": 0, "completion_tokens": 0}
@@ -146,7 +158,7 @@ def _stream(
             # The role goes with the first text, not ahead of the job: a client times the first
             # token from the first chunk (as vLLM's server sends them, back to back).
             nonlocal role_sent
-            if not role_sent:
+            if not role_sent and not chat.raw:
                 delta, role_sent = {"role": "assistant", "content": "", **delta}, True
             if not chat.continuous_usage:
                 return chunk(delta, finish, **extra)

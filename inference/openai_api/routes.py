@@ -14,13 +14,23 @@ from inference.openai_api.relay import _stream, _wait_for
 from inference.openai_api.schemas import (
     JOB_ID_HEADER,
     STREAM_DOC,
+    TEXT_STREAM_DOC,
     ChatCompletion,
     ChatCompletionRequest,
+    CompletionRequest,
     ModelCard,
     ModelList,
+    TextCompletion,
 )
 from inference.openai_api.served import model_or_404, served_model
-from inference.openai_api.translation import chat_completion, chat_request, unfinished_problem
+from inference.openai_api.translation import (
+    ChatRequest,
+    chat_completion,
+    chat_request,
+    completion_request,
+    text_completion,
+    unfinished_problem,
+)
 
 router = Router()
 
@@ -31,6 +41,7 @@ OPERATION_IDS = {
     "models_list": "inference_openai_api_models_list",
     "models_get": "inference_openai_api_models_get",
     "chat_completions": "inference_openai_api_chat_completions",
+    "completions": "inference_openai_api_completions",
 }
 
 
@@ -77,8 +88,32 @@ async def chat_completions(request: HttpRequest, response: HttpResponse, payload
     appliance's measurements in `appliance`, and `X-Appliance-Job-Id` names the job. If the
     client disconnects, waiting for a whole answer or in the middle of a stream, the job is
     cancelled."""
-    model = model_or_404(payload.model)["id"]
-    chat = chat_request(payload)
+    return await _answer(request, response, model_or_404(payload.model)["id"], chat_request(payload))
+
+
+@router.post(
+    "/completions",
+    auth=WRITE,
+    response=responses(403, 404, 409, 429, 502, 503, ok={200: TextCompletion}),
+    openapi_extra=TEXT_STREAM_DOC,
+    summary="Create a completion",
+    operation_id=OPERATION_IDS["completions"],
+)
+async def completions(request: HttpRequest, response: HttpResponse, payload: CompletionRequest):
+    """OpenAI's (legacy) completion: the `prompt` continued as written, with no chat template
+    around it, as a chat job on the decode queue (what `vllm serve` answers here, and the
+    endpoint vLLM's own `vllm bench serve` calls by default). The text comes back exactly as
+    the model wrote it, leading space included. `max_tokens` defaults to 16, as OpenAI's. Not
+    supported, and refused with 400 naming the field: more than one prompt, prompts as token ids,
+    `n` or `best_of` > 1, `echo`, `suffix`, `logprobs`, `logit_bias`, `presence_penalty`,
+    `repetition_penalty` other than 1. The other answers, the measurements in `appliance`, the
+    job's header and a client that disconnects are as for a chat completion."""
+    return await _answer(request, response, model_or_404(payload.model)["id"], completion_request(payload))
+
+
+async def _answer(request: HttpRequest, response: HttpResponse, model: str, chat: ChatRequest):
+    """Queue the chat job for ``chat`` and answer with its stream or, once it has finished, its
+    whole completion."""
     # A stream's slot is taken before its job is queued: at the limit, nothing is queued.
     slot = (
         await streaming.take_stream_slot(request.user.pk, api_token=getattr(request, "api_token", None))
@@ -98,4 +133,4 @@ async def chat_completions(request: HttpRequest, response: HttpResponse, payload
     if job.state != Job.State.SUCCEEDED:
         raise unfinished_problem(job)
     response[JOB_ID_HEADER] = str(job.pk)
-    return chat_completion(job, model=model)
+    return text_completion(job, model=model) if chat.raw else chat_completion(job, model=model)

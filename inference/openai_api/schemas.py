@@ -109,6 +109,56 @@ class ChatCompletionRequest(Schema):
     )
 
 
+Prompt = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1}],
+            "description": "The text to continue, as written: no chat template goes around it. One prompt a "
+            "request (a list of one text is accepted); prompts as token ids are refused.",
+        }
+    ),
+]
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for a completion
+
+
+class CompletionRequest(Schema):
+    """OpenAI's (legacy) completion request: a raw prompt continued as written, with no chat
+    template, as ``vllm serve`` answers it (the default endpoint of vLLM's own ``vllm bench
+    serve``). Unknown fields are ignored."""
+
+    model: str = Field(..., description="The id of a model from GET /v1/models.")
+    prompt: Prompt = None
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=services.CHAT_MAX_TOKENS_LIMIT,
+        description=f"The most tokens to write (default {COMPLETION_DEFAULT_MAX_TOKENS}, as OpenAI's); "
+        "the KV cache is reserved for them.",
+    )
+    temperature: float | None = Field(None, ge=0, le=2, description="Default 1, as OpenAI's.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Default 1.")
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="Makes sampling repeatable.")
+    stop: Stop = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Default 0.")
+    presence_penalty: float | None = Field(None, description="Only 0 (not supported).")
+    repetition_penalty: float | None = Field(None, description="vLLM's extension: only 1 (not supported).")
+    n: int | None = Field(None, description="Only 1.")
+    best_of: int | None = Field(None, description="Only 1.")
+    echo: bool | None = Field(None, description="Only false (not supported).")
+    suffix: str | None = Field(None, description="Not supported.")
+    logprobs: int | None = Field(None, description="Not supported.")
+    logit_bias: dict[str, Any] | None = Field(None, description="Not supported.")
+    stream: bool | None = Field(False, description="Answer with server-sent events of text_completion.")
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, description="Accepted and ignored.")
+    ignore_eos: bool = Field(
+        False,
+        description="vLLM's extension: write exactly `max_tokens` tokens, past the end of the answer (for load tests).",
+    )
+
+
 class ModelCard(Schema):
     id: str
     object: Literal["model"] = "model"
@@ -156,6 +206,55 @@ class ChatCompletion(Schema):
     choices: list[CompletionChoice]
     usage: Usage
     appliance: ApplianceMeasurements
+
+
+class TextChoice(Schema):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class TextCompletion(Schema):
+    id: str = Field(..., description="cmpl-<job id>")
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: Usage
+    appliance: ApplianceMeasurements
+
+
+TEXT_STREAM_DOC = {
+    "responses": {
+        200: {
+            "description": (
+                "Without `stream`: the `text_completion`, its text exactly as the model wrote it (leading "
+                "space included). With `stream: true`: server-sent events, each `data: <text_completion JSON>` "
+                "with one choice holding the next `text`; the first leaves when the first token has been "
+                "written; then a chunk with `finish_reason`, then (with `stream_options.include_usage`) a chunk "
+                "with `usage` and no choices, then `data: [DONE]`. Waiting, failures and cancellation are "
+                "as for a chat completion's stream. Header `X-Appliance-Job-Id` names the job."
+            ),
+            "headers": {
+                JOB_ID_HEADER: {"description": "The appliance job that answered.", "schema": {"type": "string"}}
+            },
+            "content": {
+                "text/event-stream": {
+                    "schema": {"type": "string"},
+                    "example": (
+                        'data: {"id": "cmpl-…", "object": "text_completion", "created": 1767225600, "model": '
+                        '"SmolLM2-135M-Instruct", "choices": [{"index": 0, "text": " the", "logprobs": null, '
+                        '"finish_reason": null}]}\n\n'
+                        'data: {"id": "cmpl-…", …, "choices": [{"index": 0, "text": "", "logprobs": null, '
+                        '"finish_reason": "length"}]}\n\n'
+                        "data: [DONE]\n\n"
+                    ),
+                }
+            },
+        }
+    }
+}
 
 
 STREAM_DOC = {

@@ -1,5 +1,5 @@
-"""A chat completion request into the appliance's chat job, and a finished job into OpenAI's
-answer (pure: no I/O)."""
+"""A chat completion or completion request into the appliance's chat job, and a finished job
+into OpenAI's answer (pure: no I/O)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from typing import Any
 from api.problems import ApiProblem, bad_field
 from inference.job_options import ChatOptions
 from inference.models import Job
-from inference.openai_api.schemas import JOB_ID_HEADER, STOP_SEQUENCES_MAX, ChatCompletionRequest, ChatMessageIn
+from inference.openai_api.schemas import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    JOB_ID_HEADER,
+    STOP_SEQUENCES_MAX,
+    ChatCompletionRequest,
+    ChatMessageIn,
+    CompletionRequest,
+)
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -23,6 +30,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool = False
+    raw: bool = False  # a completion of a raw prompt (``text_completion``), not a chat completion
 
 
 def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
@@ -50,6 +58,50 @@ def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
     max_tokens = payload.max_completion_tokens if payload.max_completion_tokens is not None else payload.max_tokens
     if max_tokens is not None:
         options["max_tokens"] = max_tokens  # else job_create_chat's default
+    return _with_sampling(options, payload)
+
+
+def completion_request(payload: CompletionRequest) -> ChatRequest:
+    """A ``/v1/completions`` request as a chat job with a raw prompt (``ChatRequest.raw``);
+    raises a 400 ``ApiProblem`` naming the field for what the appliance cannot do."""
+    if payload.n not in (None, 1):
+        raise bad_field("n", "only n=1 is supported: the appliance writes one choice per request.")
+    if payload.best_of not in (None, 1):
+        raise bad_field("best_of", "only best_of=1 is supported: the appliance writes one answer per request.")
+    if payload.echo:
+        raise bad_field("echo", "echo is not supported: the answer holds only what the model wrote.")
+    if payload.suffix:
+        raise bad_field("suffix", "suffix (text to insert before) is not supported.")
+    if payload.logprobs:
+        raise bad_field("logprobs", "log probabilities are not supported.")
+    if payload.logit_bias:
+        raise bad_field("logit_bias", "logit_bias is not supported.")
+    if payload.presence_penalty:
+        raise bad_field("presence_penalty", "presence_penalty is not supported; frequency_penalty is.")
+    if payload.repetition_penalty not in (None, 1, 1.0):
+        raise bad_field("repetition_penalty", "repetition_penalty is not supported (only 1); frequency_penalty is.")
+    options: dict[str, Any] = {"prompt": prompt_text(payload.prompt)}
+    options["max_tokens"] = COMPLETION_DEFAULT_MAX_TOKENS if payload.max_tokens is None else payload.max_tokens
+    return _with_sampling(options, payload, raw=True)
+
+
+def prompt_text(prompt: Any) -> str:
+    """A completion's prompt: a text, or a list holding one."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        raise bad_field("prompt", "one prompt a request: send each prompt as a request of its own.")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) for p in prompt):
+        raise bad_field("prompt", "prompts as token ids are not supported; send the text.")
+    if not isinstance(prompt, str) or not prompt:
+        raise bad_field("prompt", "must be a non-empty text.")
+    return prompt
+
+
+def _with_sampling(
+    options: dict[str, Any], payload: ChatCompletionRequest | CompletionRequest, *, raw: bool = False
+) -> ChatRequest:
+    """The sampling and streaming options both endpoints share, with OpenAI's defaults."""
     options["temperature"] = 1.0 if payload.temperature is None else payload.temperature  # OpenAI's default
     if payload.top_p is not None:
         options["top_p"] = payload.top_p
@@ -68,6 +120,7 @@ def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
         stream=bool(payload.stream),
         include_usage=bool(stream_options and stream_options.include_usage),
         continuous_usage=bool(stream_options and stream_options.continuous_usage_stats),
+        raw=raw,
     )
 
 
@@ -136,8 +189,21 @@ def measurements(job: Job) -> dict[str, Any]:
     return measured
 
 
-def completion_id(job: Job) -> str:
-    return f"chatcmpl-{job.pk}"
+def completion_id(job: Job, *, raw: bool = False) -> str:
+    return f"cmpl-{job.pk}" if raw else f"chatcmpl-{job.pk}"
+
+
+def text_completion(job: Job, *, model: str) -> dict[str, Any]:
+    """A finished raw-prompt job as OpenAI's ``text_completion``."""
+    return {
+        "id": completion_id(job, raw=True),
+        "object": "text_completion",
+        "created": int(job.created_at.timestamp()),
+        "model": model,
+        "choices": [{"index": 0, "text": job.result_text, "logprobs": None, "finish_reason": finish_reason(job)}],
+        "usage": usage(job),
+        "appliance": measurements(job),
+    }
 
 
 def chat_completion(job: Job, *, model: str) -> dict[str, Any]:

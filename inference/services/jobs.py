@@ -119,7 +119,8 @@ def job_create_clauses(
 def job_create_chat(
     *,
     owner: User,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, str]] | None = None,
+    prompt: str | None = None,
     max_tokens: int = 512,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -130,9 +131,17 @@ def job_create_chat(
     api_token=None,
 ) -> Job:
     """A chat completion on the decode queue: the OpenAI-compatible API and the benchmarks.
-    ``top_p``, ``seed``, ``stop`` and ``frequency_penalty`` go to the engine as OpenAI defines
-    them (``running.engine_request``)."""
-    if not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
+    ``messages`` are read in the model's chat template; a ``prompt`` instead (``/v1/completions``)
+    is continued as written, and its answer kept verbatim, whitespace and all. ``top_p``,
+    ``seed``, ``stop`` and ``frequency_penalty`` go to the engine as OpenAI defines them
+    (``running.engine_request``)."""
+    if prompt is not None:
+        if messages:
+            raise JobRejected("send either messages or a prompt, not both.", field="prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise JobRejected("prompt must be a non-empty text.", field="prompt")
+        messages = []
+    elif not messages or not all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages):
         raise JobRejected("messages must be a non-empty list of {role, content} objects.", field="messages")
     if len(messages) > CHAT_MAX_MESSAGES:
         raise JobRejected(f"at most {CHAT_MAX_MESSAGES} messages are accepted in one request.", field="messages")
@@ -161,6 +170,7 @@ def job_create_chat(
         seed=None if seed is None else int(seed),
         stop=tuple(stop),
         frequency_penalty=float(frequency_penalty),
+        prompt=prompt or "",
     )
     return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options.to_json(), api_token=api_token)
 

@@ -25,6 +25,7 @@ def job_retry(*, job: Job, user: User) -> Job:
         return job_create_chat(
             owner=user,
             messages=list(chat.messages),
+            prompt=chat.prompt or None,
             max_tokens=chat.max_tokens,
             temperature=chat.temperature,
             top_p=chat.top_p,

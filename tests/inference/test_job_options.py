@@ -21,6 +21,7 @@ EXAMPLES = [
         ignore_eos=True,
     ),  # fmt: skip
     ChatOptions(messages=({"role": "user", "content": "Hello"},), max_tokens=16),
+    ChatOptions(messages=(), max_tokens=16, prompt="Once upon a time", temperature=1.0),
     DraftOptions(
         message="Dear Sir", document_ids=(3, 5), tone="formal", length="short", temperature=0.7, regenerated_from="41"
     ),  # fmt: skip
@@ -47,6 +48,9 @@ def test_rows_keep_the_shape_they_always_had():
         "ignore_eos": False,
     }
     assert "regenerated_from" not in DraftOptions(message="m").to_json()
+    # A raw completion's row holds its prompt, and no messages.
+    raw = ChatOptions(messages=(), max_tokens=8, prompt=" Dear").to_json()
+    assert raw["prompt"] == " Dear" and raw["messages"] == []
 
 
 def test_an_older_row_without_optional_keys_reads_with_the_defaults():

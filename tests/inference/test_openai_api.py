@@ -24,7 +24,15 @@ from api.services import token_create
 from api.site import api
 from inference import openai_api, services
 from inference.models import Job, JobKind, Queue, RequestMetrics
-from inference.openai_api import ChatCompletionRequest, StreamDiverged, StreamedText, chat_request, relay
+from inference.openai_api import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    StreamDiverged,
+    StreamedText,
+    chat_request,
+    completion_request,
+    relay,
+)
 from inference.running import engine_request
 from tests.conftest import wait_until
 
@@ -112,6 +120,58 @@ def test_the_defaults_of_refused_features_are_accepted():
     assert chat.job_options["messages"] == HELLO
 
 
+def _translate_completion(**body):
+    return completion_request(CompletionRequest(**{"model": MODEL, "prompt": "Once upon a time", **body}))
+
+
+def test_a_completion_is_a_chat_job_of_the_raw_prompt_with_openais_defaults():
+    text = _translate_completion()
+    assert text.raw and not text.stream
+    # No messages: the prompt is continued as written, with no chat template around it.
+    assert text.job_options == {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.0}
+    assert _translate_completion(prompt=["Dear Sir,"]).job_options["prompt"] == "Dear Sir,"
+    chosen = _translate_completion(max_tokens=40, temperature=0, top_p=0.5, seed=3, stop="\n", ignore_eos=True)
+    assert chosen.job_options == {
+        "prompt": "Once upon a time",
+        "max_tokens": 40,
+        "temperature": 0,
+        "top_p": 0.5,
+        "seed": 3,
+        "stop": ["\n"],
+        "ignore_eos": True,
+    }
+    streamed = _translate_completion(stream=True, stream_options={"include_usage": True})
+    assert streamed.stream and streamed.include_usage and streamed.raw
+    # What vLLM's bench client sends by default (``vllm bench serve``, backend "openai").
+    bench = _translate_completion(repetition_penalty=1.0, logprobs=None, stream=True, n=1, best_of=1, echo=False)
+    assert bench.raw and bench.job_options["prompt"] == "Once upon a time"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"prompt": [101, 2023]}, "prompt"),
+        ({"prompt": [[101, 2023]]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": None}, "prompt"),
+        ({"n": 2}, "n"),
+        ({"best_of": 3}, "best_of"),
+        ({"echo": True}, "echo"),
+        ({"suffix": "The end."}, "suffix"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"presence_penalty": 0.3}, "presence_penalty"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ],
+)
+def test_what_a_completion_cannot_do_is_refused_naming_the_field(body, field):
+    with pytest.raises(ApiProblem) as refused:
+        _translate_completion(**body)
+    assert refused.value.status == 400 and refused.value.errors[0]["field"] == field
+
+
 # --- the streamed text -----------------------------------------------------------------------
 
 
@@ -122,6 +182,36 @@ def test_the_stream_sends_what_the_job_stores_without_outer_whitespace():
     assert text.sent == "  Dear Sir,  \nthank you.\n".strip()
     assert text.rest("Dear Sir,  \nthank you.") == ""
     assert text.rest("Dear Sir,  \nthank you. More") == " More"
+
+
+def test_a_raw_completion_streams_its_text_as_written_whitespace_and_all():
+    text = StreamedText(verbatim=True)
+    sent = [text.add(delta) for delta in [" upon", " a time", "\n", "there was"]]
+    assert sent == [" upon", " a time", "\n", "there was"]
+    assert text.rest(" upon a time\nthere was") == "" and text.rest(" upon a time\nthere was\n") == "\n"
+
+
+def test_a_raw_completions_stream_is_text_completion_chunks_with_no_role(monkeypatch):
+    done = _finished()
+    done.options = {"prompt": "Once upon a time", "max_tokens": 16, "messages": []}
+    done.result_text = " upon a hill\n"
+    events = [
+        ("keepalive", {}),
+        ("delta", {"text": " upon", "tokens": 1}),
+        ("delta", {"text": " a hill\n", "tokens": 15}),
+    ]
+    chat = _translate_completion(stream=True, stream_options={"include_usage": True})
+    parts, cancelled = _streamed(monkeypatch, events, done, chat=chat)
+    assert parts[0] == "\n" and parts[-1] == "data: [DONE]\n\n"
+    chunks = _chunks(parts)
+    assert {c["object"] for c in chunks} == {"text_completion"} and {c["id"] for c in chunks} == {f"cmpl-{done.pk}"}
+    # Each chunk's text as written (the leading space and the newline are the model's), then the
+    # finish, then the usage with no choice.
+    assert [c["choices"][0]["text"] for c in chunks[:-1]] == [" upon", " a hill\n", ""]
+    assert all("delta" not in c["choices"][0] for c in chunks[:-1])
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, "length"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 16
+    assert not cancelled
 
 
 def test_a_restarted_job_resends_nothing_it_already_sent_unless_it_differs():
@@ -182,9 +272,10 @@ def test_a_cancelled_job_is_409_not_to_retry_and_a_failed_one_502_with_its_reaso
 # --- the streamed chunks, from a fake of the job's event stream --------------------------------
 
 
-def _streamed(monkeypatch, events, done: Job, **stream_options) -> tuple[list[str], list]:
+def _streamed(monkeypatch, events, done: Job, *, chat=None, **stream_options) -> tuple[list[str], list]:
     """What ``_stream`` sends, part by part, for a job whose event stream is ``events`` (a fake
-    of ``_job_events``) and that ends as ``done``; and the jobs it cancelled."""
+    of ``_job_events``) and that ends as ``done``; and the jobs it cancelled. ``chat``: the
+    translated request (default: a streamed chat completion with ``stream_options``)."""
     cancelled = []
 
     async def job_events(job):
@@ -200,7 +291,8 @@ def _streamed(monkeypatch, events, done: Job, **stream_options) -> tuple[list[st
     monkeypatch.setattr(relay, "_job_events", job_events)
     monkeypatch.setattr(relay, "_finished_job", finished_job)
     monkeypatch.setattr(relay, "_cancel", cancel)
-    response = relay._stream(done, _translate(stream=True, stream_options=stream_options or None), MODEL)
+    chat = chat or _translate(stream=True, stream_options=stream_options or None)
+    response = relay._stream(done, chat, MODEL)
 
     async def parts() -> list[str]:
         return [part.decode() async for part in response.streaming_content]
@@ -463,13 +555,18 @@ def test_the_schema_documents_the_stream_and_every_error():
     assert {"application/json", "text/event-stream"} <= operation["responses"][200]["content"].keys()
     assert {400, 401, 403, 404, 409, 429, 502, 503} <= operation["responses"].keys()
     assert operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("ChatCompletionRequest")
+    text = api.get_openapi_schema()["paths"]["/v1/completions"]["post"]
+    assert {"application/json", "text/event-stream"} <= text["responses"][200]["content"].keys()
+    assert {400, 401, 403, 404, 409, 429, 502, 503} <= text["responses"].keys()
+    assert text["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/CompletionRequest")
 
 
 # --- the official client against the live appliance ------------------------------------------
 
 
 def _job_of(completion_id: str) -> Job:
-    return Job.objects.select_related("metrics", "api_token").get(pk=completion_id.removeprefix("chatcmpl-"))
+    job_id = completion_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
+    return Job.objects.select_related("metrics", "api_token").get(pk=job_id)
 
 
 def _usage_of(job: Job) -> tuple[int, int, int]:
@@ -605,6 +702,87 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
 
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
+def test_a_raw_prompt_completion_for_the_openai_client_and_vllms_bench_client(
+    alice, live_appliance, workers, engine_host, monkeypatch
+):
+    """``/v1/completions``, the endpoint vLLM's own ``vllm bench serve`` calls by default: the
+    prompt is read as written (no chat template: its tokens are the tokenizer's own count), and
+    the text comes back as the model wrote it, leading space included."""
+    from django.conf import settings
+    from transformers import AutoTokenizer
+
+    token, raw = token_create(user=alice, name="completions", scopes=["read", "write"])
+    client = openai.OpenAI(base_url=f"{live_appliance}/v1", api_key=raw, max_retries=0, timeout=120)
+    served = engine_host.stats()["model"]
+    prompt = "The tenant shall pay the rent on the first day of"
+    prompt_tokens = len(AutoTokenizer.from_pretrained(settings.APPLIANCE_MODEL).encode(prompt))
+
+    completion = client.completions.create(model=served, prompt=prompt, max_tokens=8, temperature=0)
+    job = _job_of(completion.id)
+    assert completion.id == f"cmpl-{job.pk}" and completion.object == "text_completion"
+    assert job.state == Job.State.SUCCEEDED and job.kind == JobKind.CHAT and job.queue == Queue.DECODE
+    assert job.options["prompt"] == prompt and job.options["messages"] == [] and job.api_token == token
+    text = completion.choices[0].text
+    # Stored and answered as written: a continuation of a sentence starts with its space.
+    assert text and text == job.result_text and text != text.strip()
+    assert completion.usage.prompt_tokens == prompt_tokens == job.metrics.prompt_tokens
+    assert (completion.usage.completion_tokens, completion.choices[0].finish_reason) == (
+        job.metrics.output_tokens,
+        "length" if job.metrics.output_tokens >= 8 else "stop",
+    )
+
+    chunks, arrivals = _streamed_chunks(
+        client.completions.create(
+            model=served,
+            prompt=[prompt],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    job = _job_of(chunks[0].id)
+    assert arrivals[0] >= _first_token_at(job)  # the first chunk is the first token
+    streamed = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    assert streamed == job.result_text and job.metrics.output_tokens == 12
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (prompt_tokens, 12)
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=served, prompt=[prompt, prompt], max_tokens=8)
+    assert refused.value.param == "prompt" and "one prompt a request" in refused.value.message
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=served, prompt=prompt, max_tokens=8, echo=True)
+    assert refused.value.param == "echo"
+
+    # vLLM's own bench client, as `vllm bench serve` runs it with its default backend.
+    import aiohttp
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
+
+    monkeypatch.setenv("OPENAI_API_KEY", raw)
+
+    async def bench_request():
+        async with aiohttp.ClientSession() as session:
+            request = RequestFuncInput(
+                prompt=prompt,
+                api_url=f"{live_appliance}/v1/completions",
+                prompt_len=prompt_tokens,
+                output_len=10,
+                model=served,
+                ignore_eos=True,
+            )
+            return await async_request_openai_completions(request, session)
+
+    output = asyncio.run(bench_request())
+    assert output.success, output.error
+    job = Job.objects.select_related("metrics").filter(api_token=token).latest("created_at")
+    assert output.generated_text == job.result_text and output.output_tokens == 10 == job.metrics.output_tokens
+    assert output.prompt_len == prompt_tokens and output.ttft > 0
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
 def test_a_client_that_hangs_up_in_the_middle_of_a_stream_cancels_its_job(alice, live_appliance, workers, engine_host):
     """A chat client's Stop button closes the stream: the engine must stop writing for nobody,
     or every abandoned answer keeps a decode slot busy to its last token."""
@@ -651,4 +829,5 @@ def test_the_v1_operation_ids_stay_what_generated_clients_call():
         ("/v1/models", "get"): "inference_openai_api_models_list",
         ("/v1/models/{model}", "get"): "inference_openai_api_models_get",
         ("/v1/chat/completions", "post"): "inference_openai_api_chat_completions",
+        ("/v1/completions", "post"): "inference_openai_api_completions",
     }

@@ -134,6 +134,19 @@ def test_from_message_rejects_empty_messages():
         GenerateRequest.from_message(message)
 
 
+def test_a_raw_prompt_goes_instead_of_messages_and_is_left_out_when_unused():
+    raw = GenerateRequest(request_id="9-1-chat", messages=[], max_tokens=8, prompt="Once upon a time")
+    assert GenerateRequest.from_message(raw.to_message()) == raw
+    # A request of messages reads as it always did: a summary's finished sections are kept under
+    # the fingerprint of this message, which must not change with the new field.
+    assert "prompt" not in _request().to_message()
+    both = {**_request().to_message(), "prompt": "Once upon a time"}
+    with pytest.raises(ProtocolError, match="both messages and a raw prompt"):
+        GenerateRequest.from_message(both)
+    with pytest.raises(ProtocolError, match="no messages and no prompt"):
+        GenerateRequest.from_message({**raw.to_message(), "prompt": ""})
+
+
 def test_from_message_rejects_empty_request_id():
     message = _request().to_message()
     message["request_id"] = ""

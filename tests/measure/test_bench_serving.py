@@ -265,6 +265,41 @@ def test_lengths_that_vary_and_steady_arrivals_reach_both_servers_alike(tmp_path
         assert options["--max-concurrency"] == "4"  # still a cap on what is in flight
 
 
+def test_both_servers_can_be_measured_on_the_completions_endpoint(tmp_path: Path):
+    """``--api completions``: vLLM's bench client's own default (backend "openai", the raw prompt
+    on /v1/completions), on both servers alike."""
+    plan = {
+        "input_len": 256,
+        "output_len": 128,
+        "num_prompts": 48,
+        "concurrency": 4,
+        "warmups": 4,
+        "api": "completions",
+    }
+    appliance, vllm = (
+        _options(
+            bench_serving.bench_argv(
+                python="python",
+                base_url=url,
+                engine=ENGINE,
+                plan=plan,
+                seed=7,
+                result_dir=tmp_path,
+                result_file="r.json",
+            )
+        )
+        for url in ("http://127.0.0.1:8000", "http://127.0.0.1:9000")
+    )
+    for options in (appliance, vllm):
+        assert (options["--backend"], options["--endpoint"]) == ("openai", "/v1/completions")
+    given = {"repeats": 1, "input_len": 256, "output_len": 96, "concurrency": 4, "num_prompts": 24,
+             "warmups": None, "seed": 1, "timeout": 60, "range_ratio": 0.0, "request_rate": float("inf")}  # fmt: skip
+    assert bench_serving._plan(given)["api"] == "chat"  # the default, as before
+    plan = bench_serving._plan({**given, "api": "completions"})
+    header = bench_serving.table({"parameters": plan, "engine": {}, "summary": {}, "repeats": []})[0]
+    assert "on /v1/completions" in header
+
+
 def test_the_workload_options_are_checked_and_named_in_the_table():
     given = {"repeats": 1, "input_len": 256, "output_len": 96, "concurrency": 4, "num_prompts": 24,
              "warmups": None, "seed": 1, "timeout": 60, "range_ratio": 0.0, "request_rate": float("inf")}  # fmt: skip
