@@ -9,12 +9,34 @@ types and rows written after read alike.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from inference.clauses import DEFAULT_TAXONOMY
 from inference.prompts import DEFAULT_DRAFT_LENGTH, DEFAULT_DRAFT_TONE, DEFAULT_SUMMARY_LENGTH
+
+# What Postgres cannot store in text or jsonb (NUL), and what is not text at all (a lone UTF-16
+# surrogate, which JSON's "\ud800" can still make): each becomes U+FFFD, the replacement
+# character, as a decoder marks what it could not read. A random benchmark prompt, a pasted
+# binary fragment or a model's byte token then costs one character, not the request.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def storable(value: Any) -> Any:
+    """``value`` (a job's options: dicts, lists and scalars) with every string ``storable_text``."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, Mapping):
+        return {storable(k): storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from inference.clauses import clause_schema, parse_answer, quote_choices, verify
 from inference.drafting import DRAFT_MAX_TOKENS, check_support, support_summary
 from inference.engine.client import EngineClient
 from inference.engine.protocol import GenerateRequest, Priority
-from inference.job_options import ChatOptions, ClauseOptions, DraftOptions, Sampling, SummaryOptions
+from inference.job_options import ChatOptions, ClauseOptions, DraftOptions, Sampling, SummaryOptions, storable_text
 from inference.job_results import (
     ChatResult,
     ClauseResult,
@@ -335,10 +335,11 @@ def run_engine(
                 }
                 fencing.publish(attempt, "progress", data)
             elif event.type == "delta":
-                parts.append(event.data["text"])
+                text = storable_text(event.data["text"])  # a byte token may decode to a NUL
+                parts.append(text)
                 run.deltas.append(Delta(at=event.received_at, tokens=int(event.data.get("tokens", 0))))
                 if visible:
-                    pending.append(event.data["text"])
+                    pending.append(text)
                     pending_times.append([round(event.received_at, 4), int(event.data.get("tokens", 0))])
                     if len(run.deltas) == 1 or event.received_at - last_publish >= PUBLISH_INTERVAL_S:
                         flush(event.received_at)

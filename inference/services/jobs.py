@@ -14,7 +14,7 @@ from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
 from documents.models import Document
 from inference import streaming
 from inference.clauses import DEFAULT_TAXONOMY, categories_for
-from inference.job_options import ChatOptions, ClauseOptions, SummaryOptions
+from inference.job_options import ChatOptions, ClauseOptions, SummaryOptions, storable
 from inference.lifecycle import celery_queue_for, job_dispatch
 from inference.models import QUEUE_FOR_KIND, Job, JobKind
 from inference.prompts import (
@@ -205,7 +205,7 @@ def _job_create(
             kind=kind,
             queue=queue,
             celery_queue=celery_queue_for(queue),
-            options=options,
+            options=storable(options),
             api_token=api_token,
             checkpoint=checkpoint or {},
         )

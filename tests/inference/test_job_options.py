@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.job_options import ChatOptions, ClauseOptions, DraftOptions, Sampling, SummaryOptions
+from inference.job_options import ChatOptions, ClauseOptions, DraftOptions, Sampling, SummaryOptions, storable
 
 EXAMPLES = [
     SummaryOptions(length="brief", focus="payment terms", max_tokens=64, ignore_eos=True),
@@ -70,3 +70,14 @@ def test_every_kind_s_sampling_is_read_from_its_row():
     )
     assert Sampling.from_json(DraftOptions(message="m", temperature=0.7).to_json()).temperature == 0.7
     assert Sampling.from_json(SummaryOptions(ignore_eos=True).to_json()).ignore_eos is True
+
+
+def test_what_postgres_cannot_store_becomes_the_replacement_character_and_nothing_else_changes():
+    options = {"messages": [{"role": "user", "content": "a\x00b\udc80c"}], "stop": ("\x00",), "max_tokens": 8,
+               "prompt": "Café \t\n€ 5"}  # fmt: skip
+    assert storable(options) == {
+        "messages": [{"role": "user", "content": "a\ufffdb\ufffdc"}],
+        "stop": ["\ufffd"],
+        "max_tokens": 8,
+        "prompt": "Café \t\n€ 5",
+    }

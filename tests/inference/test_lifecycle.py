@@ -301,6 +301,23 @@ def test_a_cancelled_job_is_not_stored_and_its_request_is_closed(alice, sent):
     assert [e for e, _ in _events(job.pk)][-1] == "cancelled"
 
 
+def test_a_raw_completion_is_stored_verbatim_and_a_nul_the_model_writes_costs_one_character(alice, sent):
+    """A raw prompt's answer keeps its whitespace (a chat answer is trimmed); a byte token that
+    decodes to NUL, which Postgres cannot store, is U+FFFD in the stream and the stored answer
+    alike, instead of failing the job at its end."""
+    job = _job(alice)
+    Job.objects.filter(pk=job.pk).update(options={"messages": [], "prompt": "Once upon", "max_tokens": 20})
+    engine = FakeEngine(lambda request: [" a", " time\x00", "\n"])
+    result = lifecycle.job_run(job_id=job.pk, client=engine)
+    assert result.state == Job.State.SUCCEEDED and result.result_text == " a time\ufffd\n"
+    assert engine.requests[0].prompt == "Once upon" and engine.requests[0].messages == []
+    streamed = "".join(data["text"] for event, data in _events(job.pk) if event == "delta")
+    assert streamed == result.result_text
+    chat = _job(alice)
+    engine = FakeEngine(lambda request: ["  Dear", " Sir.", "\n"])
+    assert lifecycle.job_run(job_id=chat.pk, client=engine).result_text == "Dear Sir."
+
+
 # --- the deadline ----------------------------------------------------------------------------
 
 

@@ -458,6 +458,20 @@ def test_chat_jobs_keep_the_sampling_options_and_send_them_to_the_engine(alice):
 
 
 @pytest.mark.django_db
+def test_text_postgres_cannot_store_costs_a_character_not_the_request(alice):
+    """A NUL (which a random benchmark prompt or a pasted binary fragment holds) or a lone
+    surrogate (JSON's "\\ud800") in a message or a prompt: stored, and sent to the engine, as
+    U+FFFD. Before, the job's row could not be written and the request was a 500."""
+    chat = services.job_create_chat(owner=alice, messages=[{"role": "user", "content": "rent\x00due\ud800?"}])
+    chat.refresh_from_db()
+    assert chat.options["messages"] == [{"role": "user", "content": "rent\ufffddue\ufffd?"}]
+    raw = services.job_create_chat(owner=alice, prompt="\x00\x00Once upon", max_tokens=4)
+    raw.refresh_from_db()
+    assert raw.options["prompt"] == "\ufffd\ufffdOnce upon"
+    assert engine_request(raw, [], 4, part="chat", prompt=raw.options["prompt"]).prompt == "\ufffd\ufffdOnce upon"
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("options", "message"),
     [
