@@ -342,14 +342,17 @@ class DraftResult:
 
 @dataclass(frozen=True)
 class ChatResult:
-    """A chat completion keeps only its text: its row's data is empty."""
+    """A chat completion keeps its text, and why the engine ended it (``finish_reason``: "stop"
+    or "length"; empty in rows written before it was kept, whose data is empty)."""
+
+    finish_reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {}
+        return {"finish_reason": self.finish_reason} if self.finish_reason else {}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ChatResult:
-        return cls()
+        return cls(finish_reason=str(data.get("finish_reason") or ""))
 
 
 JobResult = SummaryResult | ClauseResult | DraftResult | ChatResult

@@ -46,6 +46,7 @@ from inference import fencing, placement, running, streaming
 from inference.attempts import Attempt, AttemptStopped, StopReason, time_limit_reason
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
 from inference.fencing import attempt_watch, held
+from inference.job_options import storable, storable_text
 from inference.job_results import SummaryResult, statement_to_json
 from inference.models import Job, JobKind, Queue, RequestMetrics
 from inference.timing import request_timing
@@ -437,9 +438,10 @@ def _store_result(job: Job, attempt: Attempt, result: running.TaskResult) -> Job
     with transaction.atomic():
         updated = held(attempt).update(
             state=Job.State.SUCCEEDED,
-            result_text=result.text if result.verbatim else result.text.strip(),
-            result_note=result.note,
-            result_data=result.data.to_json(),
+            # Whatever the model wrote, through whatever JSON escape, Postgres can store it.
+            result_text=storable_text(result.text if result.verbatim else result.text.strip()),
+            result_note=storable_text(result.note),
+            result_data=storable(result.data.to_json()),
             finished_at=timezone.now(),
             checkpoint={},
         )
@@ -519,7 +521,8 @@ def job_fail(*, job_id, reason: str, attempt: Attempt | None = None, **fields) -
 
 def _failed(reason: str, **fields) -> dict:
     # The checkpoint stays: a person who tries the job again starts from its finished parts.
-    return {"state": Job.State.FAILED, "error": reason, "finished_at": timezone.now(), **fields}
+    # A reason may quote what a person or the model wrote: stored as Postgres can store it.
+    return {"state": Job.State.FAILED, "error": storable_text(reason), "finished_at": timezone.now(), **fields}
 
 
 def _fail_rows(rows, job_id, reason: str, **fields) -> bool:

@@ -664,7 +664,8 @@ def run_chat(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     options = ChatOptions.from_json(job.options)
     request = engine_request(job, list(options.messages), options.max_tokens, part="chat", prompt=options.prompt)
     run = run_engine(job, request, client, attempt)
-    return TaskResult(text=run.text, runs=[run], visible=run, verbatim=bool(options.prompt))
+    data = ChatResult(finish_reason=str((run.done or {}).get("finish_reason") or ""))
+    return TaskResult(text=run.text, data=data, runs=[run], visible=run, verbatim=bool(options.prompt))
 
 
 RUNNERS = {

@@ -1,7 +1,8 @@
 """``manage.py bench serving``: streaming as real clients measure it, beside ``vllm serve``.
 
 vLLM's own bench client (``vllm bench serve``, run through ``inference.engine.vllm_cli``) streams
-chat completions from the appliance's ``/v1`` and from ``vllm serve`` of the same model
+chat completions (or, with ``--api completions``, completions of raw prompts: the client's own
+default) from the appliance's ``/v1`` and from ``vllm serve`` of the same model
 directory with the same engine settings, on the same workload: ``--dataset-name random`` with
 fixed input and output lengths (``--ignore-eos``), a fixed ``--max-concurrency`` and number of
 prompts, greedy sampling. The client times what a user's tool would: TTFT to the first chunk,

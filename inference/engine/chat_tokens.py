@@ -55,6 +55,14 @@ def prompt_token_ids(
     return ids
 
 
+def raw_prompt_token_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """A raw prompt (``/v1/completions``) as vLLM's completions endpoint reads one: the
+    tokenizer's own special tokens added (a beginning-of-sequence token where it has one), and
+    markers in the text read as control tokens. Unlike a message, whose content may be a
+    document's, a raw prompt is all its sender's own: it can only speak for itself."""
+    return list(tokenizer.encode(prompt, add_special_tokens=True))
+
+
 def special_token_texts(tokenizer: Any) -> tuple[str, ...]:
     """The texts the tokenizer reads as special tokens (control markers), longest first."""
     texts = {str(token) for token in tokenizer.all_special_tokens}

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.engine.address import check_listen, parse_host_port
-from inference.engine.chat_tokens import prompt_token_ids
+from inference.engine.chat_tokens import prompt_token_ids, raw_prompt_token_ids
 from inference.engine.protocol import (
     BENCHMARK_OPS,
     MAX_LINE_BYTES,
@@ -559,11 +559,10 @@ class EngineHost:
         return prompt_token_ids(self.tokenizer, messages)
 
     def request_token_ids(self, request: GenerateRequest) -> list[int]:
-        """The prompt of ``request``: its messages in the chat template, or its raw prompt as
-        vLLM's completions endpoint reads one (the tokenizer's own special tokens added, such as
-        a beginning-of-sequence token, and markers in the text read as control tokens)."""
+        """The prompt of ``request``: its messages in the chat template, or its raw prompt
+        (``chat_tokens.raw_prompt_token_ids``)."""
         if request.prompt:
-            return list(self.tokenizer.encode(request.prompt, add_special_tokens=True))
+            return raw_prompt_token_ids(self.tokenizer, request.prompt)
         return self.prompt_token_ids(request.messages)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,5 +1,6 @@
 """Waiting for the chat job and relaying its deltas as ``chat.completion.chunk`` server-sent
-events, or its whole answer; a client that goes away cancels its job."""
+events (``text_completion`` ones for a raw prompt's completion), or its whole answer; a client
+that goes away cancels its job."""
 
 from __future__ import annotations
 

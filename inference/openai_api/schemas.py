@@ -71,10 +71,36 @@ class StreamOptions(Schema):
     )
 
 
-class ChatCompletionRequest(Schema):
-    """OpenAI's chat completion request. Unknown fields are ignored."""
+class GenerationRequest(Schema):
+    """What a chat completion and a completion request share: the model, sampling, streaming and
+    the sampling options of vLLM's that the appliance does not offer (refused unless they hold
+    their no-op value, so that a benchmark run against both servers is the same run)."""
 
     model: str = Field(..., description="The id of a model from GET /v1/models.")
+    temperature: float | None = Field(None, ge=0, le=2, description="Default 1, as OpenAI's.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Default 1.")
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="Makes sampling repeatable.")
+    stop: Stop = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Default 0.")
+    presence_penalty: float | None = Field(None, description="Only 0 (not supported).")
+    n: int | None = Field(None, description="Only 1.")
+    logit_bias: dict[str, Any] | None = Field(None, description="Not supported.")
+    stream: bool | None = Field(False, description="Answer with server-sent events.")
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, description="Accepted and ignored.")
+    ignore_eos: bool = Field(
+        False,
+        description="vLLM's extension: write exactly `max_tokens` tokens, past the end of the answer (for load tests).",
+    )
+    repetition_penalty: float | None = Field(None, description="vLLM's extension: only 1 (not supported).")
+    top_k: int | None = Field(None, description="vLLM's extension: only -1 or 0 (not supported).")
+    min_p: float | None = Field(None, description="vLLM's extension: only 0 (not supported).")
+    min_tokens: int | None = Field(None, description="vLLM's extension: only 0 (not supported).")
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """OpenAI's chat completion request. Unknown fields are ignored."""
+
     messages: list[ChatMessageIn] = Field(..., min_length=1, max_length=services.CHAT_MAX_MESSAGES)
     max_completion_tokens: int | None = Field(
         None, ge=1, le=services.CHAT_MAX_TOKENS_LIMIT, description="Takes precedence over max_tokens."
@@ -85,16 +111,6 @@ class ChatCompletionRequest(Schema):
         le=services.CHAT_MAX_TOKENS_LIMIT,
         description="The most tokens to write (default 512); the KV cache is reserved for them.",
     )
-    temperature: float | None = Field(None, ge=0, le=2, description="Default 1, as OpenAI's.")
-    top_p: float | None = Field(None, gt=0, le=1, description="Default 1.")
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="Makes sampling repeatable.")
-    stop: Stop = None
-    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Default 0.")
-    presence_penalty: float | None = Field(None, description="Only 0 (not supported).")
-    n: int | None = Field(None, description="Only 1.")
-    stream: bool | None = Field(False, description="Answer with server-sent events of chat.completion.chunk.")
-    stream_options: StreamOptions | None = None
-    user: str | None = Field(None, description="Accepted and ignored.")
     tools: list[dict[str, Any]] | None = Field(None, description="Not supported.")
     tool_choice: ToolChoice = Field(None, description='Only "none".')
     functions: list[dict[str, Any]] | None = Field(None, description="Not supported.")
@@ -102,11 +118,6 @@ class ChatCompletionRequest(Schema):
     response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}.')
     logprobs: bool | None = Field(None, description="Not supported.")
     top_logprobs: int | None = Field(None, description="Not supported.")
-    logit_bias: dict[str, Any] | None = Field(None, description="Not supported.")
-    ignore_eos: bool = Field(
-        False,
-        description="vLLM's extension: write exactly `max_tokens` tokens, past the end of the answer (for load tests).",
-    )
 
 
 Prompt = Annotated[
@@ -123,12 +134,11 @@ Prompt = Annotated[
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for a completion
 
 
-class CompletionRequest(Schema):
+class CompletionRequest(GenerationRequest):
     """OpenAI's (legacy) completion request: a raw prompt continued as written, with no chat
     template, as ``vllm serve`` answers it (the default endpoint of vLLM's own ``vllm bench
     serve``). Unknown fields are ignored."""
 
-    model: str = Field(..., description="The id of a model from GET /v1/models.")
     prompt: Prompt = None
     max_tokens: int | None = Field(
         None,
@@ -137,26 +147,10 @@ class CompletionRequest(Schema):
         description=f"The most tokens to write (default {COMPLETION_DEFAULT_MAX_TOKENS}, as OpenAI's); "
         "the KV cache is reserved for them.",
     )
-    temperature: float | None = Field(None, ge=0, le=2, description="Default 1, as OpenAI's.")
-    top_p: float | None = Field(None, gt=0, le=1, description="Default 1.")
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="Makes sampling repeatable.")
-    stop: Stop = None
-    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Default 0.")
-    presence_penalty: float | None = Field(None, description="Only 0 (not supported).")
-    repetition_penalty: float | None = Field(None, description="vLLM's extension: only 1 (not supported).")
-    n: int | None = Field(None, description="Only 1.")
     best_of: int | None = Field(None, description="Only 1.")
     echo: bool | None = Field(None, description="Only false (not supported).")
     suffix: str | None = Field(None, description="Not supported.")
-    logprobs: int | None = Field(None, description="Not supported.")
-    logit_bias: dict[str, Any] | None = Field(None, description="Not supported.")
-    stream: bool | None = Field(False, description="Answer with server-sent events of text_completion.")
-    stream_options: StreamOptions | None = None
-    user: str | None = Field(None, description="Accepted and ignored.")
-    ignore_eos: bool = Field(
-        False,
-        description="vLLM's extension: write exactly `max_tokens` tokens, past the end of the answer (for load tests).",
-    )
+    logprobs: int | None = Field(None, description="Not supported (not even 0).")
 
 
 class ModelCard(Schema):
@@ -225,73 +219,55 @@ class TextCompletion(Schema):
     appliance: ApplianceMeasurements
 
 
-TEXT_STREAM_DOC = {
-    "responses": {
-        200: {
-            "description": (
-                "Without `stream`: the `text_completion`, its text exactly as the model wrote it (leading "
-                "space included). With `stream: true`: server-sent events, each `data: <text_completion JSON>` "
-                "with one choice holding the next `text`; the first leaves when the first token has been "
-                "written; then a chunk with `finish_reason`, then (with `stream_options.include_usage`) a chunk "
-                "with `usage` and no choices, then `data: [DONE]`. Waiting, failures and cancellation are "
-                "as for a chat completion's stream. Header `X-Appliance-Job-Id` names the job."
-            ),
-            "headers": {
-                JOB_ID_HEADER: {"description": "The appliance job that answered.", "schema": {"type": "string"}}
-            },
-            "content": {
-                "text/event-stream": {
-                    "schema": {"type": "string"},
-                    "example": (
-                        'data: {"id": "cmpl-…", "object": "text_completion", "created": 1767225600, "model": '
-                        '"SmolLM2-135M-Instruct", "choices": [{"index": 0, "text": " the", "logprobs": null, '
-                        '"finish_reason": null}]}\n\n'
-                        'data: {"id": "cmpl-…", …, "choices": [{"index": 0, "text": "", "logprobs": null, '
-                        '"finish_reason": "length"}]}\n\n'
-                        "data: [DONE]\n\n"
-                    ),
-                }
-            },
+def _stream_doc(description: str, example: str) -> dict:
+    """The 200 answer of a streaming operation: the JSON body, or server-sent events."""
+    return {
+        "responses": {
+            200: {
+                "description": description,
+                "headers": {
+                    JOB_ID_HEADER: {"description": "The appliance job that answered.", "schema": {"type": "string"}}
+                },
+                "content": {"text/event-stream": {"schema": {"type": "string"}, "example": example}},
+            }
         }
     }
-}
 
 
-STREAM_DOC = {
-    "responses": {
-        200: {
-            "description": (
-                "Without `stream`: the `chat.completion`. With `stream: true`: server-sent events, each "
-                "`data: <chat.completion.chunk JSON>`. The first chunk leaves when the first token has been "
-                'written, and carries the role with the first text (`{"role": "assistant", "content": '
-                '"Dear"}`), so that a client times the first token from it; then the rest of the text as '
-                "`content` deltas, then a chunk with `finish_reason`, then (with "
-                "`stream_options.include_usage`) a chunk with `usage` and no choices, then `data: [DONE]`. "
-                "While the request waits in the queue or reads its prompt (or nothing arrives for 2 s), "
-                "only a blank line keeps the connection open every 2 s: no chunk, and no SSE comment (some "
-                "clients lose the messages after one). A job that fails or is cancelled ends "
-                'the stream with `data: {"error": {...}}` (no `[DONE]`), before any chunk if it wrote '
-                "nothing. Header `X-Appliance-Job-Id` names the job."
-            ),
-            "headers": {
-                JOB_ID_HEADER: {"description": "The appliance job that answered.", "schema": {"type": "string"}}
-            },
-            "content": {
-                "text/event-stream": {
-                    "schema": {"type": "string"},
-                    "example": (
-                        "\n"
-                        'data: {"id": "chatcmpl-…", "object": "chat.completion.chunk", "created": 1767225600, '
-                        '"model": "SmolLM2-135M-Instruct", "choices": [{"index": 0, "delta": {"role": '
-                        '"assistant", "content": "Dear"}, "logprobs": null, "finish_reason": null}]}\n\n'
-                        'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {"content": " Sir"}, '
-                        '"logprobs": null, "finish_reason": null}]}\n\n'
-                        'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {}, "logprobs": null, '
-                        '"finish_reason": "stop"}]}\n\n'
-                        "data: [DONE]\n\n"
-                    ),
-                }
-            },
-        }
-    }
-}
+STREAM_DOC = _stream_doc(
+    "Without `stream`: the `chat.completion`. With `stream: true`: server-sent events, each "
+    "`data: <chat.completion.chunk JSON>`. The first chunk leaves when the first token has been "
+    'written, and carries the role with the first text (`{"role": "assistant", "content": '
+    '"Dear"}`), so that a client times the first token from it; then the rest of the text as '
+    "`content` deltas, then a chunk with `finish_reason`, then (with "
+    "`stream_options.include_usage`) a chunk with `usage` and no choices, then `data: [DONE]`. "
+    "While the request waits in the queue or reads its prompt (or nothing arrives for 2 s), "
+    "only a blank line keeps the connection open every 2 s: no chunk, and no SSE comment (some "
+    "clients lose the messages after one). A job that fails or is cancelled ends "
+    'the stream with `data: {"error": {...}}` (no `[DONE]`), before any chunk if it wrote '
+    "nothing. Header `X-Appliance-Job-Id` names the job.",
+    "\n"
+    'data: {"id": "chatcmpl-…", "object": "chat.completion.chunk", "created": 1767225600, '
+    '"model": "SmolLM2-135M-Instruct", "choices": [{"index": 0, "delta": {"role": '
+    '"assistant", "content": "Dear"}, "logprobs": null, "finish_reason": null}]}\n\n'
+    'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {"content": " Sir"}, '
+    '"logprobs": null, "finish_reason": null}]}\n\n'
+    'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {}, "logprobs": null, '
+    '"finish_reason": "stop"}]}\n\n'
+    "data: [DONE]\n\n",
+)
+
+TEXT_STREAM_DOC = _stream_doc(
+    "Without `stream`: the `text_completion`, its text exactly as the model wrote it (leading "
+    "space included). With `stream: true`: server-sent events, each `data: <text_completion JSON>` "
+    "with one choice holding the next `text`; the first leaves when the first token has been "
+    "written; then a chunk with `finish_reason`, then (with `stream_options.include_usage`) a chunk "
+    "with `usage` and no choices, then `data: [DONE]`. Waiting, failures and cancellation are "
+    "as for a chat completion's stream. Header `X-Appliance-Job-Id` names the job.",
+    'data: {"id": "cmpl-…", "object": "text_completion", "created": 1767225600, "model": '
+    '"SmolLM2-135M-Instruct", "choices": [{"index": 0, "text": " the", "logprobs": null, '
+    '"finish_reason": null}]}\n\n'
+    'data: {"id": "cmpl-…", …, "choices": [{"index": 0, "text": "", "logprobs": null, '
+    '"finish_reason": "length"}]}\n\n'
+    "data: [DONE]\n\n",
+)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.problems import ApiProblem, bad_field
-from inference.job_options import ChatOptions
+from inference.job_options import ChatOptions, storable_text
+from inference.job_results import ChatResult
 from inference.models import Job
 from inference.openai_api.schemas import (
     COMPLETION_DEFAULT_MAX_TOKENS,
@@ -17,6 +18,7 @@ from inference.openai_api.schemas import (
     ChatCompletionRequest,
     ChatMessageIn,
     CompletionRequest,
+    GenerationRequest,
 )
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -35,8 +37,6 @@ class ChatRequest:
 
 def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
     """Check what pydantic cannot and translate; raises a 400 ``ApiProblem`` naming the field."""
-    if payload.n not in (None, 1):
-        raise bad_field("n", "only n=1 is supported: the appliance writes one choice per request.")
     for name in ("tools", "functions"):
         if getattr(payload, name):
             raise bad_field(name, "tools and function calling are not supported by this appliance.")
@@ -49,10 +49,7 @@ def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
         )
     if payload.logprobs or payload.top_logprobs:
         raise bad_field("logprobs" if payload.logprobs else "top_logprobs", "log probabilities are not supported.")
-    if payload.logit_bias:
-        raise bad_field("logit_bias", "logit_bias is not supported.")
-    if payload.presence_penalty:
-        raise bad_field("presence_penalty", "presence_penalty is not supported; frequency_penalty is.")
+    _refuse_unsupported(payload)
 
     options: dict[str, Any] = {"messages": [chat_message(m, f"messages.{i}") for i, m in enumerate(payload.messages)]}
     max_tokens = payload.max_completion_tokens if payload.max_completion_tokens is not None else payload.max_tokens
@@ -64,25 +61,39 @@ def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
 def completion_request(payload: CompletionRequest) -> ChatRequest:
     """A ``/v1/completions`` request as a chat job with a raw prompt (``ChatRequest.raw``);
     raises a 400 ``ApiProblem`` naming the field for what the appliance cannot do."""
-    if payload.n not in (None, 1):
-        raise bad_field("n", "only n=1 is supported: the appliance writes one choice per request.")
     if payload.best_of not in (None, 1):
         raise bad_field("best_of", "only best_of=1 is supported: the appliance writes one answer per request.")
     if payload.echo:
         raise bad_field("echo", "echo is not supported: the answer holds only what the model wrote.")
     if payload.suffix:
         raise bad_field("suffix", "suffix (text to insert before) is not supported.")
-    if payload.logprobs:
+    if payload.logprobs is not None:  # 0 still asks for the chosen token's log probability
         raise bad_field("logprobs", "log probabilities are not supported.")
+    _refuse_unsupported(payload)
+    options: dict[str, Any] = {"prompt": prompt_text(payload.prompt)}
+    options["max_tokens"] = COMPLETION_DEFAULT_MAX_TOKENS if payload.max_tokens is None else payload.max_tokens
+    return _with_sampling(options, payload, raw=True)
+
+
+# vLLM's sampling extensions the engine requests do not carry, with the values that change
+# nothing: any other value is refused, so that a client (or a benchmark run against ``vllm
+# serve`` and the appliance alike) never gets a different sampling than it asked for.
+_VLLM_NO_OPS = {"repetition_penalty": (1,), "top_k": (-1, 0), "min_p": (0,), "min_tokens": (0,)}
+
+
+def _refuse_unsupported(payload: GenerationRequest) -> None:
+    """What neither endpoint does, refused with a 400 naming the field."""
+    if payload.n not in (None, 1):
+        raise bad_field("n", "only n=1 is supported: the appliance writes one choice per request.")
     if payload.logit_bias:
         raise bad_field("logit_bias", "logit_bias is not supported.")
     if payload.presence_penalty:
         raise bad_field("presence_penalty", "presence_penalty is not supported; frequency_penalty is.")
-    if payload.repetition_penalty not in (None, 1, 1.0):
-        raise bad_field("repetition_penalty", "repetition_penalty is not supported (only 1); frequency_penalty is.")
-    options: dict[str, Any] = {"prompt": prompt_text(payload.prompt)}
-    options["max_tokens"] = COMPLETION_DEFAULT_MAX_TOKENS if payload.max_tokens is None else payload.max_tokens
-    return _with_sampling(options, payload, raw=True)
+    for name, no_ops in _VLLM_NO_OPS.items():
+        value = getattr(payload, name)
+        if value is not None and value not in no_ops:
+            allowed = " or ".join(str(v) for v in no_ops)
+            raise bad_field(name, f"{name} (vLLM's extension) is not supported; only {allowed}.")
 
 
 def prompt_text(prompt: Any) -> str:
@@ -98,9 +109,7 @@ def prompt_text(prompt: Any) -> str:
     return prompt
 
 
-def _with_sampling(
-    options: dict[str, Any], payload: ChatCompletionRequest | CompletionRequest, *, raw: bool = False
-) -> ChatRequest:
+def _with_sampling(options: dict[str, Any], payload: GenerationRequest, *, raw: bool = False) -> ChatRequest:
     """The sampling and streaming options both endpoints share, with OpenAI's defaults."""
     options["temperature"] = 1.0 if payload.temperature is None else payload.temperature  # OpenAI's default
     if payload.top_p is not None:
@@ -162,12 +171,20 @@ def stop_sequences(stop: Any) -> list[str]:
     sequences = [stop] if isinstance(stop, str) else stop
     if not isinstance(sequences, list) or not all(isinstance(s, str) and s for s in sequences):
         raise bad_field("stop", "must be a non-empty string or a list of them.")
+    if any(s != storable_text(s) for s in sequences):
+        # Stored, such a sequence would become U+FFFD and stop on that instead of on what was asked.
+        raise bad_field("stop", "a stop sequence may not hold a NUL character or a lone surrogate.")
     if len(sequences) > STOP_SEQUENCES_MAX:
         raise bad_field("stop", f"at most {STOP_SEQUENCES_MAX} stop sequences.")
     return sequences
 
 
 def finish_reason(job: Job) -> str:
+    """Why the answer ended, as the engine said ("stop": its end or a stop sequence; "length":
+    ``max_tokens``); for a job stored before the engine's reason was kept, from the count."""
+    said = ChatResult.from_json(job.result_data or {}).finish_reason
+    if said in ("stop", "length"):
+        return said
     metrics = getattr(job, "metrics", None)
     written = metrics.output_tokens if metrics else 0
     return "length" if written >= ChatOptions.from_json(job.options).max_tokens else "stop"
@@ -195,31 +212,21 @@ def completion_id(job: Job, *, raw: bool = False) -> str:
 
 def text_completion(job: Job, *, model: str) -> dict[str, Any]:
     """A finished raw-prompt job as OpenAI's ``text_completion``."""
-    return {
-        "id": completion_id(job, raw=True),
-        "object": "text_completion",
-        "created": int(job.created_at.timestamp()),
-        "model": model,
-        "choices": [{"index": 0, "text": job.result_text, "logprobs": None, "finish_reason": finish_reason(job)}],
-        "usage": usage(job),
-        "appliance": measurements(job),
-    }
+    return _completion(job, model, "text_completion", {"text": job.result_text})
 
 
 def chat_completion(job: Job, *, model: str) -> dict[str, Any]:
+    return _completion(job, model, "chat.completion", {"message": {"role": "assistant", "content": job.result_text}})
+
+
+def _completion(job: Job, model: str, kind: str, answer: dict[str, Any]) -> dict[str, Any]:
+    choice = {"index": 0, **answer, "logprobs": None, "finish_reason": finish_reason(job)}
     return {
-        "id": completion_id(job),
-        "object": "chat.completion",
+        "id": completion_id(job, raw=kind == "text_completion"),
+        "object": kind,
         "created": int(job.created_at.timestamp()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": job.result_text},
-                "logprobs": None,
-                "finish_reason": finish_reason(job),
-            }
-        ],
+        "choices": [choice],
         "usage": usage(job),
         "appliance": measurements(job),
     }

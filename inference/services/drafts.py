@@ -13,7 +13,7 @@ from django.utils import timezone
 from appliance.broker import PUBLISH_ERRORS
 from inference.drafting import MESSAGE_MAX_CHARS, SentenceCheck, check_support, support_summary
 from inference.grounding import ScopeRejected, draft_scope
-from inference.job_options import DraftOptions
+from inference.job_options import DraftOptions, storable_text
 from inference.job_results import DraftResult, Support
 from inference.lifecycle import celery_queue_for
 from inference.models import Job, JobKind, Queue
@@ -125,7 +125,7 @@ def draft_edit(*, job: Job, text: str) -> Job:
     same passages (``tasks.check_draft``, in a worker that has the embedder)."""
     if job.kind != JobKind.DRAFT or job.state != Job.State.SUCCEEDED:
         raise JobRejected("Only a finished draft can be edited.")
-    text = (text or "").strip()
+    text = storable_text((text or "").strip())  # a pasted NUL costs a character, not the edit
     if not text:
         raise JobRejected("The edited draft is empty.")
     if len(text) > DRAFT_EDIT_MAX_CHARS:

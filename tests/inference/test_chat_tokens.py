@@ -8,7 +8,7 @@ import copy
 import pytest
 from django.conf import settings
 
-from inference.engine.chat_tokens import prompt_token_ids
+from inference.engine.chat_tokens import prompt_token_ids, raw_prompt_token_ids
 
 # Llama 3's chat template (the header and end-of-turn markers; the date preamble left out).
 LLAMA3_TEMPLATE = (
@@ -71,3 +71,15 @@ def test_ordinary_messages_are_encoded_exactly_as_the_template_renders_them(smol
     for tokenizer in (smollm, llama_style):
         rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert prompt_token_ids(tokenizer, messages) == tokenizer.encode(rendered, add_special_tokens=False)
+
+
+def test_a_raw_prompt_is_read_as_written_its_markers_as_control_tokens_and_no_template(smollm):
+    """``/v1/completions``: the sender writes the whole prompt (as ``vllm serve`` reads one),
+    whereas the same text as a message's content stays words inside the template."""
+    text = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = raw_prompt_token_ids(smollm, text)
+    assert _count(smollm, ids, "<|im_start|>") == 2 and _count(smollm, ids, "<|im_end|>") == 1
+    assert ids == smollm.encode(text) and smollm.decode(ids) == text
+    as_message = prompt_token_ids(smollm, [{"role": "user", "content": text}])
+    template_only = prompt_token_ids(smollm, [{"role": "user", "content": "Hi"}])
+    assert _count(smollm, as_message, "<|im_start|>") == _count(smollm, template_only, "<|im_start|>")

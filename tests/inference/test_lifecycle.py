@@ -16,10 +16,11 @@ from django.test import override_settings
 from django.utils import timezone
 
 from documents.models import Document, Page
-from inference import fencing, lifecycle, placement, selectors, services, streaming
+from inference import fencing, lifecycle, placement, running, selectors, services, streaming
 from inference.attempts import Attempt, StopReason
 from inference.engine.client import EngineRestarting, EngineUnavailable, StreamEvent
 from inference.fairshare import Waiting, claim_order
+from inference.job_results import ChatResult
 from inference.lifecycle import engine_retry_delays_s
 from inference.models import Job, JobKind, Queue
 from tests.conftest import wait_until
@@ -316,6 +317,26 @@ def test_a_raw_completion_is_stored_verbatim_and_a_nul_the_model_writes_costs_on
     chat = _job(alice)
     engine = FakeEngine(lambda request: ["  Dear", " Sir.", "\n"])
     assert lifecycle.job_run(job_id=chat.pk, client=engine).result_text == "Dear Sir."
+
+
+def test_a_result_is_stored_as_postgres_can_store_it_whatever_the_runner_parsed(alice, sent, monkeypatch):
+    """What a runner makes of the model's answer (a clause's note or quote parsed from a JSON
+    escape "\\u0000") can hold a NUL or a lone surrogate: each is stored as U+FFFD, and the job
+    succeeds instead of failing at its end."""
+    job = _job(alice)
+
+    def runner(job, client, attempt):
+        run = running.run_engine(job, running.engine_request(job, LETTER, 20, part="chat"), client, attempt)
+        return running.TaskResult(text="a\x00b", note="n\ud800", data=ChatResult(finish_reason="x\x00"), runs=[run])
+
+    monkeypatch.setitem(running.RUNNERS, JobKind.CHAT, runner)
+    result = lifecycle.job_run(job_id=job.pk, client=FakeEngine())
+    assert result.state == Job.State.SUCCEEDED
+    assert (result.result_text, result.result_note, result.result_data) == (
+        "a\ufffdb",
+        "n\ufffd",
+        {"finish_reason": "x\ufffd"},
+    )
 
 
 # --- the deadline ----------------------------------------------------------------------------

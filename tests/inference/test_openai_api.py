@@ -23,6 +23,7 @@ from api.problems import ApiProblem
 from api.services import token_create
 from api.site import api
 from inference import openai_api, services
+from inference.job_results import ChatResult
 from inference.models import Job, JobKind, Queue, RequestMetrics
 from inference.openai_api import (
     ChatCompletionRequest,
@@ -33,6 +34,7 @@ from inference.openai_api import (
     completion_request,
     relay,
 )
+from inference.openai_api.translation import finish_reason
 from inference.running import engine_request
 from tests.conftest import wait_until
 
@@ -118,6 +120,20 @@ def test_what_the_appliance_cannot_do_is_refused_naming_the_field(body, field):
 def test_the_defaults_of_refused_features_are_accepted():
     chat = _translate(n=1, tools=[], tool_choice="none", response_format={"type": "text"}, presence_penalty=0)
     assert chat.job_options["messages"] == HELLO
+    # vLLM's sampling extensions at the values that change nothing, as a bench client may send them.
+    for body in ({"top_k": -1}, {"top_k": 0}, {"min_p": 0}, {"min_tokens": 0}, {"repetition_penalty": 1.0}):
+        assert _translate(**body).job_options["messages"] == HELLO
+    assert _refused_field(top_k=50) == "top_k" and _refused_field(repetition_penalty=1.1) == "repetition_penalty"
+
+
+def test_the_finish_reason_is_the_engines_and_older_rows_infer_it_from_the_count():
+    job = _finished(output_tokens=16, max_tokens=16)
+    assert finish_reason(job) == "length"  # a row of before: written as many as allowed
+    job.result_data = ChatResult(finish_reason="stop").to_json()  # the model ended on its last allowed token
+    assert finish_reason(job) == "stop" and ChatResult.from_json(job.result_data).finish_reason == "stop"
+    job = _finished(output_tokens=3, max_tokens=16)
+    job.result_data = {"finish_reason": "length"}
+    assert finish_reason(job) == "length"
 
 
 def _translate_completion(**body):
@@ -163,7 +179,12 @@ def test_a_completion_is_a_chat_job_of_the_raw_prompt_with_openais_defaults():
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
         ({"presence_penalty": 0.3}, "presence_penalty"),
         ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"logprobs": 0}, "logprobs"),  # still the chosen token's log probability
+        ({"top_k": 40}, "top_k"),
+        ({"min_p": 0.05}, "min_p"),
+        ({"min_tokens": 5}, "min_tokens"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": "\x00"}, "stop"),  # stored it would be U+FFFD, and stop on that
     ],
 )
 def test_what_a_completion_cannot_do_is_refused_naming_the_field(body, field):
@@ -469,6 +490,15 @@ def test_text_postgres_cannot_store_costs_a_character_not_the_request(alice):
     raw.refresh_from_db()
     assert raw.options["prompt"] == "\ufffd\ufffdOnce upon"
     assert engine_request(raw, [], 4, part="chat", prompt=raw.options["prompt"]).prompt == "\ufffd\ufffdOnce upon"
+
+
+@pytest.mark.django_db
+def test_a_failed_raw_completion_tried_again_is_the_same_raw_prompt(alice):
+    raw = services.job_create_chat(owner=alice, prompt=" Once upon", max_tokens=4, temperature=0.5, seed=9)
+    Job.objects.filter(pk=raw.pk).update(state=Job.State.FAILED)
+    again = services.job_retry(job=Job.objects.get(pk=raw.pk), user=alice)
+    assert again.pk != raw.pk and again.options == raw.options
+    assert again.options["prompt"] == " Once upon" and again.options["messages"] == []
 
 
 @pytest.mark.django_db
