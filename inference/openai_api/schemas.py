@@ -170,11 +170,14 @@ class AssistantMessage(Schema):
     content: str
 
 
-class CompletionChoice(Schema):
+class _Choice(Schema):
     index: int
-    message: AssistantMessage
     logprobs: None = None
     finish_reason: Literal["stop", "length"]
+
+
+class CompletionChoice(_Choice):
+    message: AssistantMessage
 
 
 class Usage(Schema):
@@ -192,31 +195,27 @@ class ApplianceMeasurements(Schema):
     decode_tokens_per_s: float | None = None
 
 
-class ChatCompletion(Schema):
+class _Answer(Schema):
+    created: int
+    model: str
+    usage: Usage
+    appliance: ApplianceMeasurements
+
+
+class ChatCompletion(_Answer):
     id: str = Field(..., description="chatcmpl-<job id>")
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage
-    appliance: ApplianceMeasurements
 
 
-class TextChoice(Schema):
-    index: int
+class TextChoice(_Choice):
     text: str
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"]
 
 
-class TextCompletion(Schema):
+class TextCompletion(_Answer):
     id: str = Field(..., description="cmpl-<job id>")
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[TextChoice]
-    usage: Usage
-    appliance: ApplianceMeasurements
 
 
 def _stream_doc(description: str, example: str) -> dict:

@@ -243,10 +243,9 @@ def test_both_servers_get_the_same_bench_but_for_the_url(tmp_path: Path):
     assert (options["--ready-check-timeout-sec"], options["--num-warmups"]) == ("0", "4")
 
 
-def test_lengths_that_vary_and_steady_arrivals_reach_both_servers_alike(tmp_path: Path):
-    plan = {"input_len": 256, "output_len": 128, "num_prompts": 48, "concurrency": 4, "warmups": 4,
-            "range_ratio": 0.5, "request_rate": 0.3}  # fmt: skip
-    appliance, vllm = (
+def _both_servers_options(plan: dict, tmp_path: Path) -> tuple[dict, dict]:
+    """The bench client's options for the appliance and for ``vllm serve`` under ``plan``."""
+    return tuple(
         _options(
             bench_serving.bench_argv(
                 python="python",
@@ -257,9 +256,15 @@ def test_lengths_that_vary_and_steady_arrivals_reach_both_servers_alike(tmp_path
                 result_dir=tmp_path,
                 result_file="r.json",
             )
-        )  # fmt: skip
+        )
         for url in ("http://127.0.0.1:8000", "http://127.0.0.1:9000")
     )
+
+
+def test_lengths_that_vary_and_steady_arrivals_reach_both_servers_alike(tmp_path: Path):
+    plan = {"input_len": 256, "output_len": 128, "num_prompts": 48, "concurrency": 4, "warmups": 4,
+            "range_ratio": 0.5, "request_rate": 0.3}  # fmt: skip
+    appliance, vllm = _both_servers_options(plan, tmp_path)
     for options in (appliance, vllm):
         assert (options["--random-range-ratio"], options["--request-rate"]) == ("0.5", "0.3")
         assert options["--max-concurrency"] == "4"  # still a cap on what is in flight
@@ -276,20 +281,7 @@ def test_both_servers_can_be_measured_on_the_completions_endpoint(tmp_path: Path
         "warmups": 4,
         "api": "completions",
     }
-    appliance, vllm = (
-        _options(
-            bench_serving.bench_argv(
-                python="python",
-                base_url=url,
-                engine=ENGINE,
-                plan=plan,
-                seed=7,
-                result_dir=tmp_path,
-                result_file="r.json",
-            )
-        )
-        for url in ("http://127.0.0.1:8000", "http://127.0.0.1:9000")
-    )
+    appliance, vllm = _both_servers_options(plan, tmp_path)
     for options in (appliance, vllm):
         assert (options["--backend"], options["--endpoint"]) == ("openai", "/v1/completions")
     given = {"repeats": 1, "input_len": 256, "output_len": 96, "concurrency": 4, "num_prompts": 24,
