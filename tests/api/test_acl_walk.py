@@ -94,10 +94,12 @@ def test_every_endpoint_hides_what_the_caller_may_not_read(walk):
         ("get", "/api/v1/capacity"): lambda: never_shows(
             client.get("/api/v1/capacity", {"layers": 32, "kv_heads": 8, "head_dim": 128, "parameters": 8.03e9})
         ),
-        # The OpenAI-compatible routes read no document: a chat's messages are the caller's own.
+        # The OpenAI-compatible routes read no document: a chat's messages and a completion's
+        # prompt are the caller's own.
         ("get", "/v1/models"): lambda: never_shows(client.get("/v1/models")),
         ("get", "/v1/models/{model}"): lambda: never_shows(client.get("/v1/models/no-such-model"), status=404),
         ("post", "/v1/chat/completions"): lambda: None,
+        ("post", "/v1/completions"): lambda: None,
     }
     schema = Client().get("/api/schema").json()
     operations = {(m, p) for p, item in schema["paths"].items() for m in item if m != "parameters"}
