@@ -298,15 +298,18 @@ def run_engine(
     pending_times: list[list[float]] = []
     last_publish = 0.0
 
-    def flush(now: float) -> None:
+    def flush(now: float, finish: str | None = None) -> None:
         # Each delta says how many tokens it carries, when each of them reached the worker (the
         # batch hides the gaps between them) and the prompt's length, so that a client can time
-        # every token (``manage.py specsheet``, ``continuous_usage_stats``).
+        # every token (``manage.py specsheet``, ``continuous_usage_stats``); the request's last
+        # says why it ended, so that ``/v1`` puts the finish on the last text's chunk.
         nonlocal last_publish
         last_publish = now
         data = {"text": "".join(pending), "tokens": sum(int(n) for _, n in pending_times), "times": list(pending_times)}
         if run.admitted and "prompt_tokens" in run.admitted:
             data["prompt_tokens"] = run.admitted["prompt_tokens"]
+        if finish:
+            data["finish_reason"] = finish
         pending[:], pending_times[:] = [], []
         fencing.publish(attempt, "delta", data)
 
@@ -341,8 +344,9 @@ def run_engine(
                 if visible:
                     pending.append(text)
                     pending_times.append([round(event.received_at, 4), int(event.data.get("tokens", 0))])
-                    if len(run.deltas) == 1 or event.received_at - last_publish >= PUBLISH_INTERVAL_S:
-                        flush(event.received_at)
+                    finish = event.data.get("finish_reason")
+                    if len(run.deltas) == 1 or finish or event.received_at - last_publish >= PUBLISH_INTERVAL_S:
+                        flush(event.received_at, finish)
                 elif event.received_at - last_publish >= HIDDEN_CANCEL_CHECK_S:
                     last_publish = event.received_at
                     if streaming.cancel_requested(job.pk):

@@ -749,9 +749,10 @@ class EngineHost:
                     completion = output.outputs[0]
                     output_tokens += len(completion.token_ids)
                     if completion.text or completion.token_ids:
-                        writer.write(
-                            encode({"type": "delta", "text": completion.text, "tokens": len(completion.token_ids)})
-                        )
+                        delta = {"type": "delta", "text": completion.text, "tokens": len(completion.token_ids)}
+                        if output.finished:  # the last text says why it is the last, as vLLM's server does
+                            delta["finish_reason"] = completion.finish_reason
+                        writer.write(encode(delta))
                         await writer.drain()
                     if output.finished:
                         finished = True

@@ -41,6 +41,8 @@ KEEPALIVE_MS = 2_000
 # request that waited 2 s for its first token lost its chunks and was counted failed. Neither
 # vLLM's server nor OpenAI's sends comments.
 KEEPALIVE_LINE = "\n"
+# The engine's reasons a successful answer ends for, as OpenAI names them.
+FINISHES = ("stop", "length")
 
 
 class StreamDiverged(Exception):
@@ -154,6 +156,7 @@ def _stream(
         written = {"prompt_tokens": 0, "completion_tokens": 0}
         times: list = []
         role_sent = False
+        finish_sent = False
 
         def content(delta: dict, finish: str | None = None, **extra) -> str:
             # The role goes with the first text, not ahead of the job: a client times the first
@@ -177,16 +180,23 @@ def _stream(
                         times.extend(data.get("times", ()))
                         catching_up = not text.caught_up
                         new = text.add(str(data.get("text", "")))
+                        # The engine's last text says why it ended: the finish goes with it, as
+                        # vLLM's server sends it, not in a chunk of its own once the job is stored
+                        # (a bench client would count that chunk as one more inter-token gap).
+                        finish = data.get("finish_reason") if data.get("finish_reason") in FINISHES else None
+                        if finish and text.caught_up and not finish_sent:
+                            finish_sent = True
+                            yield content({"content": new}, finish)
                         # Every delta leaves as a chunk when it arrives, as vLLM sends a chunk per
                         # step: whitespace the stored answer may strip rides with the next text,
                         # but its chunk is not held back (a client would time a stall that was not
                         # there), and the first token's chunk, whatever its text, is the role.
-                        if new or (not catching_up and int(data.get("tokens", 0)) > 0):
+                        elif new or (not catching_up and int(data.get("tokens", 0)) > 0):
                             yield content({"content": new})
                     elif event == "restart":
                         text.restart()
                         written["completion_tokens"] = 0
-                        times.clear()
+                        times.clear()  # a finish already sent is not sent again
                     elif event == "keepalive":
                         yield KEEPALIVE_LINE
             done = await _finished_job(job.pk)
@@ -197,10 +207,14 @@ def _stream(
             rest = text.rest(done.result_text)
             if rest:
                 yield content({"content": rest})
-            # The finish chunk carries the last usage and times too: tokens that wrote no text.
-            yield content({}, finish_reason(done), appliance=measurements(done))
+            if not finish_sent:
+                # The finish chunk carries the last usage and times too: tokens that wrote no text.
+                yield content({}, finish_reason(done), appliance=measurements(done))
             if chat.include_usage:
-                yield chunk(usage=usage(done))
+                if finish_sent:  # the measurements the finish chunk would have carried
+                    yield chunk(usage=usage(done), appliance=measurements(done))
+                else:
+                    yield chunk(usage=usage(done))
             finished = True
             yield "data: [DONE]\n\n"
         except StreamDiverged:

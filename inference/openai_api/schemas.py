@@ -238,8 +238,9 @@ STREAM_DOC = _stream_doc(
     "`data: <chat.completion.chunk JSON>`. The first chunk leaves when the first token has been "
     'written, and carries the role with the first text (`{"role": "assistant", "content": '
     '"Dear"}`), so that a client times the first token from it; then the rest of the text as '
-    "`content` deltas, then a chunk with `finish_reason`, then (with "
-    "`stream_options.include_usage`) a chunk with `usage` and no choices, then `data: [DONE]`. "
+    "`content` deltas, the last of them with `finish_reason` (as vLLM's server sends it; in a chunk "
+    "of its own only when the last step wrote no text), then (with `stream_options.include_usage`) "
+    "a chunk with `usage` and no choices, then `data: [DONE]`. "
     "While the request waits in the queue or reads its prompt (or nothing arrives for 2 s), "
     "only a blank line keeps the connection open every 2 s: no chunk, and no SSE comment (some "
     "clients lose the messages after one). A job that fails or is cancelled ends "
@@ -250,9 +251,7 @@ STREAM_DOC = _stream_doc(
     '"model": "SmolLM2-135M-Instruct", "choices": [{"index": 0, "delta": {"role": '
     '"assistant", "content": "Dear"}, "logprobs": null, "finish_reason": null}]}\n\n'
     'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {"content": " Sir"}, '
-    '"logprobs": null, "finish_reason": null}]}\n\n'
-    'data: {"id": "chatcmpl-…", …, "choices": [{"index": 0, "delta": {}, "logprobs": null, '
-    '"finish_reason": "stop"}]}\n\n'
+    '"logprobs": null, "finish_reason": "stop"}]}\n\n'
     "data: [DONE]\n\n",
 )
 
@@ -260,13 +259,13 @@ TEXT_STREAM_DOC = _stream_doc(
     "Without `stream`: the `text_completion`, its text exactly as the model wrote it (leading "
     "space included). With `stream: true`: server-sent events, each `data: <text_completion JSON>` "
     "with one choice holding the next `text`; the first leaves when the first token has been "
-    "written; then a chunk with `finish_reason`, then (with `stream_options.include_usage`) a chunk "
+    "written, the last carries `finish_reason`; then (with `stream_options.include_usage`) a chunk "
     "with `usage` and no choices, then `data: [DONE]`. Waiting, failures and cancellation are "
     "as for a chat completion's stream. Header `X-Appliance-Job-Id` names the job.",
     'data: {"id": "cmpl-…", "object": "text_completion", "created": 1767225600, "model": '
     '"SmolLM2-135M-Instruct", "choices": [{"index": 0, "text": " the", "logprobs": null, '
     '"finish_reason": null}]}\n\n'
-    'data: {"id": "cmpl-…", …, "choices": [{"index": 0, "text": "", "logprobs": null, '
+    'data: {"id": "cmpl-…", …, "choices": [{"index": 0, "text": " king", "logprobs": null, '
     '"finish_reason": "length"}]}\n\n'
     "data: [DONE]\n\n",
 )

@@ -35,8 +35,9 @@ LETTER = [{"role": "user", "content": "Write a reply to a supplier who asks when
 
 class FakeEngine:
     """A fake of ``EngineClient``. ``script(request)`` returns what the engine does for a request:
-    a list of texts (one delta each), callables (run between two events, e.g. the watchdog), and
-    exceptions (raised there). It records each request, and the ones the worker closed early."""
+    a list of texts (one delta each; a ``(text, finish_reason)`` pair for a last text that says
+    why it ends), callables (run between two events, e.g. the watchdog), and exceptions (raised
+    there). It records each request, and the ones the worker closed early."""
 
     address = "unix:/fake/engine.sock"
 
@@ -77,7 +78,10 @@ class FakeEngine:
                     item()
                     continue
                 tokens += 1
-                yield StreamEvent("delta", {"type": "delta", "text": item, "tokens": 1}, time.time())
+                delta = {"type": "delta", "text": item, "tokens": 1}
+                if isinstance(item, tuple):  # (text, why): the last text, saying why it ends, as the host's does
+                    delta["text"], delta["finish_reason"] = item
+                yield StreamEvent("delta", delta, time.time())
             yield StreamEvent("done", {"type": "done", "prompt_tokens": 10, "output_tokens": tokens}, time.time())
             finished = True
         finally:
@@ -308,12 +312,14 @@ def test_a_raw_completion_is_stored_verbatim_and_a_nul_the_model_writes_costs_on
     alike, instead of failing the job at its end."""
     job = _job(alice)
     Job.objects.filter(pk=job.pk).update(options={"messages": [], "prompt": "Once upon", "max_tokens": 20})
-    engine = FakeEngine(lambda request: [" a", " time\x00", "\n"])
+    engine = FakeEngine(lambda request: [" a", " time\x00", ("\n", "stop")])
     result = lifecycle.job_run(job_id=job.pk, client=engine)
     assert result.state == Job.State.SUCCEEDED and result.result_text == " a time\ufffd\n"
     assert engine.requests[0].prompt == "Once upon" and engine.requests[0].messages == []
-    streamed = "".join(data["text"] for event, data in _events(job.pk) if event == "delta")
-    assert streamed == result.result_text
+    deltas = [data for event, data in _events(job.pk) if event == "delta"]
+    assert "".join(data["text"] for data in deltas) == result.result_text
+    # The engine's last text says why it ended, and the worker passes that on with it.
+    assert [data.get("finish_reason") for data in deltas] == [None, None, "stop"]
     chat = _job(alice)
     engine = FakeEngine(lambda request: ["  Dear", " Sir.", "\n"])
     assert lifecycle.job_run(job_id=chat.pk, client=engine).result_text == "Dear Sir."

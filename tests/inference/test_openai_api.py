@@ -235,6 +235,34 @@ def test_a_raw_completions_stream_is_text_completion_chunks_with_no_role(monkeyp
     assert not cancelled
 
 
+def test_the_finish_goes_with_the_last_text_as_vllms_server_sends_it(monkeypatch):
+    """The engine's last delta says why it ended: its chunk carries the finish, and no empty
+    finish chunk follows (vLLM's bench client would count it as one more inter-token gap); the
+    measurements ride on the usage chunk instead."""
+    events = [
+        ("delta", {"text": "Dear", "tokens": 1}),
+        ("delta", {"text": " Sir, thank you.", "tokens": 15, "finish_reason": "length"}),
+    ]
+    parts, _ = _streamed(monkeypatch, events, _finished(), include_usage=True)
+    chunks = _chunks(parts)
+    assert [c["choices"][0]["delta"] for c in chunks[:-1]] == [
+        {"role": "assistant", "content": "Dear"},
+        {"content": " Sir, thank you."},
+    ]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, "length"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 16
+    assert chunks[-1]["appliance"]["ttft_ms"] == 56.8 and parts[-1] == "data: [DONE]\n\n"
+    # A completion's text chunks alike: as many chunks as deltas, the last with its finish.
+    raw = _finished()
+    raw.options, raw.result_text = {"prompt": "Once", "max_tokens": 16, "messages": []}, " upon a time"
+    chat = _translate_completion(stream=True)
+    parts, _ = _streamed(monkeypatch, [("delta", {"text": " upon", "tokens": 1}),
+                                       ("delta", {"text": " a time", "tokens": 15, "finish_reason": "stop"})],
+                         raw, chat=chat)  # fmt: skip
+    texts = [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in _chunks(parts)]
+    assert texts == [(" upon", None), (" a time", "stop")]
+
+
 def test_a_restarted_job_resends_nothing_it_already_sent_unless_it_differs():
     text = StreamedText()
     assert text.add("Hello wor") == "Hello wor"
