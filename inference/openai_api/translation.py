@@ -93,7 +93,7 @@ def _refuse_unsupported(payload: GenerationRequest) -> None:
         value = getattr(payload, name)
         if value is not None and value not in no_ops:
             allowed = " or ".join(str(v) for v in no_ops)
-            raise bad_field(name, f"{name} (vLLM's extension) is not supported; only {allowed}.")
+            raise bad_field(name, f"vLLM's sampling extension is not supported here; only {allowed}.")
 
 
 def prompt_text(prompt: Any) -> str:
