@@ -105,9 +105,10 @@ async def completions(request: HttpRequest, response: HttpResponse, payload: Com
     endpoint vLLM's own `vllm bench serve` calls by default). The text comes back exactly as
     the model wrote it, leading space included. `max_tokens` defaults to 16, as OpenAI's. Not
     supported, and refused with 400 naming the field: more than one prompt, prompts as token ids,
-    `n` or `best_of` > 1, `echo`, `suffix`, `logprobs`, `logit_bias`, `presence_penalty`,
-    `repetition_penalty` other than 1. The other answers, the measurements in `appliance`, the
-    job's header and a client that disconnects are as for a chat completion."""
+    `n` or `best_of` > 1, `echo`, `suffix`, `logprobs` (0 too), `logit_bias`, `presence_penalty`,
+    and vLLM's `repetition_penalty`, `top_k`, `min_p` or `min_tokens` other than their no-op
+    values. The other answers, the measurements in `appliance`, the job's header and a client
+    that disconnects are as for a chat completion."""
     return await _answer(request, response, model_or_404(payload.model)["id"], completion_request(payload))
 
 
