@@ -11,9 +11,14 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   chunks are held back for that step (not preempted: they keep their KV and resume the next
   step), so the drafter is admitted and prefilled at once.
 - **Documents in what is left.** While drafting requests are running, each step holds their
-  decode tokens and, besides, document prefill chunks up to a token budget the step-cost model
-  (``StepCostModel``) says keeps the step within the drafting ITL target: the time a step of
-  drafting alone takes, times ``itl_slowdown`` (or an absolute ``itl_target_ms``), divided by
+  decode tokens and, besides, documents' work up to what the step-cost model (``StepCostModel``)
+  says keeps the step within the drafting ITL target: first the decodes of documents that are
+  writing their answers (as many as fit, those held longest first, at least one: the others are
+  held for the step and keep their KV), then prefill chunks in what is left. The target is the
+  time a step of the drafting work alone takes (a document's decode is not drafting: with its
+  long context it cost a step as much as two drafters on one CPU, and counted as part of the
+  drafting step it let six documents' decodes take drafters' ITL p95 to 1.85x), times
+  ``itl_slowdown`` (or an absolute ``itl_target_ms``), divided by
   how far such steps have lately run over the model's prediction (``StepCostModel.overrun``: a
   least-squares fit is right on average, drafters feel the long steps). Where a chunk's own
   fixed cost is large beside a step's spare time (a CPU), documents save the spare time up and
@@ -23,8 +28,8 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   leaves room beside, a stream of them starting), documents would get those 4 tokens a step
   and little else. The planner keeps an account of the engine time documents are owed:
   ``document_min_share`` (0.2) of each step in which they wait for prefill, less the time their
-  prompt tokens took in it (by the cost model; a step's fixed cost of holding a chunk is not
-  progress). Once they are owed four steps' worth, a step reads 1.5 x that share of documents
+  prompt tokens and their decodes took in it (by the cost model; a step's fixed cost of holding
+  a chunk is not progress). Once they are owed four steps' worth, a step reads 1.5 x that share of documents
   (``document_floor``), and a drafter waiting to start starts in the next. Documents keep
   about a fifth of their speed alone; drafters pay for it in ITL under such load.
 - **Work-conserving.** With no drafting request in the engine, documents run at full speed,
@@ -535,6 +540,8 @@ class Planner:
     # a long run of floor steps or of starving.
     floor_after_steps: int = 4
     _owed_s: float = 0.0
+    # Documents' decodes held beside drafting, by request: steps held since they last ran.
+    _decode_waits: dict[str, int] = field(default_factory=dict)
 
     def target_step_s(self, base: StepShape) -> float | None:
         if self.config.itl_target_ms > 0:
@@ -560,7 +567,7 @@ class Planner:
             budget = self.unfitted_chunk_tokens
         return max(self.min_chunk_tokens, min(self.max_budget_tokens, budget))
 
-    def pooled_document_budget(self, base: StepShape, position: int) -> int:
+    def pooled_document_budget(self, base: StepShape, position: int, *, beside: StepShape | None = None) -> int:
         """``document_budget``, where a chunk's own fixed cost (``StepCostModel.prefill_step_s``,
         and the attention it reads) is large beside what a step may spend: then documents save
         up each step's spare time and spend it in one chunk, in a step as long as a drafter's
@@ -569,8 +576,9 @@ class Planner:
         every step (on one CPU a 4-token chunk beside 3 drafters made their steps 1.65x, not 1.4x:
         its fixed cost alone overran the target). Each step saves at least the cost of
         ``min_chunk_tokens`` more prompt tokens, so documents always progress by about that many
-        tokens a step on average. 0: documents hold back this step."""
-        target = self.sized_target_s(base)  # once a step: the overrun it divides by sorts its history
+        tokens a step on average. 0: documents hold back this step. ``beside``: the drafting work
+        the ITL target is set by, when ``base`` holds documents' decodes too."""
+        target = self.sized_target_s(beside or base)  # once a step: the overrun it divides by sorts its history
         per_step = self._document_budget(base, position, target)
         alone = self.cost.predict(base)
         fixed = self.cost.prefill_step_s
@@ -610,23 +618,47 @@ class Planner:
         step = self.cost.predict(base)
         return share > 0 and step is not None and self._owed_s >= self.floor_after_steps * share * step
 
-    def floor_budget(self, base: StepShape, position: int) -> int:
-        """Document prefill tokens whose reading takes 1.5 x ``document_min_share`` of a step
-        beside ``base`` (more than the floor, so that the owed time is paid back and drafting
-        has its steps again): the step then takes ``1 / (1 - that share)`` times as long as
-        ``base`` and the fixed cost of holding a chunk, 1.43x at the default 0.2."""
-        alone = self.cost.predict(base)
+    def floor_target_s(self, drafters: StepShape) -> float | None:
+        """How long a step beside the drafting work ``drafters`` may take when documents are owed
+        their floor: long enough for their work (decodes and prefill) to take 1.5 x
+        ``document_min_share`` of it (more than the floor, so that the owed time is paid back
+        and drafting has its steps again), with the fixed cost of holding a chunk: 1.43x the
+        drafting step at the default 0.2. None while the model cannot tell."""
+        alone = self.cost.predict(drafters)
         share = min(0.75, 1.5 * self.config.document_min_share)
         if alone is None or share <= 0:
-            return self.min_chunk_tokens
-        fixed = 0.0 if base.prefill_tokens else self.cost.prefill_step_s
-        tokens = self.cost.prefill_budget(base, position=position, target_s=(alone + fixed) / (1.0 - share))
-        return max(self.min_chunk_tokens, min(self.max_budget_tokens, tokens or 0))
+            return None
+        fixed = 0.0 if drafters.prefill_tokens else self.cost.prefill_step_s
+        return (alone + fixed) / (1.0 - share)
 
-    def _note_share(self, base: StepShape, document_tokens: int | None, position: int) -> None:
+    def document_decodes_beside(self, drafters: StepShape, decodes: Sequence[RunningRequest],
+                                target_s: float | None) -> tuple[list[RunningRequest], StepShape, float]:  # fmt: skip
+        """The documents' decodes a step beside the drafting work ``drafters`` holds: as many as
+        keep it within ``target_s`` (all while the model cannot tell), those held longest first,
+        and always one, so that documents writing their answers progress; the others are held
+        for the step and keep their KV. Returns them, the step's shape with them, and the time
+        they add to it (documents' progress, for ``document_share``)."""
+        ordered = sorted(decodes, key=lambda r: (-self._decode_waits.get(r.request_id, 0), r.arrival, r.request_id))
+        shape, kept = drafters, []
+        for request in ordered:
+            more = StepShape(shape.decode_requests + 1, shape.decode_context_tokens + request.context_tokens,
+                             shape.prefill_tokens, shape.prefill_attention)  # fmt: skip
+            if kept and target_s is not None and (self.cost.predict(more) or 0.0) > target_s:
+                break
+            shape = more
+            kept.append(request)
+        ran = {r.request_id for r in kept}
+        self._decode_waits = {r.request_id: self._decode_waits.get(r.request_id, 0) + 1 for r in decodes
+                              if r.request_id not in ran}  # fmt: skip
+        decoding_s = max(0.0, (self.cost.predict(shape) or 0.0) - (self.cost.predict(drafters) or 0.0))
+        return kept, shape, decoding_s
+
+    def _note_share(self, base: StepShape, document_tokens: int | None, position: int, *,
+                    decoding_s: float = 0.0) -> None:  # fmt: skip
         """Adds a step in which documents wanted prefill to ``document_share``: ``base`` (what
         else the step holds) and the prefill tokens documents get in it (None: vLLM's whole
-        budget). What counts for documents is the time their prompt tokens take, not the fixed
+        budget); ``decoding_s``: what documents' decodes in ``base`` take of it. What counts for
+        documents is the time their prompt tokens and decodes take, not the fixed
         cost of holding a chunk at all: 4 tokens a step beside 16 drafters on a CPU cost a fifth
         of the step and read 20 tokens a second (the overloaded run of `bench scheduling`). Not
         counted while the cost model cannot tell what the step costs."""
@@ -641,7 +673,7 @@ class Planner:
                           base.prefill_attention + tokens * (position + tokens / 2),)
             ) or alone  # fmt: skip
         fixed = self.cost.prefill_step_s if tokens > 0 and not base.prefill_tokens else 0.0
-        reading = max(0.0, step - alone - fixed)
+        reading = max(0.0, step - alone - fixed) + decoding_s
         decay = self.share_decay
         self._share_documents_s = self._share_documents_s * decay + reading
         self._share_steps_s = self._share_steps_s * decay + step
@@ -785,30 +817,51 @@ class Planner:
             # start follows it out.
             self._ramp_tokens = None
             self._restart_ramp = True
+        # The drafting work alone, which the ITL target is a multiple of.
+        drafters = StepShape.of(
+            [r.context_tokens for r in drafting if r.prefill_left == 0],
+            [(r.context_tokens, r.need_tokens) for r in drafting if r.prefill_left > 0],
+        )
         if drafting_waiting and not starved:
             # A drafter can start: documents hold their prefill for this step, and no document
-            # starts in it, so the drafter's prompt gets the step.
+            # starts in it, so the drafter's prompt gets the step; documents' decodes go on
+            # within the target of that step.
+            first = self._with_draft_prompt(drafters)
+            kept, with_decodes, decoding_s = self.document_decodes_beside(
+                first, doc_decodes, self.sized_target_s(first)
+            )
             if prefilling:
-                self._note_share(self._with_draft_prompt(base), 0, position)
-            hold = frozenset(r.request_id for r in doc_prefills)
+                self._note_share(with_decodes, 0, position, decoding_s=decoding_s)
+            ran = {r.request_id for r in kept}
+            hold = frozenset(r.request_id for r in [*doc_prefills, *doc_decodes] if r.request_id not in ran)
             defer = deferred | {w.request_id for w in waiting if not w.drafting}
             return StepPlan(hold=hold, order=order, defer=frozenset(defer), reason="drafting_waiting")
         if drafting or drafting_waiting:
-            if prefilling:
-                documents = self.pooled_document_budget(base, position)
-            else:
-                documents = self.document_budget(base, position)
-            reason = "drafting_running" if documents else "drafting_saving"
-            if starved and (floor := self.floor_budget(base, position)) > documents:
+            target = self.sized_target_s(drafters)
+            floor = self.floor_target_s(drafters) if starved else None
+            flooring = floor is not None and (target is None or floor > target)
+            if flooring:
                 # Drafting has had the engine to itself too long: documents take their floor in
                 # this step, and a drafter waiting to start starts in the next.
-                documents, reason = floor, "document_floor"
+                target = floor
+            kept, base, decoding_s = self.document_decodes_beside(drafters, doc_decodes, target)
+            ran = {r.request_id for r in kept}
+            if flooring:
+                documents, reason = self._document_budget(base, position, target), "document_floor"
+            else:
+                if prefilling:
+                    documents = self.pooled_document_budget(base, position, beside=drafters)
+                else:
+                    documents = self._document_budget(base, position, target)
+                reason = "drafting_running" if documents else "drafting_saving"
             if prefilling:
                 left = sum(r.prefill_left for r in doc_prefills)
                 waiting_documents = any(not w.drafting for w in waiting if w.request_id not in deferred)
-                self._note_share(base, documents if waiting_documents else min(documents, left), position)
-            fixed = sum(r.need_tokens for r in [*drafting, *doc_decodes])
+                self._note_share(base, documents if waiting_documents else min(documents, left), position,
+                                 decoding_s=decoding_s)  # fmt: skip
+            fixed = sum(r.need_tokens for r in [*drafting, *kept])
             return StepPlan(
+                hold=frozenset(r.request_id for r in doc_decodes if r.request_id not in ran),
                 order=order,
                 token_budget=max(1, min(self.max_budget_tokens, fixed + documents)),
                 defer=frozenset(deferred),
@@ -816,6 +869,7 @@ class Planner:
                 reason=reason,
             )
         self._credit_s, self._saved_steps = 0.0, 0  # nobody drafting: documents go at full speed
+        self._decode_waits = {}
         # Documents that wait to start are bounded as those in mid-prefill are: unbounded, a
         # backlog arriving at an idle engine would start with one step of the whole budget
         # (seconds on a CPU) that every drafter arriving just after it waits for.

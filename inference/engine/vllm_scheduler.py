@@ -269,7 +269,9 @@ class ApplianceScheduling(_SchedulerBase):
     def appliance_snapshot(self) -> dict:
         planner, plan = self.planner, self._last_plan
         kv = self._kv
-        base = StepShape.of([r.num_computed_tokens for r in self.running if not r.is_prefill_chunk], [])
+        base = StepShape.of(
+            [r.num_computed_tokens for r in self.running if not r.is_prefill_chunk and self._drafting(r)], []
+        )
         target = planner.target_step_s(base)
         return {
             "config": planner.config.to_dict(),

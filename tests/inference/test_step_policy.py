@@ -464,6 +464,64 @@ def test_beside_running_drafts_documents_get_what_the_itl_target_leaves():
     assert 1.35 * alone <= with_documents <= 1.55 * alone
 
 
+def answering(rid: str, *, context: int = 2600, arrival: float = 0.0) -> RunningRequest:
+    """A document past its prefill, writing its answer: one decode token a step."""
+    return RunningRequest(rid, drafting=False, user="u1", arrival=arrival, need_tokens=1, prefill_left=0,
+                          context_tokens=context)  # fmt: skip
+
+
+def step_seconds(plan, running: list[RunningRequest]) -> float:
+    """What the fake machine takes for the step ``plan`` makes of ``running``."""
+    decoding = [r for r in running if r.prefill_left == 0 and r.request_id not in plan.hold]
+    return FakeStepCosts.seconds(
+        StepShape(decode_requests=len(decoding), prefill_tokens=plan.document_budget_tokens or 0)
+    )
+
+
+def test_documents_writing_their_answers_share_what_the_itl_target_leaves_and_take_turns():
+    # 12 documents decoding beside 8 drafters would make every step 1.67x the drafters' alone
+    # (2 ms each), before any prefill: as many run as the 1.4x target leaves room for, in turn.
+    p = planner()
+    answers = [answering(f"doc{i}", arrival=i) for i in range(12)]
+    running = [draft(f"draft{i}") for i in range(8)] + answers + [document("d13", left=5000)]
+    alone = FakeStepCosts.seconds(StepShape(decode_requests=8))
+    plans = [p.plan(running, [], [], set()) for _ in range(12)]
+    for plan in plans:
+        assert plan.reason == "drafting_running"
+        assert 4 <= 12 - len(plan.hold) <= 8  # about 7 of 14.4 ms spare, at 2 ms each
+        assert plan.hold <= {r.request_id for r in answers}
+        assert plan.document_budget_tokens == p.min_chunk_tokens  # the decodes took the spare time
+        assert step_seconds(plan, running) <= 1.45 * alone
+        assert plan.token_budget == 8 + (12 - len(plan.hold)) + plan.document_budget_tokens
+    for answer in answers:  # none waits more than a step for its turn
+        ran = [answer.request_id not in plan.hold for plan in plans]
+        assert not any(not a and not b for a, b in zip(ran, ran[1:], strict=False))
+    # A drafter's first step: documents' prefill held, their decodes within its target.
+    waiting = [WaitingRequest("new-draft", drafting=True, user="u2")]
+    plan = p.plan(running, waiting, ["new-draft"], set())
+    assert plan.reason == "drafting_waiting" and "d13" in plan.hold
+    assert 0 < 12 - len(plan.hold & {r.request_id for r in answers}) < 12
+    # Nobody drafting: every document decodes.
+    assert not p.plan(answers + [document("d13", left=5000)], [], [], set()).hold
+
+
+def test_documents_decodes_are_their_progress_and_keep_their_floor_away():
+    # What drafting leaves goes to documents' decodes, 4 prompt tokens besides: their share of
+    # the engine is the decodes', and no floor step comes to make it up.
+    p = planner()
+    running = [draft(f"draft{i}") for i in range(8)] + [answering(f"doc{i}") for i in range(12)]
+    running.append(document("d13", left=50_000))
+    plans = [p.plan(running, [], [], set()) for _ in range(200)]
+    assert "document_floor" not in {plan.reason for plan in plans}
+    assert 0.2 <= p.document_share() <= 0.35
+    # One document decoding cannot use what drafting leaves: prefill has the rest.
+    q = planner()
+    plan = q.plan(
+        [draft(f"draft{i}") for i in range(8)] + [answering("doc0"), document("d13", left=5000)], [], [], set()
+    )
+    assert not plan.hold and plan.document_budget_tokens > 100
+
+
 def test_an_absolute_itl_target_replaces_the_slowdown():
     running = [draft("a"), document("d1", left=5000)]
     loose = planner(itl_target_ms=300).plan(running, [], [], set()).document_budget_tokens
