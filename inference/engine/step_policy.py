@@ -29,8 +29,8 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   and little else. The planner keeps an account of the engine time documents are owed:
   ``document_min_share`` (0.2) of each step in which they wait for prefill, less the time their
   prompt tokens and their decodes took in it (by the cost model; a step's fixed cost of holding
-  a chunk is not progress). Once they are owed four steps' worth, a step reads 1.5 x that share of documents
-  (``document_floor``), and a drafter waiting to start starts in the next. Documents keep
+  a chunk is not progress). Once they are owed four steps' worth, documents' work takes 1.5 x that share of a
+  step (``document_floor``), and a drafter waiting to start starts in the next. Documents keep
   about a fifth of their speed alone; drafters pay for it in ITL under such load.
 - **Work-conserving.** With no drafting request in the engine, documents run at full speed,
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
@@ -96,8 +96,8 @@ class PolicyConfig:
 
     mode: Mode = Mode.APPLIANCE
     reservation: Reservation = Reservation.MAX
-    # A step holding document chunks beside drafting may take this many times as long as the
-    # same step without them (or ``itl_target_ms`` when that is set).
+    # A step holding documents' work (decodes, prefill chunks) beside drafting may take this many
+    # times as long as the same step of drafting alone (or ``itl_target_ms`` when that is set).
     itl_slowdown: float = 1.4
     itl_target_ms: float = 0.0
     kv_safety_factor: float = 0.95  # share of the KV blocks reservations may fill
@@ -368,7 +368,7 @@ class StepCostModel:
 
     def observe(self, shape: StepShape, seconds: float, *, beside_drafting: bool = False) -> None:
         """A step's shape and measured duration. ``beside_drafting``: the plan sized its
-        document chunks beside drafting (``Planner.document_budget``)."""
+        documents' work beside drafting (``Planner.plan``, reason ``drafting_running``)."""
         if seconds <= 0 or (shape.decode_requests == 0 and shape.prefill_tokens == 0):
             return
         predicted = self.predict(shape)
@@ -567,7 +567,7 @@ class Planner:
             budget = self.unfitted_chunk_tokens
         return max(self.min_chunk_tokens, min(self.max_budget_tokens, budget))
 
-    def pooled_document_budget(self, base: StepShape, position: int, *, beside: StepShape | None = None) -> int:
+    def pooled_document_budget(self, base: StepShape, position: int, *, target_s: float | None = None) -> int:
         """``document_budget``, where a chunk's own fixed cost (``StepCostModel.prefill_step_s``,
         and the attention it reads) is large beside what a step may spend: then documents save
         up each step's spare time and spend it in one chunk, in a step as long as a drafter's
@@ -576,9 +576,11 @@ class Planner:
         every step (on one CPU a 4-token chunk beside 3 drafters made their steps 1.65x, not 1.4x:
         its fixed cost alone overran the target). Each step saves at least the cost of
         ``min_chunk_tokens`` more prompt tokens, so documents always progress by about that many
-        tokens a step on average. 0: documents hold back this step. ``beside``: the drafting work
-        the ITL target is set by, when ``base`` holds documents' decodes too."""
-        target = self.sized_target_s(beside or base)  # once a step: the overrun it divides by sorts its history
+        tokens a step on average. 0: documents hold back this step. ``target_s``: the step's
+        target when the caller sized it already (``sized_target_s`` of the drafting work alone,
+        when ``base`` holds documents' decodes too)."""
+        # Sized once a step: the overrun it divides by sorts its history.
+        target = self.sized_target_s(base) if target_s is None else target_s
         per_step = self._document_budget(base, position, target)
         alone = self.cost.predict(base)
         fixed = self.cost.prefill_step_s
@@ -631,27 +633,36 @@ class Planner:
         fixed = 0.0 if drafters.prefill_tokens else self.cost.prefill_step_s
         return (alone + fixed) / (1.0 - share)
 
-    def document_decodes_beside(self, drafters: StepShape, decodes: Sequence[RunningRequest],
-                                target_s: float | None) -> tuple[list[RunningRequest], StepShape, float]:  # fmt: skip
-        """The documents' decodes a step beside the drafting work ``drafters`` holds: as many as
-        keep it within ``target_s`` (all while the model cannot tell), those held longest first,
-        and always one, so that documents writing their answers progress; the others are held
-        for the step and keep their KV. Returns them, the step's shape with them, and the time
-        they add to it (documents' progress, for ``document_share``)."""
+    def document_decodes_beside(self, drafters: StepShape, decodes: Sequence[RunningRequest], target_s: float | None,
+                                *, reserve_s: float = 0.0) -> tuple[list[RunningRequest], StepShape, float]:  # fmt: skip
+        """The documents' decodes a step beside the drafting work ``drafters`` holds: in turn
+        (those held longest first), up to the first that would take the step past ``target_s``
+        less ``reserve_s`` (room kept for a prefill chunk), all while the model cannot tell, and
+        always one, so that documents writing their answers progress; the others are held for
+        the step and keep their KV. Returns them, the step's shape with them, and the time they
+        add to it (documents' progress, for ``document_share``). ``took_turns`` records which ran."""
         ordered = sorted(decodes, key=lambda r: (-self._decode_waits.get(r.request_id, 0), r.arrival, r.request_id))
         shape, kept = drafters, []
         for request in ordered:
             more = StepShape(shape.decode_requests + 1, shape.decode_context_tokens + request.context_tokens,
                              shape.prefill_tokens, shape.prefill_attention)  # fmt: skip
-            if kept and target_s is not None and (self.cost.predict(more) or 0.0) > target_s:
+            if kept and target_s is not None and (self.cost.predict(more) or 0.0) + reserve_s > target_s:
                 break
             shape = more
             kept.append(request)
-        ran = {r.request_id for r in kept}
-        self._decode_waits = {r.request_id: self._decode_waits.get(r.request_id, 0) + 1 for r in decodes
-                              if r.request_id not in ran}  # fmt: skip
         decoding_s = max(0.0, (self.cost.predict(shape) or 0.0) - (self.cost.predict(drafters) or 0.0))
         return kept, shape, decoding_s
+
+    def took_turns(self, decodes: Sequence[RunningRequest], ran: set[str]) -> None:
+        """Counts a step held for each of ``decodes`` not in ``ran`` (their next turn comes sooner)."""
+        self._decode_waits = {r.request_id: self._decode_waits.get(r.request_id, 0) + 1 for r in decodes
+                              if r.request_id not in ran}  # fmt: skip
+
+    def _chunk_reserve_s(self, drafters: StepShape, position: int) -> float:
+        """What a step beside ``drafters`` keeps for documents' prefill chunk when they have one:
+        the fixed cost of holding any prefill and the ``min_chunk_tokens`` they always read."""
+        fixed = 0.0 if drafters.prefill_tokens else self.cost.prefill_step_s
+        return fixed + self.min_chunk_tokens * self.cost.per_prefill_token_s(position)
 
     def _note_share(self, base: StepShape, document_tokens: int | None, position: int, *,
                     decoding_s: float = 0.0) -> None:  # fmt: skip
@@ -830,30 +841,39 @@ class Planner:
             kept, with_decodes, decoding_s = self.document_decodes_beside(
                 first, doc_decodes, self.sized_target_s(first)
             )
+            ran = {r.request_id for r in kept}
+            self.took_turns(doc_decodes, ran)
             if prefilling:
                 self._note_share(with_decodes, 0, position, decoding_s=decoding_s)
-            ran = {r.request_id for r in kept}
             hold = frozenset(r.request_id for r in [*doc_prefills, *doc_decodes] if r.request_id not in ran)
             defer = deferred | {w.request_id for w in waiting if not w.drafting}
             return StepPlan(hold=hold, order=order, defer=frozenset(defer), reason="drafting_waiting")
         if drafting or drafting_waiting:
             target = self.sized_target_s(drafters)
+            # Drafting has had the engine to itself too long: documents take their floor in this
+            # step (unless what the ITL target leaves is more), and a drafter waiting to start
+            # starts in the next.
             floor = self.floor_target_s(drafters) if starved else None
             flooring = floor is not None and (target is None or floor > target)
-            if flooring:
-                # Drafting has had the engine to itself too long: documents take their floor in
-                # this step, and a drafter waiting to start starts in the next.
-                target = floor
-            kept, base, decoding_s = self.document_decodes_beside(drafters, doc_decodes, target)
-            ran = {r.request_id for r in kept}
-            if flooring:
-                documents, reason = self._document_budget(base, position, target), "document_floor"
-            else:
+            reserve = self._chunk_reserve_s(drafters, position) if prefilling else 0.0
+            kept, base, decoding_s = self.document_decodes_beside(drafters, doc_decodes, floor if flooring else target,
+                                                                  reserve_s=reserve)  # fmt: skip
+            documents = 0
+            if not flooring:
                 if prefilling:
-                    documents = self.pooled_document_budget(base, position, beside=drafters)
+                    documents = self.pooled_document_budget(base, position, target_s=target)
                 else:
                     documents = self._document_budget(base, position, target)
+                if floor is not None and not documents:  # saving up its chunk while owed the floor
+                    flooring = True
+                    kept, base, decoding_s = self.document_decodes_beside(drafters, doc_decodes, floor,
+                                                                          reserve_s=reserve)  # fmt: skip
+            if flooring:
+                documents, reason = self._document_budget(base, position, floor), "document_floor"
+            else:
                 reason = "drafting_running" if documents else "drafting_saving"
+            ran = {r.request_id for r in kept}
+            self.took_turns(doc_decodes, ran)
             if prefilling:
                 left = sum(r.prefill_left for r in doc_prefills)
                 waiting_documents = any(not w.drafting for w in waiting if w.request_id not in deferred)
@@ -869,7 +889,7 @@ class Planner:
                 reason=reason,
             )
         self._credit_s, self._saved_steps = 0.0, 0  # nobody drafting: documents go at full speed
-        self._decode_waits = {}
+        self._decode_waits = {}  # and every document decodes
         # Documents that wait to start are bounded as those in mid-prefill are: unbounded, a
         # backlog arriving at an idle engine would start with one step of the whole budget
         # (seconds on a CPU) that every drafter arriving just after it waits for.

@@ -3,7 +3,7 @@
 It subclasses vLLM's own scheduler and, before each step, applies the plan of
 ``step_policy.Planner`` to vLLM's state, then lets vLLM build the batch as it always does:
 
-- a running document whose prefill is held back this step gets ``next_decode_eligible_step``
+- a running document held back this step (its prefill, or its decode beside drafting) gets ``next_decode_eligible_step``
   past the step (the per-request skip vLLM's own schedulers use, e.g. for diffusion reads):
   it keeps its KV blocks and is not preempted;
 - running requests are visited drafting first, then documents decoding, then documents in
@@ -283,7 +283,7 @@ class ApplianceScheduling(_SchedulerBase):
                 "document_budget_tokens": plan.document_budget_tokens,
             },
             "target_step_ms": round(target * 1000, 3) if target else None,
-            # The engine's time spent reading documents' prompts lately (None: none prefilling).
+            # The engine's time spent on documents' prompts and decodes lately (None: none prefilling).
             "document_share": None if (share := planner.document_share()) is None else round(share, 4),
             "draft_prompt_tokens": planner.draft_prompt_tokens(),  # a drafter's first step, as the plan assumes
             "cost_model": planner.cost.snapshot(),
