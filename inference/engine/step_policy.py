@@ -16,8 +16,8 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   writing their answers (as many as fit, those held longest first, at least one: the others are
   held for the step and keep their KV), then prefill chunks in what is left. The target is the
   time a step of the drafting work alone takes (a document's decode is not drafting: with its
-  long context it cost a step as much as two drafters on one CPU, and counted as part of the
-  drafting step it let six documents' decodes take drafters' ITL p95 to 1.85x), times
+  long context it costs a step about what two drafters' do on one CPU's fitted costs, and
+  counted as part of the drafting step the target multiplied it too), times
   ``itl_slowdown`` (or an absolute ``itl_target_ms``), divided by
   how far such steps have lately run over the model's prediction (``StepCostModel.overrun``: a
   least-squares fit is right on average, drafters feel the long steps). Where a chunk's own
