@@ -642,7 +642,7 @@ class Planner:
         the step and keep their KV. Returns them, the step's shape with them, and the time they
         add to it (documents' progress, for ``document_share``). ``took_turns`` records which ran."""
         ordered = sorted(decodes, key=lambda r: (-self._decode_waits.get(r.request_id, 0), r.arrival, r.request_id))
-        shape, kept = drafters, []
+        shape, kept = drafters, list[RunningRequest]()
         for request in ordered:
             more = StepShape(shape.decode_requests + 1, shape.decode_context_tokens + request.context_tokens,
                              shape.prefill_tokens, shape.prefill_attention)  # fmt: skip
