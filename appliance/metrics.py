@@ -45,7 +45,7 @@ ENGINE_GAUGES = {
     "drafting_requests": ("appliance_engine_drafting_requests", "Drafting requests in the engine"),
     "documents_held": (
         "appliance_engine_documents_held_requests",
-        "Document prefills held back this step for drafting",
+        "Document requests held back this step for drafting (their prefill, or their decode beside drafters)",
     ),
     "document_budget_tokens": (
         "appliance_engine_document_budget_tokens",
