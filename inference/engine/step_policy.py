@@ -325,6 +325,12 @@ class StepShape:
             1.0 if self.prefill_tokens else 0.0,  # a step with any prefill runs other kernels
         )
 
+    def with_decodes(self, contexts: Iterable[int]) -> StepShape:
+        """This step with more requests decoding, of these contexts."""
+        contexts = list(contexts)
+        return StepShape(self.decode_requests + len(contexts), self.decode_context_tokens + sum(contexts),
+                         self.prefill_tokens, self.prefill_attention)  # fmt: skip
+
     @classmethod
     def of(cls, decodes: Iterable[int], chunks: Iterable[tuple[int, int]]) -> StepShape:
         """From the contexts of decoding requests and the (start, tokens) of prefill chunks."""
@@ -445,6 +451,11 @@ class StepCostModel:
         beside decodes is not free where prefill runs other kernels than decoding."""
         return self.coefficients[5] if self.coefficients else 0.0
 
+    def chunk_fixed_s(self, base: StepShape) -> float:
+        """What a prefill chunk adds to a step of ``base`` for being prefill at all
+        (``prefill_step_s``; nothing when ``base`` holds prefill already)."""
+        return 0.0 if base.prefill_tokens else self.prefill_step_s
+
     @property
     def ready(self) -> bool:
         return self.coefficients is not None
@@ -461,7 +472,7 @@ class StepCostModel:
         what holding any prefill costs the step (``prefill_step_s``) when ``base`` holds none."""
         if self.coefficients is None:
             return None
-        fixed = self.prefill_step_s if chunk_fixed_cost and not base.prefill_tokens else 0.0
+        fixed = self.chunk_fixed_s(base) if chunk_fixed_cost else 0.0
         spare = target_s - (self.predict(base) or 0.0) - fixed
         per_token = self.per_prefill_token_s(position)
         if per_token <= 0:
@@ -630,8 +641,7 @@ class Planner:
         share = min(0.75, 1.5 * self.config.document_min_share)
         if alone is None or share <= 0:
             return None
-        fixed = 0.0 if drafters.prefill_tokens else self.cost.prefill_step_s
-        return (alone + fixed) / (1.0 - share)
+        return (alone + self.cost.chunk_fixed_s(drafters)) / (1.0 - share)
 
     def document_decodes_beside(self, drafters: StepShape, decodes: Sequence[RunningRequest], target_s: float | None,
                                 *, reserve_s: float = 0.0) -> tuple[list[RunningRequest], StepShape, float]:  # fmt: skip
@@ -644,8 +654,7 @@ class Planner:
         ordered = sorted(decodes, key=lambda r: (-self._decode_waits.get(r.request_id, 0), r.arrival, r.request_id))
         shape, kept = drafters, list[RunningRequest]()
         for request in ordered:
-            more = StepShape(shape.decode_requests + 1, shape.decode_context_tokens + request.context_tokens,
-                             shape.prefill_tokens, shape.prefill_attention)  # fmt: skip
+            more = shape.with_decodes([request.context_tokens])
             if kept and target_s is not None and (self.cost.predict(more) or 0.0) + reserve_s > target_s:
                 break
             shape = more
@@ -661,8 +670,7 @@ class Planner:
     def _chunk_reserve_s(self, drafters: StepShape, position: int) -> float:
         """What a step beside ``drafters`` keeps for documents' prefill chunk when they have one:
         the fixed cost of holding any prefill and the ``min_chunk_tokens`` they always read."""
-        fixed = 0.0 if drafters.prefill_tokens else self.cost.prefill_step_s
-        return fixed + self.min_chunk_tokens * self.cost.per_prefill_token_s(position)
+        return self.cost.chunk_fixed_s(drafters) + self.min_chunk_tokens * self.cost.per_prefill_token_s(position)
 
     def _note_share(self, base: StepShape, document_tokens: int | None, position: int, *,
                     decoding_s: float = 0.0) -> None:  # fmt: skip
@@ -683,7 +691,7 @@ class Planner:
                 StepShape(base.decode_requests, base.decode_context_tokens, base.prefill_tokens + tokens,
                           base.prefill_attention + tokens * (position + tokens / 2),)
             ) or alone  # fmt: skip
-        fixed = self.cost.prefill_step_s if tokens > 0 and not base.prefill_tokens else 0.0
+        fixed = self.cost.chunk_fixed_s(base) if tokens > 0 else 0.0
         reading = max(0.0, step - alone - fixed) + decoding_s
         decay = self.share_decay
         self._share_documents_s = self._share_documents_s * decay + reading
@@ -813,10 +821,12 @@ class Planner:
         prefilling = bool(doc_prefills) or any(not w.drafting for w in waiting if w.request_id not in deferred)
         if not prefilling:  # documents that come next start with a share of their own
             self._share_documents_s = self._share_steps_s = self._owed_s = 0.0
-        base = StepShape.of(
-            [r.context_tokens for r in [*drafting, *doc_decodes] if r.prefill_left == 0],
+        # The drafting work alone, which the ITL target is a multiple of, and with documents' decodes.
+        drafters = StepShape.of(
+            [r.context_tokens for r in drafting if r.prefill_left == 0],
             [(r.context_tokens, r.need_tokens) for r in drafting if r.prefill_left > 0],
         )
+        base = drafters.with_decodes(r.context_tokens for r in doc_decodes)
         starved = prefilling and bool(drafting or starting) and self._owed_floor(base)
         # A step given to documents' floor does not count against a drafter waiting to start.
         self._held_for = {rid: self._held_for.get(rid, 0) + (0 if starved else 1) for rid in starting}
@@ -828,11 +838,6 @@ class Planner:
             # start follows it out.
             self._ramp_tokens = None
             self._restart_ramp = True
-        # The drafting work alone, which the ITL target is a multiple of.
-        drafters = StepShape.of(
-            [r.context_tokens for r in drafting if r.prefill_left == 0],
-            [(r.context_tokens, r.need_tokens) for r in drafting if r.prefill_left > 0],
-        )
         if drafting_waiting and not starved:
             # A drafter can start: documents hold their prefill for this step, and no document
             # starts in it, so the drafter's prompt gets the step; documents' decodes go on
