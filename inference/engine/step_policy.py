@@ -31,7 +31,9 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   prompt tokens and their decodes took in it (by the cost model; a step's fixed cost of holding
   a chunk is not progress). Once they are owed four steps' worth, documents' work takes 1.5 x that share of a
   step (``document_floor``), and a drafter waiting to start starts in the next. Documents keep
-  about a fifth of their speed alone; drafters pay for it in ITL under such load.
+  about a fifth of their speed alone; drafters pay for it in ITL under such load, no more than
+  in the other steps beside them: a floor step is sized by how far such steps lately overran
+  the cost model, as those are.
 - **Work-conserving.** With no drafting request in the engine, documents run at full speed,
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
@@ -344,6 +346,11 @@ class StepShape:
         )
 
 
+# The plans (``StepPlan.reason``) whose steps hold documents' work sized to a target beside
+# drafting: what drafters feel of documents, and what ``StepCostModel.overrun`` measures.
+SIZED_BESIDE_DRAFTING = frozenset({"drafting_running", "document_floor"})
+
+
 class StepCostModel:
     """Step duration as a linear function of ``StepShape.features``, fitted by least squares
     (coefficients kept non-negative) over the engine's recent steps, refitted every
@@ -374,7 +381,7 @@ class StepCostModel:
 
     def observe(self, shape: StepShape, seconds: float, *, beside_drafting: bool = False) -> None:
         """A step's shape and measured duration. ``beside_drafting``: the plan sized its
-        documents' work beside drafting (``Planner.plan``, reason ``drafting_running``)."""
+        documents' work beside drafting (``Planner.plan``, a reason in ``SIZED_BESIDE_DRAFTING``)."""
         if seconds <= 0 or (shape.decode_requests == 0 and shape.prefill_tokens == 0):
             return
         predicted = self.predict(shape)
@@ -636,12 +643,16 @@ class Planner:
         their floor: long enough for their work (decodes and prefill) to take 1.5 x
         ``document_min_share`` of it (more than the floor, so that the owed time is paid back
         and drafting has its steps again), with the fixed cost of holding a chunk: 1.43x the
-        drafting step at the default 0.2. None while the model cannot tell."""
+        drafting step at the default 0.2, less what steps beside drafting have lately overrun
+        the cost model by, as ``sized_target_s``. (Not sized so, floor steps were 17-22 % of the
+        burst benchmark's steps on a noisy CPU, each ran over as the others did, and drafting's
+        ITL p95 was 1.7x alone; without a floor 1.3x.) None while the model cannot tell."""
         alone = self.cost.predict(drafters)
         share = min(0.75, 1.5 * self.config.document_min_share)
         if alone is None or share <= 0:
             return None
-        return (alone + self.cost.chunk_fixed_s(drafters)) / (1.0 - share)
+        floor = (alone + self.cost.chunk_fixed_s(drafters)) / (1.0 - share)
+        return floor / self.cost.overrun(relative=self.config.itl_target_ms <= 0)
 
     def document_decodes_beside(self, drafters: StepShape, decodes: Sequence[RunningRequest], target_s: float | None,
                                 *, reserve_s: float = 0.0) -> tuple[list[RunningRequest], StepShape, float]:  # fmt: skip

@@ -32,6 +32,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from inference.engine.step_policy import (
+    SIZED_BESIDE_DRAFTING,
     KvState,
     Mode,
     OutputLengths,
@@ -101,7 +102,7 @@ class ApplianceScheduling(_SchedulerBase):
             output = self._schedule_as_vllm(throttle_prefills)
         if output.total_num_scheduled_tokens:
             beside_drafting = (
-                self.planner.config.mode is Mode.APPLIANCE and self._last_plan.reason == "drafting_running"
+                self.planner.config.mode is Mode.APPLIANCE and self._last_plan.reason in SIZED_BESIDE_DRAFTING
             )
             self._pending[id(output)] = (time.monotonic(), self._shape_of(output), beside_drafting)
         return output

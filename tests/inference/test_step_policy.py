@@ -755,6 +755,31 @@ def test_steps_beside_drafting_are_sized_by_what_such_steps_really_took():
     assert 1.3 * alone <= with_documents <= 1.45 * alone  # within the slowdown, and most of it used
 
 
+def test_a_step_of_documents_floor_is_sized_by_what_steps_beside_drafting_really_took():
+    # Documents owed their floor take 1.43x the drafters' step by the fit; on a machine whose
+    # mixed steps run 1.2x over it, unsized that was 1.7x in drafters' ITL, in every floor step.
+    machine = FakeOverrunningMachine()
+    model = StepCostModel(refit_every=10**9)
+    model.coefficients = machine.COEFFICIENTS
+    p = Planner(config=PolicyConfig(itl_slowdown=1.4), max_budget_tokens=2048, cost=model)
+    running = [draft(f"draft{i}", context=0) for i in range(4)] + [document("d1", left=50_000)]
+    alone = machine.seconds(StepShape(decode_requests=4))
+
+    def floor_step() -> float:
+        p._owed_s = 10.0  # documents have had nothing for a while
+        plan = p.plan(running, [], [], set())
+        assert plan.reason == "document_floor"
+        return machine.seconds(StepShape(decode_requests=4, prefill_tokens=plan.document_budget_tokens or 0))
+
+    assert floor_step() > 1.65 * alone  # before the model has seen a mixed step run over
+    rng = random.Random(3)
+    for _ in range(200):
+        shape = StepShape(decode_requests=rng.randint(1, 8), prefill_tokens=rng.choice([0, 4, 40, 64, 256]))
+        model.observe(shape, machine.seconds(shape) * rng.uniform(0.98, 1.02), beside_drafting=True)
+    assert model.overrun() == pytest.approx(1.2, abs=0.03)
+    assert 1.35 * alone <= floor_step() <= 1.5 * alone  # documents still take more than the target leaves
+
+
 def test_overrun_is_one_until_enough_steps_were_seen_and_is_bounded():
     model = fitted_model()
     assert model.overrun() == pytest.approx(1.0, abs=0.05)  # a linear machine: nothing to correct
