@@ -8,6 +8,12 @@ answer; a publish that fails after the commit undoes the row (``inference.servic
 ``documents.services``). Publishing itself is bounded in the settings
 (``CELERY_TASK_PUBLISH_RETRY_POLICY``, the transport's socket timeouts), so a dead broker costs a
 request a few seconds at most, not kombu's default patience.
+
+A broker can also lose what it holds: an external Redis without persistence that restarts, one
+flushed or replaced, comes back empty, and every queued message is gone while the rows still say
+they were sent. The watchdogs leave a mark in the broker and look for it at each round
+(``forgot``); when it is gone, every queued row of theirs is marked unsent and sent again. (The
+embedded Valkey keeps its queues on disk: a restart of it loses nothing.)
 """
 
 from __future__ import annotations
@@ -70,6 +76,20 @@ def send_unsent(
     return sent
 
 
+# The watchdogs' marks (``forgot``), one per kind of row they send.
+MARK_KEY = "appliance:broker-mark:{}"
+
+
+def forgot(what: str) -> bool:
+    """Whether the broker has lost what it held since the watchdogs of ``what`` last looked: the
+    mark they leave in it is gone. The mark is set again at once by whoever finds it gone (set
+    if absent), so one watchdog of a kind sees each loss, across processes and nodes; the first
+    look at a new broker sees one too, where sending the queued rows again is harmless (a
+    message too many ends at once). Raises one of ``PUBLISH_ERRORS`` while the broker does not
+    answer."""
+    return bool(_ask(lambda client: client.set(MARK_KEY.format(what), timezone.now().isoformat(), nx=True)))
+
+
 class BrokerUnavailable(ConnectionError):
     """The broker does not answer, so nothing can be queued: try again after ``retry_after_s``."""
 
@@ -84,14 +104,20 @@ class BrokerUnavailable(ConnectionError):
 
 def broker_check() -> None:
     """Raise ``BrokerUnavailable`` unless the broker answers a ping within ``CHECK_TIMEOUT_S``."""
-    client = _client(settings.CELERY_BROKER_URL)
     try:
-        try:
-            client.ping()
-        except redis.ConnectionError:
-            client.ping()  # a pooled connection a broker restart broke: the pool has dropped it
+        _ask(lambda client: client.ping())
     except redis.RedisError as exc:
         raise BrokerUnavailable() from exc
+
+
+def _ask(command: Callable[[redis.Redis], Any]) -> Any:
+    """``command`` on this process's client of the broker, once more if a pooled connection
+    that a broker restart broke failed it (the pool has dropped it then)."""
+    client = _client(settings.CELERY_BROKER_URL)
+    try:
+        return command(client)
+    except redis.ConnectionError:
+        return command(client)
 
 
 @functools.lru_cache(maxsize=4)

@@ -38,7 +38,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Sum, Value, When
 from django.utils import timezone
 
-from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, send_unsent
+from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, forgot, send_unsent
 from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
 from documents.models import UNFINISHED_STATES, Batch, Chunk, Document, Page
 from documents.search import chunk_search_vector
@@ -300,6 +300,28 @@ def documents_dispatch_pending() -> int:
         give_back={"read_until": now},
         why="its reader's lease ran out mid-way (its worker died?)",
     )
+
+
+def documents_unsent_if_the_broker_forgot() -> int:
+    """When the broker has lost its queues (an external Redis without persistence restarted:
+    ``appliance.broker.forgot``), mark the message of every document that waits for a reader
+    unsent, for ``documents_dispatch_pending`` to send again: an upload that waits in the queue,
+    and a lapsed reading sent to be taken over. Each would otherwise wait for ever (an upload) or
+    ``RESEND_AFTER_S`` (a reading). Returns how many; raises one of ``PUBLISH_ERRORS`` while the
+    broker does not answer."""
+    if not forgot("documents"):
+        return 0
+    now = timezone.now()
+    waiting = Document.objects.filter(state=Document.State.UPLOADED).exclude(dispatched_at=None)
+    handed_on = Document.objects.filter(
+        state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING], reader=None, read_until__gt=now
+    )
+    lost = waiting.update(dispatched_at=None) + handed_on.update(read_until=now)
+    if lost:
+        logger.warning(
+            "the broker lost its queues (restarted without persistence?): %d document(s) to send again", lost
+        )
+    return lost
 
 
 # A lapsed reading sent again and not taken within this long is sent once more.

@@ -1,7 +1,8 @@
 """Celery tasks of the ``ingest`` queue: thin, they take ids and call one service. Sources are
 polled here too (Celery beat queues ``poll_due_sources`` every minute), and the ingest worker
-runs a watchdog that sends the ingestion of an upload whose message was never sent
-(``services.documents_dispatch_pending``).
+runs a watchdog that sends the ingestion of an upload whose message was never sent, or went with
+a broker that lost its queues (``services.documents_dispatch_pending``,
+``services.documents_unsent_if_the_broker_forgot``).
 
 A cancelled document's task is not revoked: when a worker takes it, the service finds the
 document finished (cancelled) and returns at once; a document cancelled while it runs stops at
@@ -72,7 +73,12 @@ def _backend_yields_too(sender, connection, **kwargs) -> None:
     share_niceness(connection, os.getpriority(os.PRIO_PROCESS, 0))
 
 
-_watchdog = Watchdog("document-watchdog", services.documents_dispatch_pending)
+def _sweep() -> None:
+    services.documents_unsent_if_the_broker_forgot()
+    services.documents_dispatch_pending()
+
+
+_watchdog = Watchdog("document-watchdog", _sweep)
 
 
 @worker_ready.connect

@@ -21,7 +21,8 @@ watchdog. Tasks and services call these; ``services`` creates and cancels jobs.
   ``APPLIANCE_ENGINE_RETRY_WINDOW_S``.
 - **Nothing queued that nothing will run.** ``dispatched_at`` says a job's message was
   published; the watchdog publishes one for a queued job whose web process died between its
-  commit and its publish.
+  commit and its publish, and for every queued job once the broker has lost its queues
+  (``appliance.broker.forgot``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from appliance import cluster
-from appliance.broker import PUBLISH_ERRORS, send_unsent
+from appliance.broker import PUBLISH_ERRORS, forgot, send_unsent
 from appliance.rendering import render_markdown
 from documents.selectors import documents_readable_by
 from inference import fencing, placement, running, streaming
@@ -131,6 +132,22 @@ def jobs_dispatch_pending() -> int:
         _publish_turn(job_id, celery_queue=celery_queue or celery_queue_for(queue))
 
     return send_unsent(unsent, publish, what="job", fields=("celery_queue", "queue"))
+
+
+def jobs_unsent_if_the_broker_forgot() -> int:
+    """Mark every queued job's message unsent when the broker has lost its queues (an external
+    Redis without persistence restarted: ``appliance.broker.forgot``), for
+    ``jobs_dispatch_pending`` to send again: their turns went with the queues, and each would
+    otherwise wait for ever. Returns how many; raises one of ``PUBLISH_ERRORS`` while the broker
+    does not answer."""
+    if not forgot("jobs"):
+        return 0
+    lost = Job.objects.filter(state=Job.State.QUEUED).exclude(dispatched_at=None).update(dispatched_at=None)
+    if lost:
+        logger.warning(
+            "the broker lost its queues (restarted without persistence?): %d queued job(s) to send again", lost
+        )
+    return lost
 
 
 # --- claiming --------------------------------------------------------------------------------

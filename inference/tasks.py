@@ -4,8 +4,9 @@ A ``run_job`` message is a *turn* of its queue: the worker that takes it runs th
 that queue by fair share (``lifecycle.job_run_next``), which is usually, but not always, the job
 the message was sent for. The queue is chosen when the job is sent (``Job.celery_queue``), so
 the same task serves both pools. Each inference worker also runs the watchdog that hands on the
-jobs of a worker that stopped reporting and sends the jobs whose message was never published
-(``lifecycle.jobs_recover_stale``, ``lifecycle.jobs_dispatch_pending``).
+jobs of a worker that stopped reporting and sends the jobs whose message was never published or
+went with a broker that lost its queues (``lifecycle.jobs_recover_stale``,
+``lifecycle.jobs_unsent_if_the_broker_forgot``, ``lifecycle.jobs_dispatch_pending``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def check_draft(job_id: str, version: int) -> None:
 
 def _sweep() -> None:
     requeued, failed = lifecycle.jobs_recover_stale()
+    lifecycle.jobs_unsent_if_the_broker_forgot()
     sent = lifecycle.jobs_dispatch_pending()
     if requeued or failed or sent:
         logger.warning("watchdog: %d job(s) handed on, %d given up, %d sent that never were", requeued, failed, sent)
