@@ -5,6 +5,7 @@ available on these machines)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -301,16 +302,17 @@ def test_upload_a_folder_of_contracts_as_a_batch_follow_it_and_cancel_it(page, l
     page.get_by_role("button", name="Upload", exact=True).click()
     page.wait_for_url("**/documents/batches/*/")
     batch = Batch.objects.get(owner__username="kim")
-    # The page follows the batch by itself (htmx): the first file is read, and the rate measured.
-    page.locator("[data-field=files]").get_by_text("1 done").wait_for(timeout=300_000)
+    # The page follows the batch by itself (htmx): files are read, and the rate measured. (Two
+    # may finish between two of its polls: "1 done" alone was never shown in one slow run.)
+    page.locator("[data-field=files]").get_by_text(re.compile(r"^[1-9]\d* done")).wait_for(timeout=300_000)
     assert "not measured yet" not in page.locator("[data-field=rate]").inner_text()
     page.screenshot(path=str(SCREENSHOTS / "batch-running.png"), full_page=True)
     page.get_by_role("button", name="Cancel the batch").click()
     page.get_by_text("Batch cancelled").wait_for()
     page.locator("[data-field=state]").get_by_text("Cancelled").wait_for()
     page.screenshot(path=str(SCREENSHOTS / "batch-cancelled.png"), full_page=True)
-    documents = list(Document.objects.filter(batch=batch).order_by("pk"))
-    assert documents[0].state == Document.State.READY and Chunk.objects.filter(document=documents[0]).exists()
+    done = Document.objects.filter(batch=batch, state=Document.State.READY)
+    assert done.exists() and not done.exclude(pk__in=Chunk.objects.values("document")).exists()
     # The worker reads a few files at once: those it finished stay done, every other one is
     # cancelled (waiting, or stopped while read) with nothing of it searchable.
     wait_until(lambda: Batch.objects.filter(pk=batch.pk, finished_at__isnull=False).exists(), timeout_s=300,
