@@ -780,6 +780,38 @@ def test_a_step_of_documents_floor_is_sized_by_what_steps_beside_drafting_really
     assert 1.35 * alone <= floor_step() <= 1.5 * alone  # documents still take more than the target leaves
 
 
+def test_where_a_floor_step_cannot_pay_documents_back_drafters_still_start():
+    # Steps beside drafting run 1.5x over the model (a machine busy with something else): a
+    # floor step sized by that is little more than the ITL target and pays back little of what
+    # documents are owed. A drafter waiting to start waits through two such steps at most.
+    model = StepCostModel(refit_every=10**9)
+    model.coefficients = FakeOverrunningMachine.COEFFICIENTS
+    rng = random.Random(5)
+    for _ in range(200):
+        shape = StepShape(decode_requests=rng.randint(1, 8), prefill_tokens=rng.choice([0, 4, 40, 64, 256]))
+        model.observe(shape, (model.predict(shape) or 0.0) * (1.5 if shape.prefill_tokens else 1.0),
+                      beside_drafting=True)  # fmt: skip
+    assert model.overrun() == 1.5
+
+    def steps(p: Planner) -> list[str]:
+        reasons = []
+        for i in range(60):
+            waiting = [WaitingRequest(f"new{i}", drafting=True, user="u2")]
+            running = [draft("a"), draft("b"), document("d1", left=50_000)]
+            reasons.append(p.plan(running, waiting, [f"new{i}"], set()).reason)
+        return reasons
+
+    unbounded = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=model, max_floor_steps_waited=10**6)
+    unbounded._owed_s = 10.0  # documents have had nothing for a while
+    assert "drafting_waiting" not in steps(unbounded)  # what it was: drafters never started
+    p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=model)
+    p._owed_s = 10.0
+    reasons = steps(p)
+    assert "document_floor" in reasons
+    assert "document_floor document_floor document_floor" not in " ".join(reasons)
+    assert reasons.count("drafting_waiting") >= len(reasons) // 3
+
+
 def test_overrun_is_one_until_enough_steps_were_seen_and_is_bounded():
     model = fitted_model()
     assert model.overrun() == pytest.approx(1.0, abs=0.05)  # a linear machine: nothing to correct
