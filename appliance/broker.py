@@ -11,9 +11,11 @@ request a few seconds at most, not kombu's default patience.
 
 A broker can also lose what it holds: an external Redis without persistence that restarts, one
 flushed or replaced, comes back empty, and every queued message is gone while the rows still say
-they were sent. The watchdogs leave a mark in the broker and look for it at each round
-(``forgot``); when it is gone, every queued row of theirs is marked unsent and sent again. (The
-embedded Valkey keeps its queues on disk: a restart of it loses nothing.)
+they were sent; one that crashed loses what it wrote since its last snapshot, or in its last
+second with an append-only file. The watchdogs leave a mark in the broker, the run id of the
+server, and look at it at each round (``forgot``): when it is gone or names another run, every
+queued row of theirs is marked unsent and sent again. A message too many is harmless, so a
+restart that lost nothing (the embedded Valkey keeps its queues on disk) costs only that.
 """
 
 from __future__ import annotations
@@ -76,18 +78,37 @@ def send_unsent(
     return sent
 
 
-# The watchdogs' marks (``forgot``), one per kind of row they send.
+# The watchdogs' marks (``forgot``), one per kind of row they send: the run id of the broker
+# they last looked at.
 MARK_KEY = "appliance:broker-mark:{}"
 
 
-def forgot(what: str) -> bool:
-    """Whether the broker has lost what it held since the watchdogs of ``what`` last looked: the
-    mark they leave in it is gone. The mark is set again at once by whoever finds it gone (set
-    if absent), so one watchdog of a kind sees each loss, across processes and nodes; the first
-    look at a new broker sees one too, where sending the queued rows again is harmless (a
-    message too many ends at once). Raises one of ``PUBLISH_ERRORS`` while the broker does not
-    answer."""
-    return bool(_ask(lambda client: client.set(MARK_KEY.format(what), timezone.now().isoformat(), nx=True)))
+def forgot(what: str) -> str | None:
+    """Whether the broker may have lost messages since the watchdogs of ``what`` last looked:
+    the mark they leave in it is gone (it came back empty: a Redis without persistence
+    restarted, or one flushed) or names another run of the server (it restarted, and what it
+    wrote in its last second, or since its last snapshot, may be gone; or a replica took over).
+    Returns the broker's run id to ``remember`` once the rows are marked unsent (so that a
+    failure in between leaves the loss to the next look), or None. A new broker, or the first
+    look after an upgrade, counts as a loss too: sending the queued rows again is harmless (a
+    message too many finds its job or document taken, and ends). "" for a broker that refuses
+    INFO: then only an empty one is seen. Raises one of ``PUBLISH_ERRORS`` while the broker
+    does not answer."""
+
+    def look(client: redis.Redis) -> tuple[str, bytes | None]:
+        try:
+            run_id = str(client.info("server").get("run_id", ""))
+        except redis.ResponseError:  # a managed Redis that renamed or refused INFO
+            run_id = ""
+        return run_id, client.get(MARK_KEY.format(what))
+
+    run_id, mark = _ask(look)
+    return None if mark is not None and mark.decode() == run_id else run_id
+
+
+def remember(what: str, run_id: str) -> None:
+    """Leave the mark of ``what`` (``forgot``): its rows were marked unsent for this run."""
+    _ask(lambda client: client.set(MARK_KEY.format(what), run_id))
 
 
 class BrokerUnavailable(ConnectionError):

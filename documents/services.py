@@ -38,7 +38,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Sum, Value, When
 from django.utils import timezone
 
-from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, forgot, send_unsent
+from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, forgot, remember, send_unsent
 from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
 from documents.models import UNFINISHED_STATES, Batch, Chunk, Document, Page
 from documents.search import chunk_search_vector
@@ -303,13 +303,17 @@ def documents_dispatch_pending() -> int:
 
 
 def documents_unsent_if_the_broker_forgot() -> int:
-    """When the broker has lost its queues (an external Redis without persistence restarted:
+    """When the broker may have lost its queues (it came back empty or restarted:
     ``appliance.broker.forgot``), mark the message of every document that waits for a reader
     unsent, for ``documents_dispatch_pending`` to send again: an upload that waits in the queue,
-    and a lapsed reading sent to be taken over. Each would otherwise wait for ever (an upload) or
-    ``RESEND_AFTER_S`` (a reading). Returns how many; raises one of ``PUBLISH_ERRORS`` while the
-    broker does not answer."""
-    if not forgot("documents"):
+    and a lapsed reading sent to be taken over; and send the re-embedding of documents embedded
+    with another model again. Each would otherwise wait for ever (an upload), ``RESEND_AFTER_S``
+    (a reading) or until the web node next starts (a re-embedding). Returns how many; raises one
+    of ``PUBLISH_ERRORS`` while the broker does not answer."""
+    from documents.embeddings import model_path as embedding_model_path
+
+    run_id = forgot("documents")
+    if run_id is None:
         return 0
     now = timezone.now()
     waiting = Document.objects.filter(state=Document.State.UPLOADED).exclude(dispatched_at=None)
@@ -317,10 +321,11 @@ def documents_unsent_if_the_broker_forgot() -> int:
         state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING], reader=None, read_until__gt=now
     )
     lost = waiting.update(dispatched_at=None) + handed_on.update(read_until=now)
+    lost += document_reembed_stale(model_name=embedding_model_path()[1])  # sent now: they record no send
+    remember("documents", run_id)
     if lost:
-        logger.warning(
-            "the broker lost its queues (restarted without persistence?): %d document(s) to send again", lost
-        )
+        logger.warning("the broker restarted or lost its data: %d document(s) sent again, in case their "
+                       "messages went with it", lost)  # fmt: skip
     return lost
 
 

@@ -40,7 +40,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from appliance import cluster
-from appliance.broker import PUBLISH_ERRORS, forgot, send_unsent
+from appliance.broker import PUBLISH_ERRORS, forgot, remember, send_unsent
 from appliance.rendering import render_markdown
 from documents.selectors import documents_readable_by
 from inference import fencing, placement, running, streaming
@@ -135,18 +135,18 @@ def jobs_dispatch_pending() -> int:
 
 
 def jobs_unsent_if_the_broker_forgot() -> int:
-    """Mark every queued job's message unsent when the broker has lost its queues (an external
-    Redis without persistence restarted: ``appliance.broker.forgot``), for
-    ``jobs_dispatch_pending`` to send again: their turns went with the queues, and each would
-    otherwise wait for ever. Returns how many; raises one of ``PUBLISH_ERRORS`` while the broker
-    does not answer."""
-    if not forgot("jobs"):
+    """Mark every queued job's message unsent when the broker may have lost its queues (it came
+    back empty or restarted: ``appliance.broker.forgot``), for ``jobs_dispatch_pending`` to
+    send again: their turns may have gone with them, and each job would wait for ever. Returns
+    how many; raises one of ``PUBLISH_ERRORS`` while the broker does not answer."""
+    run_id = forgot("jobs")
+    if run_id is None:
         return 0
     lost = Job.objects.filter(state=Job.State.QUEUED).exclude(dispatched_at=None).update(dispatched_at=None)
+    remember("jobs", run_id)
     if lost:
-        logger.warning(
-            "the broker lost its queues (restarted without persistence?): %d queued job(s) to send again", lost
-        )
+        logger.warning("the broker restarted or lost its data: %d queued job(s) sent again, in case their "
+                       "messages went with it", lost)  # fmt: skip
     return lost
 
 
