@@ -260,6 +260,15 @@ def reservation_shown(peak: dict) -> str:
     return "neither"
 
 
+def _step_times_line(scheduler: dict) -> str:
+    """The scheduler's step times by plan (``step_times`` of its snapshot), those of 20 steps or more."""
+    return ", ".join(
+        f"{reason} {t['steps']}: {t['p50_ms']} / {t['p95_ms']} (x{t['p95_over_model']})"
+        for reason, t in (scheduler.get("step_times") or {}).items()
+        if t["steps"] >= 20
+    )
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
@@ -781,6 +790,8 @@ class _Bench:
                 f"{figures['documents']['documents_per_minute']} documents/min, "
                 f"{figures['drafting']['requests']} drafts measured"
             )
+            if steps := _step_times_line(figures.get("scheduler", {})):
+                self.progress(f"{workload} [{mode}]: steps by plan, p50 / p95 ms (p95 over the cost model): {steps}")
         fifo = result["modes"]["fifo"]["documents"]["documents_per_minute"]
         for figures in result["modes"].values():
             figures["documents_vs_fifo"] = _ratio(figures["documents"]["documents_per_minute"], fifo)

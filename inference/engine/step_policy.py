@@ -426,11 +426,11 @@ class StepCostModel:
         ``min_samples`` steps of each kind were seen."""
         if len(self._mixed_ratios) < min_samples:
             return 1.0
-        mixed = _quantile(self._mixed_ratios, 0.8)
+        mixed = quantile(self._mixed_ratios, 0.8)
         if relative:
             if len(self._decode_ratios) < min_samples:
                 return 1.0
-            mixed /= _quantile(self._decode_ratios, 0.5)
+            mixed /= quantile(self._decode_ratios, 0.5)
         return min(limit, max(1.0 / limit, mixed))
 
     @classmethod
@@ -501,7 +501,8 @@ class StepCostModel:
         }
 
 
-def _quantile(values: Iterable[float], q: float) -> float:
+def quantile(values: Iterable[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank; at least one value)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 

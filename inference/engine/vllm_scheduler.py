@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import TYPE_CHECKING
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -44,6 +44,7 @@ from inference.engine.step_policy import (
     WaitingRequest,
     admit,
     blocks_for,
+    quantile,
 )
 
 # Under "vllm." so that it logs with the engine core's own lines.
@@ -52,6 +53,7 @@ logger = logging.getLogger("vllm.appliance.scheduler")
 # The policy the engine host starts the engine core with (JSON of ``PolicyConfig``): the engine
 # core is a spawned process, so it comes through the environment.
 CONFIG_ENV = "APPLIANCE_SCHEDULER_CONFIG"
+STEP_TIMES_KEPT = 2048  # steps of each plan's reason whose times the snapshot reads
 UTILITY_METHOD = "appliance_scheduler"
 
 _FINISHED_NATURALLY = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
@@ -84,7 +86,11 @@ class ApplianceScheduling(_SchedulerBase):
         self.planner = Planner(config=config, max_budget_tokens=self.max_num_scheduled_tokens)
         self.output_lengths = OutputLengths()
         self._reserve_tokens: dict[str, int] = {}  # running request -> its reservation (prompt + output)
-        self._pending: dict[int, tuple[float, StepShape, bool]] = {}  # step -> (when, shape, sized beside drafting)
+        # step -> (when, shape, sized beside drafting, the plan's reason)
+        self._pending: dict[int, tuple[float, StepShape, bool, str]] = {}
+        # The last steps' measured times and their ratio to the cost model's prediction, by the
+        # plan's reason: which steps drafters wait for (``appliance_snapshot``, ``bench scheduling``).
+        self._step_times: dict[str, deque[tuple[float, float | None]]] = {}
         self._last_update_at = 0.0
         self._default_threshold = self.scheduler_config.long_prefill_token_threshold
         self._counters: Counter[str] = Counter()
@@ -104,18 +110,25 @@ class ApplianceScheduling(_SchedulerBase):
             beside_drafting = (
                 self.planner.config.mode is Mode.APPLIANCE and self._last_plan.reason in SIZED_BESIDE_DRAFTING
             )
-            self._pending[id(output)] = (time.monotonic(), self._shape_of(output), beside_drafting)
+            reason = (
+                self._last_plan.reason if self.planner.config.mode is Mode.APPLIANCE else self.planner.config.mode.value
+            )
+            self._pending[id(output)] = (time.monotonic(), self._shape_of(output), beside_drafting, reason)
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
         now = time.monotonic()
         pending = self._pending.pop(id(scheduler_output), None)
         if pending is not None:
-            scheduled_at, shape, beside_drafting = pending
+            scheduled_at, shape, beside_drafting, reason = pending
             # Steps may overlap (async scheduling): a step's own time starts when the one
             # before it ended, or when it was scheduled if the engine was idle.
-            self.planner.cost.observe(shape, now - max(scheduled_at, self._last_update_at),
-                                      beside_drafting=beside_drafting)  # fmt: skip
+            seconds = now - max(scheduled_at, self._last_update_at)
+            predicted = self.planner.cost.predict(shape)
+            self._step_times.setdefault(reason, deque(maxlen=STEP_TIMES_KEPT)).append(
+                (seconds, seconds / predicted if predicted else None)
+            )
+            self.planner.cost.observe(shape, seconds, beside_drafting=beside_drafting)
             self._last_update_at = now
         return super().update_from_output(scheduler_output, model_runner_output)
 
@@ -265,7 +278,24 @@ class ApplianceScheduling(_SchedulerBase):
     def appliance_configure(self, values: dict) -> None:
         config = self.planner.config.updated(values)
         self.planner.config = config
+        self._step_times.clear()  # they describe the policy in force
         logger.info("appliance scheduler: %s", config.to_dict())
+
+    def _step_times_snapshot(self) -> dict[str, dict[str, float | int | None]]:
+        """By the plan's reason, over its last ``STEP_TIMES_KEPT`` steps since the policy was last
+        configured: how many, their measured time (median, p95) and its ratio to the cost
+        model's prediction (p95)."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        for reason, times in sorted(self._step_times.items()):
+            seconds = [t for t, _ in times]
+            ratios = [r for _, r in times if r is not None]
+            out[reason] = {
+                "steps": len(seconds),
+                "p50_ms": round(quantile(seconds, 0.5) * 1000, 2),
+                "p95_ms": round(quantile(seconds, 0.95) * 1000, 2),
+                "p95_over_model": round(quantile(ratios, 0.95), 3) if ratios else None,
+            }
+        return out
 
     def appliance_snapshot(self) -> dict:
         planner, plan = self.planner, self._last_plan
@@ -289,6 +319,7 @@ class ApplianceScheduling(_SchedulerBase):
             "draft_prompt_tokens": planner.draft_prompt_tokens(),  # a drafter's first step, as the plan assumes
             "cost_model": planner.cost.snapshot(),
             "counters": dict(self._counters),
+            "step_times": self._step_times_snapshot(),
             "kv": {
                 "block_size": self.block_size,
                 "total_blocks": kv.total_blocks if kv else self.kv_cache_manager.block_pool.num_gpu_blocks - 1,

@@ -270,8 +270,10 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
     # drafter to finish.
     waits = [e for e in document_events if e.type == "waiting"]
     assert len(waits) <= 3 and all(e.data.get("reason") != "kv_budget" for e in waits), waits
-    counters = _scheduler(engine_host)["counters"]
-    assert counters.get("steps_drafting_running", 0) > before  # steps sized for drafting were planned
+    snapshot = _scheduler(engine_host)
+    assert snapshot["counters"].get("steps_drafting_running", 0) > before  # steps sized for drafting were planned
+    timed = snapshot["step_times"]["drafting_running"]  # and their times measured
+    assert timed["steps"] > 0 and 0 < timed["p50_ms"] <= timed["p95_ms"] and timed["p95_over_model"] is not None
 
 
 def test_a_drafter_that_arrives_while_a_document_prefills_starts_before_the_document(engine_host):

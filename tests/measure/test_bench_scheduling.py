@@ -219,3 +219,12 @@ def test_the_idle_phase_splits_the_engine_from_the_work_after_the_last_token():
     assert summary["idle"]["vs_raw_to_last_token"]["mean"] == pytest.approx(1.0)
     printed = "\n".join(bench_scheduling.table({"summary": summary, "engine": {}, "parameters": {}, "repeats": []}))
     assert "up to the last token (without the summaries' checks and storing): 1" in printed
+
+
+def test_the_step_times_line_names_each_plan_with_enough_steps():
+    scheduler = {"step_times": {
+        "drafting_running": {"steps": 400, "p50_ms": 61.0, "p95_ms": 88.5, "p95_over_model": 1.31},
+        "document_floor": {"steps": 3, "p50_ms": 90.0, "p95_ms": 95.0, "p95_over_model": 1.4},
+    }}  # fmt: skip
+    assert bench_scheduling._step_times_line(scheduler) == "drafting_running 400: 61.0 / 88.5 (x1.31)"
+    assert bench_scheduling._step_times_line({}) == ""  # an engine that reports none (an older one)
