@@ -29,13 +29,11 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   and little else. The planner keeps an account of the engine time documents are owed:
   ``document_min_share`` (0.2) of each step in which they wait for prefill, less the time their
   prompt tokens and their decodes took in it (by the cost model; a step's fixed cost of holding
-  a chunk is not progress); while they have more (alone between bursts of drafting), they
-  bank up to ``floor_bank_s`` (2 s) of it, so the floor comes under sustained drafting, not
-  in a burst. Once they are owed four steps' worth, documents' work takes 1.5 x that share of
-  a step (``document_floor``), and a drafter waiting to start starts after at most two such
-  steps. Documents keep about a fifth of their speed alone; drafters pay for it in ITL under
-  such load, no more than in the other steps beside them: a floor step is sized by how far
-  such steps lately overran the cost model, as those are.
+  a chunk is not progress). Once they are owed four steps' worth, documents' work takes 1.5 x that share of a
+  step (``document_floor``), and a drafter waiting to start starts after at most two such steps. Documents keep
+  about a fifth of their speed alone; drafters pay for it in ITL under such load, no more than
+  in the other steps beside them: a floor step is sized by how far such steps lately overran
+  the cost model, as those are.
 - **Work-conserving.** With no drafting request in the engine, documents run at full speed,
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
@@ -563,18 +561,10 @@ class Planner:
     # What documents are owed of the engine's time: each step adds ``document_min_share`` of its
     # time and takes away what documents had of it. A floor step comes once that is
     # ``floor_after_steps`` steps' worth of the floor (a drafter's few steps of starting hold
-    # documents back for it at once, as ever), and what is owed is bounded by about that, so
-    # that a long spell of holding is not paid back in a long run of floor steps.
+    # documents back for it at once, as ever), and what is owed or banked is bounded by about
+    # that, so that neither a long spell of holding nor one of documents alone is paid back in
+    # a long run of floor steps or of starving.
     floor_after_steps: int = 4
-    # What documents may bank (engine seconds of their floor, owed below zero) while they have
-    # more than their floor, the engine to themselves between bursts of drafting above all: the
-    # floor then comes only once drafting has held them under it for longer than a burst lasts,
-    # some ``floor_bank_s / document_min_share`` seconds (10 s) if they get nothing, longer if
-    # they get some. Banking only a few steps' worth, as what is owed is, the floor came in every
-    # burst of the scheduling benchmark (15-22 % of its drafting steps), where it bought
-    # documents nothing and cost drafters ITL p95 1.72x alone (1.30x with no floor) or, sized
-    # within the ITL target, TTFT p95 2.08x (their starts waited for floor steps).
-    floor_bank_s: float = 2.0
     _owed_s: float = 0.0
     # Documents' decodes held beside drafting, by request: steps held since they last ran.
     _decode_waits: dict[str, int] = field(default_factory=dict)
@@ -728,7 +718,7 @@ class Planner:
         floor = self.config.document_min_share
         bound = self.floor_after_steps * floor * step
         owed = self._owed_s + floor * step - reading
-        self._owed_s = max(-self.floor_bank_s, min(bound + floor * step, owed))
+        self._owed_s = max(-bound, min(bound + floor * step, owed))
 
     def idle_budget(self, base: StepShape, position: int) -> int | None:
         """Document prefill tokens for a step with nobody drafting: the smallest chunk that keeps

@@ -618,24 +618,6 @@ def test_when_drafting_fills_the_engine_documents_keep_their_floor():
     assert 0.2 < documents_share(floor_steps, 24) <= 0.32
 
 
-def test_after_documents_had_the_engine_the_floor_waits_for_drafting_longer_than_a_burst():
-    # Documents alone for a while, then drafting that leaves them nothing (24 drafters, a target
-    # no step meets): what they banked alone holds the floor off for about floor_bank_s / 0.2
-    # seconds of such steps, so a burst runs within its target; drafting that goes on gets it.
-    p = planner(itl_target_ms=1)
-    for _ in range(200):
-        assert p.plan([document("d1", left=50_000)], [], [], set()).reason in {"no_drafting", "slow_start"}
-    running = [draft(f"draft{i}") for i in range(24)] + [document("d1", left=50_000)]
-    plans = [p.plan(running, [], [], set()) for _ in range(400)]
-    first_floor = next(i for i, plan in enumerate(plans) if plan.reason == "document_floor")
-    step_s = FakeStepCosts.seconds(StepShape(decode_requests=24, prefill_tokens=4))
-    held_for_s = p.floor_bank_s / p.config.document_min_share
-    assert 0.8 * held_for_s <= first_floor * step_s <= 1.3 * held_for_s
-    assert documents_share(plans[first_floor:], 24) >= 0.18
-    fresh = planner(itl_target_ms=1)  # documents that arrive with drafting have banked nothing
-    assert "document_floor" in {fresh.plan(running, [], [], set()).reason for _ in range(20)}
-
-
 def test_where_the_itl_target_leaves_documents_more_than_their_floor_the_floor_changes_nothing():
     running = [draft(f"draft{i}") for i in range(8)] + [document("d1", left=50_000)]
     p, q = planner(), planner(document_min_share=0)
