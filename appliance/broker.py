@@ -95,15 +95,16 @@ def forgot(what: str) -> str | None:
     INFO: then only an empty one is seen. Raises one of ``PUBLISH_ERRORS`` while the broker
     does not answer."""
 
-    def look(client: redis.Redis) -> tuple[str, bytes | None]:
+    def look(client: redis.Redis) -> tuple[str, str | None]:
         try:
             run_id = str(client.info("server").get("run_id", ""))
         except redis.ResponseError:  # a managed Redis that renamed or refused INFO
             run_id = ""
-        return run_id, client.get(MARK_KEY.format(what))
+        mark = client.get(MARK_KEY.format(what))
+        return run_id, mark.decode() if isinstance(mark, bytes) else mark
 
     run_id, mark = _ask(look)
-    return None if mark is not None and mark.decode() == run_id else run_id
+    return None if mark == run_id else run_id
 
 
 def remember(what: str, run_id: str) -> None:

@@ -58,7 +58,9 @@ def _look() -> tuple[int, int]:
 
 
 def _sweeps() -> None:
-    """The two watchdogs' rounds, as their threads run them."""
+    """The two watchdogs' rounds, as their threads run them (the running jobs' workers beat
+    meanwhile: a slow test outlasts the heartbeat timeout)."""
+    Job.objects.filter(state=Job.State.RUNNING).update(heartbeat_at=timezone.now())
     job_tasks._sweep()
     document_tasks._sweep()
 
