@@ -172,7 +172,9 @@ def batch_status(batch: Batch, *, now: datetime | None = None) -> BatchStatus:
             if kind["unopened_bytes"]:
                 samples["unopened"][kind["kind"]] = Sample(kind["unopened_bytes"])
     end = batch.finished_at or now or timezone.now()
-    elapsed_s = max(0.0, (end - batch.created_at).total_seconds())
+    # Rounded as shown, and the rate taken over the same figure, so that a batch shown to have
+    # run a second has a rate (0.96 s read as 1.0 had none, under MIN_ELAPSED_S).
+    elapsed_s = round(max(0.0, (end - batch.created_at).total_seconds()), 1)
     rate = batch_rate(
         elapsed_s=elapsed_s,
         pages_done=row["pages_read"] or 0,
@@ -189,7 +191,7 @@ def batch_status(batch: Batch, *, now: datetime | None = None) -> BatchStatus:
         files_reading=row["reading"],
         files_skipped=batch.files_skipped,
         pages_done=row["pages_read"] or 0,
-        elapsed_s=round(elapsed_s, 1),
+        elapsed_s=elapsed_s,
         pages_per_s=None if rate.pages_per_s is None else round(rate.pages_per_s, 2),
         eta_s=None if finished or cancelled or rate.eta_s is None else round(rate.eta_s),
         finished=finished,
