@@ -88,8 +88,8 @@ def forgot(what: str) -> str | None:
     the mark they leave in it is gone (it came back empty: a Redis without persistence
     restarted, or one flushed) or names another run of the server (it restarted, and what it
     wrote in its last second, or since its last snapshot, may be gone; or a replica took over).
-    Returns the broker's run id to ``remember`` once the rows are marked unsent (so that a
-    failure in between leaves the loss to the next look), or None. A new broker, or the first
+    Returns the broker's run id, for ``unsent_if_forgotten`` to leave as the mark once the rows
+    are marked unsent, or None. A new broker, or the first
     look after an upgrade, counts as a loss too: sending the queued rows again is harmless (a
     message too many finds its job or document taken, and ends). "" for a broker that refuses
     INFO: then only an empty one is seen. Raises one of ``PUBLISH_ERRORS`` while the broker
@@ -107,9 +107,19 @@ def forgot(what: str) -> str | None:
     return None if mark == run_id else run_id
 
 
-def remember(what: str, run_id: str) -> None:
-    """Leave the mark of ``what`` (``forgot``): its rows were marked unsent for this run."""
+def unsent_if_forgotten(what: str, mark_unsent: Callable[[], int]) -> int:
+    """The watchdogs' look (``forgot``): if the broker may have lost the messages of ``what``,
+    ``mark_unsent()`` (which returns how many rows it marked), then the mark is left, so that a
+    failure in between leaves the loss to the next look. Returns how many were marked."""
+    run_id = forgot(what)
+    if run_id is None:
+        return 0
+    lost = mark_unsent()
     _ask(lambda client: client.set(MARK_KEY.format(what), run_id))
+    if lost:
+        logger.warning("the broker restarted or lost its data: %d %s sent again, in case their messages went with it",
+                       lost, what)  # fmt: skip
+    return lost
 
 
 class BrokerUnavailable(ConnectionError):

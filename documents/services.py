@@ -38,7 +38,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Sum, Value, When
 from django.utils import timezone
 
-from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, forgot, remember, send_unsent
+from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, send_unsent, unsent_if_forgotten
 from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
 from documents.models import UNFINISHED_STATES, Batch, Chunk, Document, Page
 from documents.search import chunk_search_vector
@@ -312,21 +312,16 @@ def documents_unsent_if_the_broker_forgot() -> int:
     of ``PUBLISH_ERRORS`` while the broker does not answer."""
     from documents.embeddings import model_path as embedding_model_path
 
-    run_id = forgot("documents")
-    if run_id is None:
-        return 0
-    now = timezone.now()
-    waiting = Document.objects.filter(state=Document.State.UPLOADED).exclude(dispatched_at=None)
-    handed_on = Document.objects.filter(
-        state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING], reader=None, read_until__gt=now
-    )
-    lost = waiting.update(dispatched_at=None) + handed_on.update(read_until=now)
-    lost += document_reembed_stale(model_name=embedding_model_path()[1])  # sent now: they record no send
-    remember("documents", run_id)
-    if lost:
-        logger.warning("the broker restarted or lost its data: %d document(s) sent again, in case their "
-                       "messages went with it", lost)  # fmt: skip
-    return lost
+    def mark_unsent() -> int:
+        now = timezone.now()
+        waiting = Document.objects.filter(state=Document.State.UPLOADED).exclude(dispatched_at=None)
+        handed_on = Document.objects.filter(
+            state__in=[Document.State.EXTRACTING, Document.State.EMBEDDING], reader=None, read_until__gt=now
+        )
+        lost = waiting.update(dispatched_at=None) + handed_on.update(read_until=now)
+        return lost + document_reembed_stale(model_name=embedding_model_path()[1])  # sent now: they record no send
+
+    return unsent_if_forgotten("documents", mark_unsent)
 
 
 # A lapsed reading sent again and not taken within this long is sent once more.

@@ -40,7 +40,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from appliance import cluster
-from appliance.broker import PUBLISH_ERRORS, forgot, remember, send_unsent
+from appliance.broker import PUBLISH_ERRORS, send_unsent, unsent_if_forgotten
 from appliance.rendering import render_markdown
 from documents.selectors import documents_readable_by
 from inference import fencing, placement, running, streaming
@@ -139,15 +139,11 @@ def jobs_unsent_if_the_broker_forgot() -> int:
     back empty or restarted: ``appliance.broker.forgot``), for ``jobs_dispatch_pending`` to
     send again: their turns may have gone with them, and each job would wait for ever. Returns
     how many; raises one of ``PUBLISH_ERRORS`` while the broker does not answer."""
-    run_id = forgot("jobs")
-    if run_id is None:
-        return 0
-    lost = Job.objects.filter(state=Job.State.QUEUED).exclude(dispatched_at=None).update(dispatched_at=None)
-    remember("jobs", run_id)
-    if lost:
-        logger.warning("the broker restarted or lost its data: %d queued job(s) sent again, in case their "
-                       "messages went with it", lost)  # fmt: skip
-    return lost
+
+    def mark_unsent() -> int:
+        return Job.objects.filter(state=Job.State.QUEUED).exclude(dispatched_at=None).update(dispatched_at=None)
+
+    return unsent_if_forgotten("jobs", mark_unsent)
 
 
 # --- claiming --------------------------------------------------------------------------------

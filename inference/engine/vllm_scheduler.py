@@ -86,8 +86,8 @@ class ApplianceScheduling(_SchedulerBase):
         self.planner = Planner(config=config, max_budget_tokens=self.max_num_scheduled_tokens)
         self.output_lengths = OutputLengths()
         self._reserve_tokens: dict[str, int] = {}  # running request -> its reservation (prompt + output)
-        # step -> (when, shape, sized beside drafting, the plan's reason)
-        self._pending: dict[int, tuple[float, StepShape, bool, str]] = {}
+        # step -> (when, shape, the plan's reason: a mode's name outside the appliance's mode)
+        self._pending: dict[int, tuple[float, StepShape, str]] = {}
         # The last steps' measured times and their ratio to the cost model's prediction, by the
         # plan's reason: which steps drafters wait for (``appliance_snapshot``, ``bench scheduling``).
         self._step_times: dict[str, deque[tuple[float, float | None]]] = {}
@@ -107,20 +107,16 @@ class ApplianceScheduling(_SchedulerBase):
         else:
             output = self._schedule_as_vllm(throttle_prefills)
         if output.total_num_scheduled_tokens:
-            beside_drafting = (
-                self.planner.config.mode is Mode.APPLIANCE and self._last_plan.reason in SIZED_BESIDE_DRAFTING
-            )
-            reason = (
-                self._last_plan.reason if self.planner.config.mode is Mode.APPLIANCE else self.planner.config.mode.value
-            )
-            self._pending[id(output)] = (time.monotonic(), self._shape_of(output), beside_drafting, reason)
+            config = self.planner.config
+            reason = self._last_plan.reason if config.mode is Mode.APPLIANCE else config.mode.value
+            self._pending[id(output)] = (time.monotonic(), self._shape_of(output), reason)
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
         now = time.monotonic()
         pending = self._pending.pop(id(scheduler_output), None)
         if pending is not None:
-            scheduled_at, shape, beside_drafting, reason = pending
+            scheduled_at, shape, reason = pending
             # Steps may overlap (async scheduling): a step's own time starts when the one
             # before it ended, or when it was scheduled if the engine was idle.
             seconds = now - max(scheduled_at, self._last_update_at)
@@ -128,7 +124,7 @@ class ApplianceScheduling(_SchedulerBase):
             self._step_times.setdefault(reason, deque(maxlen=STEP_TIMES_KEPT)).append(
                 (seconds, seconds / predicted if predicted else None)
             )
-            self.planner.cost.observe(shape, seconds, beside_drafting=beside_drafting)
+            self.planner.cost.observe(shape, seconds, beside_drafting=reason in SIZED_BESIDE_DRAFTING)
             self._last_update_at = now
         return super().update_from_output(scheduler_output, model_runner_output)
 
