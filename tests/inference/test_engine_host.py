@@ -273,7 +273,9 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
     snapshot = _scheduler(engine_host)
     assert snapshot["counters"].get("steps_drafting_running", 0) > before  # steps sized for drafting were planned
     timed = snapshot["step_times"]["drafting_running"]  # and their times measured
-    assert timed["steps"] > 0 and 0 < timed["p50_ms"] <= timed["p95_ms"] and timed["p95_over_model"] is not None
+    assert timed["steps"] > 0 and 0 < timed["p50_ms"] <= timed["p95_ms"]
+    # Over the cost model's prediction where it had one (a fresh engine's first steps have none).
+    assert timed["p95_over_model"] is None or timed["p95_over_model"] > 0
 
 
 def test_a_drafter_that_arrives_while_a_document_prefills_starts_before_the_document(engine_host):
