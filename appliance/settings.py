@@ -348,9 +348,6 @@ APPLIANCE_IDLE_THROUGHPUT_LOSS = env_float("APPLIANCE_IDLE_THROUGHPUT_LOSS", 0.0
 # waits little (0: off; then only APPLIANCE_IDLE_THROUGHPUT_LOSS bounds such a step).
 APPLIANCE_DRAFTING_RECENT_S = env_float("APPLIANCE_DRAFTING_RECENT_S", 30.0, minimum=0.0)
 APPLIANCE_DRAFTING_GAP_STEP_MS = env_float("APPLIANCE_DRAFTING_GAP_STEP_MS", 250.0, minimum=0.0)
-# Such a step is shorter where drafters often arrive during one (one by one rather than in
-# bursts): the 95th percentile of their wait for it stays within this (0: always the step above).
-APPLIANCE_DRAFTING_GAP_WAIT_MS = env_float("APPLIANCE_DRAFTING_GAP_WAIT_MS", 150.0, minimum=0.0)
 # A backlog that arrives at an empty engine starts with steps as short as a drafter's first one,
 # each documents-only step then this many times the one before, up to the size above (a slow
 # start: a drafter arriving t seconds after the engine got busy waits for a step of about t at

@@ -261,17 +261,12 @@ def reservation_shown(peak: dict) -> str:
 
 
 def _step_times_line(scheduler: dict) -> str:
-    """The scheduler's step times by plan (``step_times`` of its snapshot), those of 20 steps or
-    more, and the documents-only step between drafters it came to (with the share of drafters
-    that arrived during one) when it reports them."""
-    line = ", ".join(
+    """The scheduler's step times by plan (``step_times`` of its snapshot), those of 20 steps or more."""
+    return ", ".join(
         f"{reason} {t['steps']}: {t['p50_ms']} / {t['p95_ms']} (x{t['p95_over_model']})"
         for reason, t in (scheduler.get("step_times") or {}).items()
         if t["steps"] >= 20
     )
-    if line and scheduler.get("gap_arrival_share") is not None:
-        line += f"; gap step {scheduler['gap_step_ms']} ms ({scheduler['gap_arrival_share']} arrived in one)"
-    return line
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

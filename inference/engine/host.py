@@ -84,7 +84,6 @@ class EngineConfig:
     idle_throughput_loss: float = 0.02
     drafting_recent_s: float = 30.0
     gap_step_ms: float = 250.0
-    gap_wait_ms: float = 150.0
     idle_ramp_factor: float = 2.0
     chunk_fixed_cost_share: float = 0.0
     document_min_share: float = 0.2
@@ -128,7 +127,6 @@ class EngineConfig:
             idle_throughput_loss=settings.APPLIANCE_IDLE_THROUGHPUT_LOSS,
             drafting_recent_s=settings.APPLIANCE_DRAFTING_RECENT_S,
             gap_step_ms=settings.APPLIANCE_DRAFTING_GAP_STEP_MS,
-            gap_wait_ms=settings.APPLIANCE_DRAFTING_GAP_WAIT_MS,
             idle_ramp_factor=settings.APPLIANCE_IDLE_RAMP_FACTOR,
             chunk_fixed_cost_share=settings.APPLIANCE_CHUNK_FIXED_COST_SHARE,
             document_min_share=settings.APPLIANCE_DOCUMENT_MIN_SHARE,
@@ -150,7 +148,6 @@ class EngineConfig:
             idle_throughput_loss=self.idle_throughput_loss,
             drafting_recent_s=self.drafting_recent_s,
             gap_step_ms=self.gap_step_ms,
-            gap_wait_ms=self.gap_wait_ms,
             idle_ramp_factor=self.idle_ramp_factor,
             chunk_fixed_cost_share=self.chunk_fixed_cost_share,
             document_min_share=self.document_min_share,

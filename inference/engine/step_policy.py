@@ -41,9 +41,7 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   While drafting comes and goes (a drafter seen in the last ``drafting_recent_s``), such a step
   is also no longer than ``gap_step_ms`` (250 ms), or a drafter's own first step (its prompt, as
   recent drafters' were) when that is longer: one who arrives in the gap waits at most about
-  that long more, which keeps drafting TTFT within twice its time alone. Where drafters often
-  arrive during such steps (one by one, not in bursts), the step is shorter, so that the 95th
-  percentile of their wait for it stays within ``gap_wait_ms`` (150 ms; ``gap_step_s``). (Held to a drafter's
+  that long more, which keeps drafting TTFT within twice its time alone. (Held to a drafter's
   first step alone, some 60 ms on this CPU, documents ran at half speed in those gaps: the burst
   benchmark's documents lost a third of their speed to it. Without such a bound, documents
   quickly ramping back to the 2 % rule's step, 0.7 s here, the first drafter of each burst
@@ -114,10 +112,6 @@ class PolicyConfig:
     # ``idle_throughput_loss`` bounds it).
     drafting_recent_s: float = 30.0
     gap_step_ms: float = 250.0
-    # The 95th percentile of what drafters who arrive while documents read alone wait for that
-    # step to end: such steps are shortened below ``gap_step_ms`` as often as drafters arrive in
-    # them demands (``Planner.gap_step_s``; 0: always ``gap_step_ms``).
-    gap_wait_ms: float = 150.0
     # A backlog arriving at an empty engine, or left alone by the last drafter, starts with a
     # drafter's first step of documents, and each documents-only step after it may be this many
     # times the one before (0: no slow start).
@@ -154,8 +148,6 @@ class PolicyConfig:
             raise ValueError("drafting_recent_s must not be negative")
         if self.gap_step_ms < 0:
             raise ValueError("gap_step_ms must not be negative")
-        if self.gap_wait_ms < 0:
-            raise ValueError("gap_wait_ms must not be negative")
         if not 0.0 <= self.chunk_fixed_cost_share < 1.0:
             raise ValueError("chunk_fixed_cost_share must be in [0, 1)")
         if not 0.0 <= self.document_min_share <= 0.5:
@@ -509,11 +501,6 @@ class StepCostModel:
         }
 
 
-# ``gap_step_s`` keeps this quantile of drafters' wait for a step of documents alone within
-# ``gap_wait_ms``.
-GAP_WAIT_QUANTILE = 0.95
-
-
 def quantile(values: Iterable[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nearest rank; at least one value)."""
     ordered = sorted(values)
@@ -557,13 +544,6 @@ class Planner:
         False  # the next documents-only prefill step starts slowly (drafting or calibration came first)
     )
     _gap_tokens: int | None = None  # the last documents-only step's tokens while drafting was recent
-    # Whether each of the last drafters that arrived while documents had work came during a step
-    # of documents' prefill alone, and so waited for the rest of it (``gap_step_s``); counted
-    # once at least ``min_gap_arrivals`` have.
-    _arrived_in_gap: deque[bool] = field(default_factory=lambda: deque(maxlen=32))
-    min_gap_arrivals: int = 8
-    _drafters_seen: dict[str, None] = field(default_factory=dict)
-    _documents_alone: bool = False  # the last step read documents' prompts with no drafter in it
     _credit_s: float = 0.0  # step time documents have saved up beside drafting (``pooled_document_budget``)
     _saved_steps: int = 0  # steps that saved it
     # Documents-only steps held to ``unfitted_chunk_tokens`` while the cost model cannot price a
@@ -789,49 +769,8 @@ class Planner:
 
     def gap_budget(self, base: StepShape, position: int) -> int | None:
         """Document prefill tokens for a step in a gap between drafters: what fits in
-        ``gap_step_s`` or a drafter's first step, whichever is longer."""
-        return self.first_step_budget(base, position, at_least_s=self.gap_step_s())
-
-    def gap_arrival_share(self) -> float | None:
-        """The share of the last drafters arriving while documents had work that came during a
-        step of documents' prefill alone (None: fewer than ``min_gap_arrivals`` seen)."""
-        arrivals = self._arrived_in_gap
-        if len(arrivals) < self.min_gap_arrivals:
-            return None
-        return sum(arrivals) / len(arrivals)
-
-    def gap_step_s(self) -> float:
-        """How long a step of documents alone between drafters may take: ``gap_step_ms``, or
-        less where drafters arrive during such steps so often that the 95th percentile of their
-        wait for its end would pass ``gap_wait_ms``. A drafter who arrives during a step of
-        length T waits for a uniform share of it; if a share g of drafters arrive so, P(wait >
-        x) = g (1 - x / T), and the 95th percentile is T (1 - 0.05 / g): a step of at most
-        ``gap_wait_ms / (1 - 0.05 / g)`` keeps it within ``gap_wait_ms``. In a burst only its
-        first drafter or two arrive so (g about 1/8: 1.7 x ``gap_wait_ms``, ``gap_step_ms``
-        stands); when drafters arrive one by one, a third of them or more (about 1.2 x
-        ``gap_wait_ms``; in the steady benchmark the tail of drafting's TTFT was drafters
-        waiting for such steps, 240 ms at ``gap_step_ms``)."""
-        cap = self.config.gap_step_ms / 1000.0
-        wait = self.config.gap_wait_ms / 1000.0
-        share = self.gap_arrival_share()
-        tail = 1.0 - GAP_WAIT_QUANTILE
-        if not wait or share is None or share <= tail:
-            return cap
-        return min(cap, wait / (1.0 - tail / share))
-
-    def _note_arrivals(self, running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], *,
-                       documents_working: bool) -> None:  # fmt: skip
-        """Counts each drafter seen for the first time while documents have work: whether it came
-        during a step of documents' prefill alone (``gap_step_s``)."""
-        for request_id in [*(r.request_id for r in running if r.drafting),
-                           *(w.request_id for w in waiting if w.drafting)]:  # fmt: skip
-            if request_id in self._drafters_seen:
-                continue
-            self._drafters_seen[request_id] = None
-            if documents_working:
-                self._arrived_in_gap.append(self._documents_alone)
-        while len(self._drafters_seen) > 256:
-            del self._drafters_seen[next(iter(self._drafters_seen))]
+        ``gap_step_ms`` or a drafter's first step, whichever is longer."""
+        return self.first_step_budget(base, position, at_least_s=self.config.gap_step_ms / 1000.0)
 
     def _note_drafting(self, running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], now: float) -> bool:
         """Remember when drafting was last seen and how long drafters' prompts are; True while
@@ -899,8 +838,6 @@ class Planner:
         position = doc_prefills[0].context_tokens if doc_prefills else 0
         # Documents want prefill: in mid-prefill, or waiting to start (and not deferred by admission).
         prefilling = bool(doc_prefills) or any(not w.drafting for w in waiting if w.request_id not in deferred)
-        self._note_arrivals(running, waiting, documents_working=prefilling or bool(doc_decodes))
-        self._documents_alone = False  # until a step of documents' prefill alone is planned below
         if not prefilling:  # documents that come next start with a share of their own
             self._share_documents_s = self._share_steps_s = self._owed_s = 0.0
         # The drafting work alone, which the ITL target is a multiple of, and with documents' decodes.
@@ -991,7 +928,6 @@ class Planner:
             # budget, seconds on a CPU, that the first drafters of a burst waited for (TTFT p95
             # x2.65 in the first repeat of the burst benchmark on a fresh engine).
             self._calibration_steps += 1
-            self._documents_alone = True
             self._restart_ramp = True  # then a slow start from a drafter's first step
             # Two sizes in turn: chunks all of one size would leave a prompt token's cost and a
             # step's fixed cost indistinguishable to the fit.
@@ -1014,7 +950,6 @@ class Planner:
             self._gap_tokens = idle if drafting_recent else None
         if prefilling:
             self._note_share(base, idle, position)
-            self._documents_alone = True
         budget = None if idle is None else min(self.max_budget_tokens, sum(r.need_tokens for r in doc_decodes) + idle)
         return StepPlan(order=order, token_budget=budget, defer=frozenset(deferred), document_budget_tokens=idle,
                         reason=reason)  # fmt: skip

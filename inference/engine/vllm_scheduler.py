@@ -313,9 +313,6 @@ class ApplianceScheduling(_SchedulerBase):
             # The engine's time spent on documents' prompts and decodes lately (None: none prefilling).
             "document_share": None if (share := planner.document_share()) is None else round(share, 4),
             "draft_prompt_tokens": planner.draft_prompt_tokens(),  # a drafter's first step, as the plan assumes
-            # A documents-only step between drafters, and how often drafters arrived during one.
-            "gap_step_ms": round(planner.gap_step_s() * 1000, 1),
-            "gap_arrival_share": None if (gap := planner.gap_arrival_share()) is None else round(gap, 3),
             "cost_model": planner.cost.snapshot(),
             "counters": dict(self._counters),
             "step_times": self._step_times_snapshot(),

@@ -70,8 +70,6 @@ def test_config_round_trips_and_refuses_nonsense():
         PolicyConfig(idle_ramp_factor=0.5)  # a slow start that would shrink its steps
     with pytest.raises(ValueError):
         PolicyConfig(document_min_share=0.8)  # documents' floor would leave drafting little
-    with pytest.raises(ValueError):
-        PolicyConfig(gap_wait_ms=-1)
 
 
 # --- KV admission ----------------------------------------------------------------------------
@@ -431,73 +429,6 @@ def test_between_drafters_a_documents_step_may_take_the_gap_step_when_a_drafters
                              context_tokens=0), *alone], [], [], set(), now=0.0)  # fmt: skip
     held = [off.plan(alone, [], [], set(), now=1.0 + i) for i in range(10)][-1]
     assert held.reason == "drafting_gap" and cost(held.token_budget) <= cost(40) * 1.05
-
-
-def arriving_drafter(rid: str) -> RunningRequest:
-    """A drafter in its first step: its 40-token prompt to read."""
-    return RunningRequest(rid, drafting=True, user="u2", arrival=0.0, need_tokens=40, prefill_left=40,
-                          context_tokens=0)  # fmt: skip
-
-
-def gap_step_after(arrivals: list[bool], **config) -> tuple[float, Planner]:
-    """The documents-only step between drafters, on this CPU's costs, once drafters have arrived
-    so: each True came while documents read alone, each False while another drafter drafted
-    (a burst)."""
-    p = Planner(config=PolicyConfig(**config), max_budget_tokens=2048, cost=this_cpu_model())
-    docs = [document("d1", left=500_000)]
-    now = 0.0
-    for i, in_gap in enumerate(arrivals):
-        now += 1.0
-        if in_gap:
-            p.plan(docs, [], [], set(), now=now)  # documents alone
-        else:
-            p.plan([draft("busy"), *docs], [], [], set(), now=now)  # another drafter's step
-        p.plan([arriving_drafter(f"new{i}"), *docs], [], [], set(), now=now + 0.1)
-    # After the last drafter, a slow start up to the gap's step.
-    gap = [p.plan(docs, [], [], set(), now=now + 1.0 + i / 10) for i in range(10)][-1]
-    assert gap.reason == "drafting_gap"
-    return 0.031 + 0.00065 * gap.token_budget, p
-
-
-def test_where_drafters_often_arrive_during_documents_steps_those_steps_are_shorter():
-    # One by one (a busy office's steady stream), every drafter arriving during a documents-only
-    # step waits for a uniform share of it: the step is cut so that the 95th percentile of that
-    # wait is gap_wait_ms (150 ms): 150 / (1 - 0.05) = 158 ms, not gap_step_ms's 250.
-    steady, p = gap_step_after([True] * 12)
-    assert p.gap_arrival_share() == 1.0
-    assert 0.150 <= steady <= 0.158 * 1.02
-    # About a third of them (4 of 13, the drafter already drafting counted once): 150 / (1 -
-    # 0.05 x 13 / 4) = 179 ms.
-    third, p = gap_step_after([True, False, False] * 4)
-    assert p.gap_arrival_share() == pytest.approx(4 / 13)
-    assert 0.174 <= third <= 0.179 * 1.02
-    # In a burst only its first drafter arrives so (2 of 17): 150 / (1 - 0.425) = 261 ms, above
-    # the cap.
-    burst, p = gap_step_after([True, *[False] * 7] * 2)
-    assert p.gap_arrival_share() == pytest.approx(2 / 17)
-    assert 0.245 <= burst <= 0.25 * 1.02
-    # Too few drafters seen to tell (fewer than 8), or gap_wait_ms 0: gap_step_ms.
-    few, _ = gap_step_after([True] * 7)
-    off, _ = gap_step_after([True] * 12, gap_wait_ms=0)
-    assert 0.245 <= few <= 0.25 * 1.02 and 0.245 <= off <= 0.25 * 1.02
-
-
-def test_drafters_arriving_with_no_document_to_read_do_not_count_for_the_gaps_step():
-    # Drafting alone for a while (no document in the engine) says nothing about how often
-    # drafters arrive during documents' steps: a backlog that comes later is sized by the
-    # drafters that arrive while it runs.
-    p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=this_cpu_model())
-    for i in range(40):
-        p.plan([arriving_drafter(f"alone{i}")], [], [], set(), now=float(i))
-        p.plan([], [], [], set(), now=i + 0.5)
-    assert p.gap_arrival_share() is None
-    docs = [document("d1", left=500_000)]
-    for i in range(8):
-        p.plan(docs, [], [], set(), now=100.0 + i)
-        # seen first while waiting to start, as vLLM shows a new request
-        p.plan(docs, [WaitingRequest(f"new{i}", drafting=True, user="u2")], [f"new{i}"], set(), now=100.2 + i)
-    assert p.gap_arrival_share() == 1.0
-    assert p.gap_step_s() == pytest.approx(0.150 / 0.95)
 
 
 def test_with_no_fixed_step_cost_in_the_model_documents_keep_vllms_whole_budget():

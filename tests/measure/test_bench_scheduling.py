@@ -228,5 +228,3 @@ def test_the_step_times_line_names_each_plan_with_enough_steps():
     }}  # fmt: skip
     assert bench_scheduling._step_times_line(scheduler) == "drafting_running 400: 61.0 / 88.5 (x1.31)"
     assert bench_scheduling._step_times_line({}) == ""  # an engine that reports none (an older one)
-    gaps = {**scheduler, "gap_step_ms": 158.4, "gap_arrival_share": 0.406}
-    assert bench_scheduling._step_times_line(gaps).endswith("; gap step 158.4 ms (0.406 arrived in one)")
