@@ -10,7 +10,8 @@ Two arms, fused with reciprocal-rank fusion (Cormack et al., 2009):
 - words: the query's significant terms (``significant_terms``: codes, numbers, words that are
   not function words), each as ``plainto_tsquery('english', term)``, OR-ed, against
   ``Chunk.search_vector`` (GIN; Unicode spaces and punctuation read as ASCII there), ranked by the terms a chunk holds, each weighed by its rarity
-  among the passages searched (BM25's inverse document frequency), then by ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
+  among the passages searched (BM25's inverse document frequency) and by how often the chunk holds
+  it (BM25's term frequency, with diminishing returns), then by ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
   finds them in a long message too, whose words all together no passage has.
 
 With ``APPLIANCE_SEARCH_RERANK`` (off by default: measured, it helps contracts and hurts
@@ -38,6 +39,7 @@ from django.contrib.auth.models import User
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection, transaction
 from django.db.models import Case, F, FloatField, Func, Q, QuerySet, TextField, Value, When
+from django.db.models.functions import Greatest, Least
 from pgvector.django import CosineDistance
 
 from documents.models import Chunk, Document
@@ -71,6 +73,14 @@ SEARCH_CONFIG = "english"
 
 RRF_K = 60  # the constant of reciprocal-rank fusion: score = sum over arms of 1 / (RRF_K + rank)
 MAX_QUERY_TERMS = 24  # terms of a query the words arm matches (a letter has hundreds of words)
+# How often a passage holds a term counts, with diminishing returns, as in BM25: a passage about
+# service credits says "availability" five times, one that mentions it in passing once. The count
+# is Postgres's own ``ts_rank`` of the passage for that term alone, which adds 1/n^2 for its n-th
+# occurrence (weight D, 0.1, over pi^2/6): divided by its value for one occurrence, the factor is
+# 1 for one, 1.25 for two, 1.36 for three, and never more than pi^2/6 (a hyphenated term's query
+# is several lexemes and ranks otherwise: it is held within those bounds).
+TS_RANK_ONCE = 0.1 / (math.pi**2 / 6)
+TERM_FREQUENCY_MAX = math.pi**2 / 6
 RERANK_PER_RESULT = 3  # candidates reranked per result asked for (at least 30)
 RERANK_BEFORE_CHARS = 600  # of the passage before a candidate, read for the title it starts under
 _TERM = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-_.]*[A-Za-z0-9]|[0-9]")
@@ -344,8 +354,8 @@ def _text_arm(document_ids: Sequence[int], query: str, limit: int) -> list[tuple
     """Chunks that match *any* significant term of the query (a message's words all together
     almost never meet in one passage), ranked by the terms they hold, each weighed by how rare
     it is among the passages searched (``term_weights``: "assign" and "consent" say more about
-    a passage of a contract than "party" and "agreement", which nearly every passage has), then
-    by ``ts_rank_cd`` over them."""
+    a passage of a contract than "party" and "agreement", which nearly every passage has) and by
+    how often the passage holds it (``_term_score``), then by ``ts_rank_cd`` over them."""
     terms = significant_terms(query)
     if not terms:
         return []
@@ -358,10 +368,7 @@ def _text_arm(document_ids: Sequence[int], query: str, limit: int) -> list[tuple
     anything = kept[0][0]
     for q, _ in kept[1:]:
         anything = anything | q
-    coverage = sum(
-        (Case(When(search_vector=q, then=Value(w)), default=Value(0.0), output_field=FloatField()) for q, w in kept),
-        start=Value(0.0, output_field=FloatField()),
-    )
+    coverage = sum((_term_score(q, w) for q, w in kept), start=Value(0.0, output_field=FloatField()))
     rows = (
         Chunk.objects.filter(document_id__in=ids, search_vector=anything)
         .annotate(coverage=coverage, rank=SearchRank(F("search_vector"), anything, cover_density=True))
@@ -369,6 +376,16 @@ def _text_arm(document_ids: Sequence[int], query: str, limit: int) -> list[tuple
         .values_list("pk", "coverage", "rank")[:limit]
     )
     return [(chunk_id, float(covered) + float(rank)) for chunk_id, covered, rank in rows]
+
+
+def _term_score(term: SearchQuery, weight: float) -> Case:
+    """What one term adds to a passage's coverage: its weight (``term_weights``) times how often
+    the passage holds it, counted as BM25 counts it, with diminishing returns (``TERM_FREQUENCY_*``),
+    0 if the passage does not hold it."""
+    once = Greatest(
+        Value(1.0), Least(SearchRank(F("search_vector"), term) / Value(TS_RANK_ONCE), Value(TERM_FREQUENCY_MAX))
+    )
+    return Case(When(search_vector=term, then=Value(weight) * once), default=Value(0.0), output_field=FloatField())
 
 
 def term_weights(document_ids: Sequence[int], queries: Sequence[SearchQuery]) -> list[float]:

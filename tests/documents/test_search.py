@@ -254,6 +254,25 @@ def test_the_words_arm_weighs_a_rare_term_above_words_every_passage_has(db, embe
     assert len(hits) == 4
 
 
+def test_the_words_arm_counts_how_often_a_passage_holds_a_rare_term(db, embedder):
+    owner = User.objects.create_user("gail")
+    document = _document(owner, "Subscription agreement", [
+        "Service credits: a credit is 5% of the fee, and credits are set off against the next invoice.",
+        "The customer may claim a credit.",
+        "The customer pays the fees yearly.",
+        "The customer names a contact for support.",
+        "The customer keeps its data backed up.",
+        "Either party may end this agreement with the customer.",
+    ], embedder)  # fmt: skip
+    hits = text_search("What credit is the customer owed?", limit=10, user=owner, document_ids=[document.pk])
+    first = Chunk.objects.get(pk=hits[0][0])
+    # "credit", in two passages of six, three times in the first: it outweighs the second's
+    # "credit" once with "customer", which five passages of six hold (counted once each, the
+    # second would come first).
+    assert first.text.startswith("Service credits")
+    assert "claim a credit" in Chunk.objects.get(pk=hits[1][0]).text
+
+
 def test_words_beside_unicode_spaces_quotes_and_dashes_are_found_by_the_words_arm(db, embedder):
     # Postgres's parser, in the C locale, reads every character outside ASCII as a letter:
     # "Fox\u00a0shall\u00a0earn" (PDFs printed from HTML put U+00A0 between most words),
