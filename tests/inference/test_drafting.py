@@ -185,14 +185,30 @@ def test_a_messages_passages_are_fused_by_rank_and_by_the_document_they_are_in()
 
 def test_a_long_documents_many_candidates_do_not_bury_a_second_documents_best_passage():
     # A letter about a lease (36 candidate passages, 100-135) and an invoice (1 and 2): the
-    # invoice's passage 1 is first by rank. Only each document's best six count for it, so it
-    # stays among the six a draft is given (summed over every candidate, it fell to 14th).
+    # lease's passage 100 is first, the invoice's passage 1 second. Only each document's best six
+    # are taken together, so passage 1 stays among the six a draft is given (with every
+    # candidate of the lease before it, it fell to 15th).
     lease = list(range(100, 136))
     document_of = dict.fromkeys(lease, "lease") | {1: "invoice", 2: "invoice"}
-    rankings = [[1, *lease[0:11]], lease[0:12], lease[12:24], [1, 2, *lease[24:34]]]
-    assert fuse_rankings(rankings)[0] == 1
+    rankings = [[lease[0], 1, *lease[1:11]], lease[0:12], lease[12:24], [lease[0], 1, 2, *lease[24:34]]]
+    assert fuse_rankings(rankings)[:2] == [100, 1]
     assert fuse_by_passage_and_document(rankings, document_of).index(1) < 6
-    assert fuse_by_passage_and_document(rankings, document_of, per_document=1000).index(1) >= 6  # the sum
+    assert fuse_by_passage_and_document(rankings, document_of, per_document=1000).index(1) >= 6
+
+
+def test_documents_go_by_their_best_passage_not_by_how_many_passages_they_have():
+    # A letter answered by a one-page notice (passages 1 and 2): its passage 1 is first for every
+    # query. A pay-date notice (10-13) and a lease (20-24) match every query a little, with more
+    # passages. Summed, the pay-date notice's four outweighed the notice's two and put passage 1
+    # third; by its best passage, the notice comes first.
+    document_of = (
+        {1: "notice", 2: "notice"} | dict.fromkeys(range(10, 14), "pay") | dict.fromkeys(range(20, 25), "lease")
+    )
+    rankings = [[1, 10, 20, 11, 21, 12, 13], [1, 11, 10, 22, 12, 2], [1, 12, 23, 13, 10], [1, 13, 11, 24, 2]]
+    assert fuse_rankings(rankings)[0] == 1
+    fused = fuse_by_passage_and_document(rankings, document_of)
+    assert fused[:4] == [1, 11, 10, 2]  # the notice's other passage rises with it
+    assert sorted(fused) == sorted(document_of)
 
 
 def test_a_sentence_splits_into_text_and_each_citation():
