@@ -72,7 +72,11 @@ _QUERY_AS_INDEXED = str.maketrans(INDEX_TRANSLATE_FROM[:-1], INDEX_TRANSLATE_TO,
 SEARCH_CONFIG = "english"
 
 RRF_K = 60  # the constant of reciprocal-rank fusion: score = sum over arms of 1 / (RRF_K + rank)
-MAX_QUERY_TERMS = 24  # terms of a query the words arm matches (a letter has hundreds of words)
+# Terms of a query the words arm matches, in order: enough for every term of a letter's queries,
+# which are cut at 1,000 characters (``drafting.QUERY_MAX_CHARS``; those of the reply gold set
+# have at most about 60), so that its later paragraphs count as much as its greeting and first
+# lines did when only the first 24 were kept. The bound is for a longer text pasted into search.
+MAX_QUERY_TERMS = 100
 # How often a passage holds a term counts, with diminishing returns, as in BM25: a passage about
 # service credits says "availability" five times, one that mentions it in passing once. The count
 # is Postgres's own ``ts_rank`` of the passage for that term alone, which adds 1/n^2 for its n-th

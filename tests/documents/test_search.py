@@ -324,4 +324,7 @@ def test_significant_terms_keep_codes_and_numbers_and_drop_function_words():
 
     assert significant_terms("What is the fee for XK-42-ZULU in 2024, and the fee?") == ["fee", "xk-42-zulu", "2024"]
     assert significant_terms("Dear Sir, could you please let me know") == ["sir"]
-    assert len(significant_terms(" ".join(f"word{i}" for i in range(100)))) == 24
+    # Every term of a letter's query (cut at 1,000 characters), the later paragraphs' too.
+    letter = " ".join(f"word{i}" for i in range(90))
+    assert len(letter) > 500 and significant_terms(letter)[-1] == "word89"
+    assert len(significant_terms(" ".join(f"word{i}" for i in range(300)))) == 100
