@@ -29,11 +29,11 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   and little else. The planner keeps an account of the engine time documents are owed:
   ``document_min_share`` (0.2) of each step in which they wait for prefill, less the time their
   prompt tokens and their decodes took in it (by the cost model; a step's fixed cost of holding
-  a chunk is not progress). Once they are owed four steps' worth, documents' work takes 1.5 x that share of a
-  step (``document_floor``), and a drafter waiting to start starts after at most two such steps. Documents keep
-  about a fifth of their speed alone; drafters pay for it in ITL under such load, no more than
-  in the other steps beside them: a floor step is sized by how far such steps lately overran
-  the cost model, as those are.
+  a chunk is not progress). Once they are owed four steps' worth, documents' work takes 1.5 x
+  that share of a step (``document_floor``), and a drafter waiting to start starts after at
+  most two such steps. Documents keep about a fifth of their speed alone; drafters pay for it
+  in ITL under such load, no more than in the other steps beside them: a floor step is sized
+  by how far such steps lately overran the cost model, as those are.
 - **Work-conserving.** With no drafting request in the engine, documents run at full speed,
   several batched together: in steps of the whole budget on a GPU, where a step's fixed cost
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
