@@ -12,6 +12,9 @@ is all a load balancer needs.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -59,9 +62,64 @@ def check_broker() -> dict:
     return {"ok": True, "queue_depths": depths}
 
 
+# Asking the workers is a broadcast that waits WORKERS_REPLY_S for every reply, longer than a load
+# balancer's probe may wait (Kubernetes gives one 1 s by default) and a message for every worker
+# at each probe. So a green answer is kept: served for WORKERS_FRESH_S as it is, then served once
+# more while the workers are asked again in the background, and never served older than
+# WORKERS_STALE_S. A red answer is not kept: the workers are asked at each probe until they
+# answer again, so that a recovery shows at once.
+WORKERS_REPLY_S = 1.0
+WORKERS_FRESH_S = 5.0
+WORKERS_STALE_S = 30.0
+
+
+class WorkersAnswer:
+    """The last green answer of the workers of one broker, and whether it is being renewed."""
+
+    def __init__(self, ask: Callable[[], dict], clock: Callable[[], float] = time.monotonic) -> None:
+        self._ask = ask
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._kept: tuple[str, float, dict] | None = None  # (broker URL, when, answer)
+        self._renewing = False
+
+    @property
+    def renewing(self) -> bool:
+        with self._lock:
+            return self._renewing
+
+    def get(self, broker_url: str) -> dict:
+        with self._lock:
+            kept = self._kept if self._kept is not None and self._kept[0] == broker_url else None
+            age = self._clock() - kept[1] if kept is not None else WORKERS_STALE_S
+            if kept is not None and age < WORKERS_STALE_S:
+                if age >= WORKERS_FRESH_S and not self._renewing:
+                    self._renewing = True
+                    threading.Thread(
+                        target=self._renew, args=(broker_url,), name="healthz-workers", daemon=True
+                    ).start()
+                return {**kept[2], "asked_s_ago": round(age, 1)}
+        return self._renew(broker_url)
+
+    def _renew(self, broker_url: str) -> dict:
+        try:
+            answer = self._ask()
+        except Exception as exc:  # never leave the renewal marked as running
+            answer = {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+        with self._lock:
+            self._renewing = False
+            self._kept = (broker_url, self._clock(), answer) if answer["ok"] else None
+        return {**answer, "asked_s_ago": 0.0}
+
+
 def check_workers(broker_ok: bool) -> dict:
     if not broker_ok:
         return {"ok": False, "detail": "cannot reach workers: the broker is down"}
+    return _workers_answer.get(settings.CELERY_BROKER_URL)
+
+
+def ask_workers() -> dict:
+    """Which queues the workers that answer within WORKERS_REPLY_S consume."""
     from celery import Celery
 
     # A throw-away app bound to the broker the settings name now: the project's app caches its
@@ -69,7 +127,7 @@ def check_workers(broker_ok: bool) -> dict:
     probe = Celery("appliance-health", broker=settings.CELERY_BROKER_URL, set_as_current=False)
     probe.conf.broker_transport_options = {"socket_connect_timeout": 2, "socket_timeout": 2}
     try:
-        replies = probe.control.inspect(timeout=1.0).active_queues() or {}
+        replies = probe.control.inspect(timeout=WORKERS_REPLY_S).active_queues() or {}
     except Exception as exc:
         return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
     finally:
@@ -83,6 +141,9 @@ def check_workers(broker_ok: bool) -> dict:
     if missing:
         result["detail"] = f"no worker serves: {', '.join(missing)}"
     return result
+
+
+_workers_answer = WorkersAnswer(lambda: ask_workers())  # looked up when called: a test may replace it
 
 
 def check_engine() -> dict:

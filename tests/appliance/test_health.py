@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from django.test import Client
 
+from appliance import health
 from appliance.credentials import EmbeddedCredentials
 from appliance.embedded import EmbeddedValkey, free_port
+from appliance.health import WORKERS_FRESH_S, WORKERS_STALE_S, WorkersAnswer, ask_workers
 
 pytestmark = pytest.mark.django_db
 
@@ -152,3 +157,96 @@ def test_callers_from_the_network_are_told_only_up_or_down(fake_engine, workers_
     assert on_the_box.get("/healthz").json() == {"status": "degraded"}
     scraper = on_the_box.get("/healthz", headers={"Authorization": "Bearer s3cret-scrape-token"}).json()
     assert scraper["engine"]["model"] == "fake-model"
+
+
+class FakeWorkers:
+    """A fake of the broadcast to the workers: answers what it is told, and counts the asks."""
+
+    def __init__(self) -> None:
+        self.answer: dict = {"ok": True, "queues": {"ingest": 1, "prefill": 1, "decode": 1}}
+        self.asked = 0
+        self.asked_event = threading.Event()
+
+    def __call__(self) -> dict:
+        self.asked += 1
+        self.asked_event.set()
+        return dict(self.answer)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _renewed(answer: WorkersAnswer, workers: FakeWorkers) -> None:
+    assert workers.asked_event.wait(5), "the background renewal never asked the workers"
+    deadline = time.monotonic() + 5
+    while answer.renewing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not answer.renewing
+
+
+def test_a_green_workers_answer_is_kept_then_renewed_in_the_background_then_asked_again_when_stale():
+    workers, clock = FakeWorkers(), FakeClock()
+    answer = WorkersAnswer(workers, clock=clock)
+    assert answer.get("redis://a")["ok"] is True and workers.asked == 1  # nothing kept: asked at once
+    clock.now += WORKERS_FRESH_S - 0.1
+    kept = answer.get("redis://a")
+    assert workers.asked == 1 and kept["ok"] is True and kept["asked_s_ago"] == pytest.approx(WORKERS_FRESH_S - 0.1)
+    workers.asked_event.clear()
+    clock.now += 0.2  # past fresh: served as kept, renewed behind the answer
+    assert answer.get("redis://a")["ok"] is True
+    _renewed(answer, workers)
+    assert workers.asked == 2
+    assert answer.get("redis://a")["asked_s_ago"] == 0.0  # the renewal's answer is the one kept now
+    clock.now += WORKERS_STALE_S + 1  # too old to serve: the probe waits for the workers
+    workers.answer = {
+        "ok": False,
+        "queues": {"ingest": 1, "prefill": 0, "decode": 1},
+        "detail": "no worker serves: prefill",
+    }
+    assert answer.get("redis://a")["ok"] is False and workers.asked == 3
+
+
+def test_a_red_workers_answer_is_not_kept_and_another_broker_is_asked_for_itself():
+    workers, clock = FakeWorkers(), FakeClock()
+    answer = WorkersAnswer(workers, clock=clock)
+    workers.answer = {"ok": False, "detail": "no worker serves: decode"}
+    assert answer.get("redis://a")["ok"] is False
+    workers.answer = {"ok": True, "queues": {"ingest": 1, "prefill": 1, "decode": 1}}
+    assert answer.get("redis://a")["ok"] is True and workers.asked == 2  # a recovery shows at the next probe
+    assert answer.get("redis://b")["ok"] is True and workers.asked == 3  # kept for broker a only
+
+
+def test_a_broadcast_that_raises_is_red_and_does_not_stop_later_renewals():
+    clock = FakeClock()
+    calls = []
+
+    def failing() -> dict:
+        calls.append(1)
+        raise OSError("the broker went away")
+
+    answer = WorkersAnswer(failing, clock=clock)
+    assert answer.get("redis://a") == {"ok": False, "detail": "OSError: the broker went away", "asked_s_ago": 0.0}
+    assert answer.get("redis://a")["ok"] is False and len(calls) == 2
+
+
+def test_healthz_asks_the_real_workers_once_for_probes_close_together(workers, monkeypatch):
+    """Two probes a moment apart: the second is answered from the first's broadcast to the real
+    workers, and says how old that answer is."""
+    asked = []
+
+    def counted() -> dict:
+        asked.append(1)
+        return ask_workers()
+
+    monkeypatch.setattr(health, "_workers_answer", WorkersAnswer(counted))
+    first = Client().get("/healthz", REMOTE_ADDR="127.0.0.1").json()
+    second = Client().get("/healthz", REMOTE_ADDR="127.0.0.1").json()
+    assert first["workers"]["ok"] is True, first["workers"]
+    assert second["workers"]["queues"] == first["workers"]["queues"]
+    assert len(asked) == 1
+    assert first["workers"]["asked_s_ago"] == 0.0 and second["workers"]["asked_s_ago"] < WORKERS_FRESH_S
