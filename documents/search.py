@@ -10,7 +10,8 @@ Two arms, fused with reciprocal-rank fusion (Cormack et al., 2009):
 - words: the query's significant terms (``significant_terms``: codes, numbers, words that are
   not function words), each as ``plainto_tsquery('english', term)``, OR-ed, against
   ``Chunk.search_vector`` (GIN; Unicode spaces and punctuation read as ASCII there), ranked by the terms a chunk holds, each weighed by its rarity
-  among the passages searched (BM25's inverse document frequency) and by how often the chunk holds
+  among the passages searched (BM25's inverse document frequency, read from the term counts
+  stored with each document's passages: ``documents.term_counts``) and by how often the chunk holds
   it (BM25's term frequency, with diminishing returns), then by ``ts_rank_cd``; this is what finds codes, names and numbers that embeddings blur, and it
   finds them in a long message too, whose words all together no passage has.
 
@@ -44,6 +45,7 @@ from pgvector.django import CosineDistance
 
 from documents.models import Chunk, Document
 from documents.selectors import documents_readable_by
+from documents.term_counts import passage_counts
 
 # What the words arm indexes is the chunk's text with the characters below translated: Postgres's
 # text-search parser, in the C locale the embedded cluster is made with, reads every character
@@ -365,7 +367,7 @@ def _text_arm(document_ids: Sequence[int], query: str, limit: int) -> list[tuple
         return []
     ids = list(document_ids)
     queries = [SearchQuery(term, search_type="plain", config=SEARCH_CONFIG) for term in terms]
-    weights = term_weights(ids, queries)
+    weights = term_weights(ids, terms)
     kept = [(q, w) for q, w in zip(queries, weights, strict=True) if w > 0]
     if not kept:
         return []
@@ -392,17 +394,14 @@ def _term_score(term: SearchQuery, weight: float) -> Case:
     return Case(When(search_vector=term, then=Value(weight) * once), default=Value(0.0), output_field=FloatField())
 
 
-def term_weights(document_ids: Sequence[int], queries: Sequence[SearchQuery]) -> list[float]:
+def term_weights(document_ids: Sequence[int], terms: Sequence[str]) -> list[float]:
     """Each term's inverse document frequency among the passages of these documents, as BM25
-    weighs it: ``log(1 + (N - n + 0.5) / (n + 0.5))`` for a term in ``n`` of ``N`` passages; 0
-    for a term no passage has. One count per term, each answered by the full-text index."""
-    chunks = Chunk.objects.filter(document_id__in=list(document_ids))
-    total = chunks.count()
-    weights = []
-    for q in queries:
-        n = chunks.filter(search_vector=q).count()
-        weights.append(math.log(1.0 + (total - n + 0.5) / (n + 0.5)) if n else 0.0)
-    return weights
+    weighs it: ``log(1 + (N - n + 0.5) / (n + 0.5))`` for a term in ``n`` of ``N`` passages
+    (those ``plainto_tsquery(SEARCH_CONFIG, term)`` matches); 0 for a term no passage has. The
+    counts of all the terms are one query on the documents' stored term counts
+    (``documents.term_counts``), not a full-text count per term."""
+    total, counts = passage_counts(document_ids, terms, config=SEARCH_CONFIG)
+    return [math.log(1.0 + (total - n + 0.5) / (n + 0.5)) if n else 0.0 for n in counts]
 
 
 def _nearest_queryset(

@@ -42,6 +42,7 @@ from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check, se
 from documents.extraction import ExtractedDocument, ExtractionError, ExtractionLimits, page_offsets
 from documents.models import UNFINISHED_STATES, Batch, Chunk, Document, Page
 from documents.search import chunk_search_vector
+from documents.term_counts import forget_document_terms, store_document_terms
 
 logger = logging.getLogger(__name__)
 
@@ -364,7 +365,7 @@ def _document_cancelled(reading: Reading) -> Document | None:
             document = reading.lock()
         except ReadingLost:  # deleted, or another reader has it now
             return _current(document_id)
-        Chunk.objects.filter(document=document).delete()
+        _passages_delete(document)
         Page.objects.filter(document=document).delete()
         for child in document.children.all():  # attachments found before the cancel
             document_delete(document=child)
@@ -656,7 +657,7 @@ def _store_pages(document: Document, extracted: ExtractedDocument, reading: Read
     offsets = page_offsets(texts)
     with transaction.atomic():  # rolled back by ReadingLost at the write below
         Page.objects.filter(document=document).delete()
-        Chunk.objects.filter(document=document).delete()
+        _passages_delete(document)
         for child in document.children.all():  # from an earlier, interrupted run
             document_delete(document=child)
         Page.objects.bulk_create(
@@ -803,13 +804,27 @@ def _embed(document: Document, reading: Reading, deadline: float) -> Document | 
         # the document ready; one that came before stops it with no passage stored.
         if reading.lock().cancel_requested and not reembedding:
             raise IngestCancelled()
-        Chunk.objects.filter(document=document).delete()
-        Chunk.objects.bulk_create(chunks, batch_size=500)
-        Chunk.objects.filter(document=document).update(search_vector=chunk_search_vector())
+        passages_store(document=document, chunks=chunks)
         reading.end(Document.State.READY, pages_done=len(pages), embedding_model=embedder.model_name, attempts=0)
     if not reembedding:
         batch_settle(batch_id=document.batch_id)
     return Document.objects.get(pk=document.pk)
+
+
+def passages_store(*, document: Document, chunks: list[Chunk]) -> None:
+    """Replace the document's passages with ``chunks`` (unsaved): stored, indexed for words
+    (``search.chunk_search_vector``) and their terms counted for the words arm's weights
+    (``term_counts``), all in one transaction, so that search sees all of it or none."""
+    with transaction.atomic():
+        Chunk.objects.filter(document=document).delete()
+        Chunk.objects.bulk_create(chunks, batch_size=500)
+        Chunk.objects.filter(document=document).update(search_vector=chunk_search_vector())
+        store_document_terms(document.pk)
+
+
+def _passages_delete(document: Document) -> None:
+    Chunk.objects.filter(document=document).delete()
+    forget_document_terms(document.pk)
 
 
 def documents_needing_reembedding(model_name: str):

@@ -497,6 +497,21 @@ def _load_corpus(progress, owner, n_chunks: int, seed: int, dimensions: int, n_q
     return corpus, queries
 
 
+def _count_corpus_terms(progress, document_ids: list[int]) -> None:
+    """The corpus's term counts (``documents.term_counts``), as storing a document's passages
+    counts them, one document at a time."""
+    from django.db import connection, transaction
+
+    from documents.term_counts import store_document_terms
+
+    progress(f"search: counting the terms of {len(document_ids):,} document(s)")
+    for document_id in document_ids:
+        with transaction.atomic():
+            store_document_terms(document_id)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE documents_documentterm")
+
+
 def _percentile(values: list[float], percent: float) -> float:
     import numpy as np
 
@@ -550,6 +565,9 @@ def _bench_search(
     started = time.perf_counter()
     corpus, queries = _load_corpus(progress, owner, n_chunks, seed, embedder.dimensions, n_queries, n_documents)
     load_s = time.perf_counter() - started
+    started = time.perf_counter()
+    _count_corpus_terms(progress, [document.pk for document in corpus])
+    term_counts_s = time.perf_counter() - started
     build_s = _ensure_hnsw_index(progress)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE documents_chunk")
@@ -581,6 +599,7 @@ def _bench_search(
         "ef_search": ef_search,
         "vectors": dataclasses.asdict(_ClusteredVectors(dimensions=embedder.dimensions)),
         "load_s": load_s,
+        "term_counts_s": term_counts_s,
         "index_build_s": build_s,
         "walks_hnsw_index": walks_index,
         "plan_uses_hnsw_index": HNSW_INDEX_NAME in plan,
@@ -657,6 +676,36 @@ def _bench_letter_search(progress, embedder, owner, *, rounds: int) -> dict:
         "p50_ms": _percentile(latencies, 50),
         "p95_ms": _percentile(latencies, 95),
         "latencies_ms": latencies,
+        "term_counts": _bench_term_counts(progress, owner, letters, rounds=rounds),
+    }
+
+
+def _bench_term_counts(progress, owner, letters: list[str], *, rounds: int) -> dict:
+    """The words arm's counts of each letter's terms: from the stored counts (one query, as
+    search reads them) and from the full-text index (one count per term, as it read them
+    before), in alternating order; and whether the two agree."""
+    from documents import search
+    from documents.term_counts import passage_counts, passage_counts_from_index
+
+    progress("search: each letter's term counts, stored against counted in the full-text index")
+    readable = search.searchable_document_ids(owner)
+    ways = {"stored": passage_counts, "full_text_index": passage_counts_from_index}
+    latencies: dict[str, list[float]] = {name: [] for name in ways}
+    disagreements = 0
+    for round_ in range(rounds):
+        for number, letter in enumerate(letters):
+            terms = search.significant_terms(letter)
+            order = list(ways) if (round_ + number) % 2 == 0 else list(reversed(ways))
+            found = {}
+            for name in order:
+                started = time.perf_counter()
+                found[name] = ways[name](readable, terms, config=search.SEARCH_CONFIG)
+                latencies[name].append((time.perf_counter() - started) * 1000)
+            disagreements += found["stored"] != found["full_text_index"]
+    return {
+        "disagreements": disagreements,
+        **{f"{name}_p50_ms": _percentile(values, 50) for name, values in latencies.items()},
+        **{f"{name}_p95_ms": _percentile(values, 95) for name, values in latencies.items()},
     }
 
 
@@ -711,7 +760,8 @@ def _table(results: dict) -> list[str]:
             f"SEARCH  {search['chunks']:,} synthetic chunks in {search.get('documents', 1):,} document(s) "
             f"({search['table_rows']:,} in the table), "
             f"{search['queries']} queries, k={search['k']}, hnsw.ef_search={search['ef_search']}",
-            f"  load (COPY + full-text vectors) {search['load_s']:.1f} s, HNSW index build "
+            f"  load (COPY + full-text vectors) {search['load_s']:.1f} s, term counts "
+            f"{search.get('term_counts_s', 0.0):.1f} s, HNSW index build "
             f"{search['index_build_s']:.1f} s, query plan walks the HNSW index: {index_used}",
             f"  HNSW recall@10 vs exact scan: {hnsw['recall_at_10']:.3f}  (target >= {search['target_recall']:.2f})  "
             f"{_verdict(hnsw['recall_at_10'] >= search['target_recall'])}; "
@@ -743,5 +793,12 @@ def _table(results: dict) -> list[str]:
             lines.append(
                 f"  a letter's whole text searched ({letters['letters']} letters, {letters['searches']} searches): "
                 f"p50 {letters['p50_ms']:.1f} ms, p95 {letters['p95_ms']:.1f} ms"
+            )
+            counts = letters["term_counts"]
+            lines.append(
+                f"  its terms' passage counts: stored p50 {counts['stored_p50_ms']:.1f} ms, p95 "
+                f"{counts['stored_p95_ms']:.1f} ms; one count a term in the full-text index p50 "
+                f"{counts['full_text_index_p50_ms']:.1f} ms, p95 {counts['full_text_index_p95_ms']:.1f} ms; "
+                f"letters whose counts differ: {counts['disagreements']}"
             )
     return lines

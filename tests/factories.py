@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.files.base import ContentFile
 
 from documents.models import Chunk, Document, Page
-from documents.search import chunk_search_vector
+from documents.services import passages_store
 
 
 def ready_document(owner, title: str, text: str | list[str]) -> Document:
@@ -24,15 +24,16 @@ def ready_document(owner, title: str, text: str | list[str]) -> Document:
     embedder = get_embedder()
     vectors = embedder.encode(pages)
     start = 0
+    chunks = []
     for number, (page, vector) in enumerate(zip(pages, vectors, strict=True), start=1):
         Page.objects.create(document=document, number=number, text=page, char_start=start)
-        Chunk.objects.create(
+        chunks.append(Chunk(
             document=document, index=number - 1, page_start=number, page_end=number, char_start=start,
             char_end=start + len(page), text=page, token_count=len(page.split()), embedding=vector.tolist(),
             embedding_model=embedder.model_name,
-        )  # fmt: skip
+        ))  # fmt: skip
         start += len(page) + 2
-    Chunk.objects.filter(document=document).update(search_vector=chunk_search_vector())
+    passages_store(document=document, chunks=chunks)
     return document
 
 

@@ -15,7 +15,6 @@ from documents.chunking import chunk_pages, pages_with_offsets
 from documents.embeddings import embed_spans, get_embedder
 from documents.models import Chunk, Document, Page
 from documents.search import (
-    chunk_search_vector,
     exact_vector_search,
     explain_vector_search,
     readable_documents,
@@ -24,7 +23,7 @@ from documents.search import (
     text_search,
     vector_search,
 )
-from documents.services import chunk_rows
+from documents.services import chunk_rows, passages_store
 
 _serial = itertools.count()
 
@@ -80,8 +79,7 @@ def _document(owner, title: str, pages: list[str], embedder, *, state=Document.S
                 )
             )
     vectors = embed_spans(embedder, spans)
-    Chunk.objects.bulk_create(chunk_rows(document, spans, vectors, embedder.model_name))
-    Chunk.objects.filter(document=document).update(search_vector=chunk_search_vector())
+    passages_store(document=document, chunks=chunk_rows(document, spans, vectors, embedder.model_name))
     return document
 
 
