@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from django.db import connection
+from django.db import connection, transaction
 
 # The row of a document whose term is empty holds its number of passages (no lexeme is empty).
 PASSAGES = ""
@@ -71,8 +71,8 @@ FROM terms
 def store_document_terms(document_id: int) -> None:
     """Count the terms of the document's stored passages (their ``search_vector``, already
     computed), replacing the counts it had. Call it in the transaction that stores them."""
+    forget_document_terms(document_id)
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM documents_documentterm WHERE document_id = %s", [document_id])
         cursor.execute(_STORE, {"document": document_id, "passages": PASSAGES})
 
 
@@ -81,8 +81,6 @@ def documents_count_terms(document_ids: Sequence[int] | None = None) -> int:
     passages, by default), each in a transaction of its own under its row's lock (as a reader
     storing its passages holds it). For documents stored before the counts were, or whose
     ``search_vector``s were computed again. Returns how many documents were counted."""
-    from django.db import transaction
-
     from documents.models import Chunk, Document
 
     if document_ids is None:

@@ -316,17 +316,11 @@ def retrieval_queries(message: str) -> list[str]:
 
 def fuse_rankings(rankings: Sequence[Sequence[int]], *, k: int = 60) -> list[int]:
     """Reciprocal-rank fusion of several ranked lists of ids, best first (ties: first seen)."""
-    scores = _fused_scores(rankings, k)
-    return sorted(scores, key=lambda item: -scores[item])
-
-
-def _fused_scores(rankings: Sequence[Sequence[int]], k: int) -> dict[int, float]:
-    """Each id's reciprocal-rank score over ``rankings``, in the order ids are first seen."""
     scores: dict[int, float] = {}
     for ranking in rankings:
         for rank, item in enumerate(ranking, start=1):
             scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
-    return scores
+    return sorted(scores, key=lambda item: -scores[item])
 
 
 def fuse_by_passage_and_document(

@@ -653,6 +653,21 @@ def _bench_search(
     return results
 
 
+def _time_alternately(ways: dict, items: list, *, rounds: int) -> tuple[dict[str, list[float]], dict[str, list]]:
+    """Each way called on each item, ``rounds`` times, the ways' order alternating from one call
+    to the next, so that all see the same minutes of a shared machine: each way's latencies
+    (ms) and answers, in the order of the calls."""
+    latencies: dict[str, list[float]] = {name: [] for name in ways}
+    answers: dict[str, list] = {name: [] for name in ways}
+    for round_ in range(rounds):
+        for number, item in enumerate(items):
+            for name in list(ways) if (round_ + number) % 2 == 0 else list(reversed(ways)):
+                started = time.perf_counter()
+                answers[name].append(ways[name](item))
+                latencies[name].append((time.perf_counter() - started) * 1000)
+    return latencies, answers
+
+
 def _bench_letter_search(progress, embedder, owner, *, rounds: int) -> dict:
     """``search_passages`` of each reply gold set letter's whole text (the first query of a
     draft's retrieval, ``drafting.retrieval_queries``), ``rounds`` times each, over the corpus;
@@ -678,13 +693,7 @@ def _bench_letter_search(progress, embedder, owner, *, rounds: int) -> dict:
         "stored": lambda letter: search.search_passages(user=owner, query=letter, embedder=embedder),
         "counted_per_term": counted_per_term,
     }
-    latencies: dict[str, list[float]] = {name: [] for name in ways}
-    for round_ in range(rounds):
-        for number, letter in enumerate(letters):
-            for name in list(ways) if (round_ + number) % 2 == 0 else list(reversed(ways)):
-                started = time.perf_counter()
-                ways[name](letter)
-                latencies[name].append((time.perf_counter() - started) * 1000)
+    latencies, _ = _time_alternately(ways, letters, rounds=rounds)
     stored = latencies["stored"]
     before = latencies["counted_per_term"]
     return {
@@ -710,21 +719,13 @@ def _bench_term_counts(progress, owner, letters: list[str], *, rounds: int) -> d
 
     progress("search: each letter's term counts, stored against counted in the full-text index")
     readable = search.searchable_document_ids(owner)
-    ways = {"stored": passage_counts, "full_text_index": passage_counts_from_index}
-    latencies: dict[str, list[float]] = {name: [] for name in ways}
-    disagreements = 0
-    for round_ in range(rounds):
-        for number, letter in enumerate(letters):
-            terms = search.significant_terms(letter)
-            order = list(ways) if (round_ + number) % 2 == 0 else list(reversed(ways))
-            found = {}
-            for name in order:
-                started = time.perf_counter()
-                found[name] = ways[name](readable, terms, config=search.SEARCH_CONFIG)
-                latencies[name].append((time.perf_counter() - started) * 1000)
-            disagreements += found["stored"] != found["full_text_index"]
+    ways = {
+        name: lambda terms, count=count: count(readable, terms, config=search.SEARCH_CONFIG)
+        for name, count in (("stored", passage_counts), ("full_text_index", passage_counts_from_index))
+    }
+    latencies, found = _time_alternately(ways, [search.significant_terms(letter) for letter in letters], rounds=rounds)
     return {
-        "disagreements": disagreements,
+        "disagreements": sum(a != b for a, b in zip(found["stored"], found["full_text_index"], strict=True)),
         **{f"{name}_p50_ms": _percentile(values, 50) for name, values in latencies.items()},
         **{f"{name}_p95_ms": _percentile(values, 95) for name, values in latencies.items()},
     }
