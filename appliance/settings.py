@@ -219,6 +219,11 @@ APPLIANCE_INGEST_CPU_CLASS = env_choice(
 )
 APPLIANCE_PREFILL_CONCURRENCY = env_int("APPLIANCE_PREFILL_CONCURRENCY", 2, minimum=1)
 APPLIANCE_DECODE_CONCURRENCY = env_int("APPLIANCE_DECODE_CONCURRENCY", 8, minimum=1)
+# A /v1 request the decode queue would start at once is run by the web process itself on this
+# node's engine (when that engine is the only one of the decode queue), its tokens relayed from
+# the engine host's socket rather than through a worker and the broker's stream. Off: every
+# /v1 request goes through a worker, as every other job does.
+APPLIANCE_V1_IN_WEB = env_bool("APPLIANCE_V1_IN_WEB", True)
 
 # The address the web server listens on (its port: APPLIANCE_PORT). The loopback address behind a
 # reverse proxy on the same box; 0.0.0.0 in a container, where the proxy (an ingress) is elsewhere.

@@ -74,22 +74,46 @@ class OpenRequests:
             abort()
 
 
+# Called with each event the attempt appends to its job's stream (its stream id, its name, its
+# data), in the attempt's thread: a reader in the same process (``/v1`` run in the web process)
+# has it without reading the stream back from the broker.
+Listener = Callable[[str, str, dict], None]
+
+
 class Attempt:
     """The running attempt ``number`` at job ``job_id``, which must end by ``deadline`` (on the
-    ``clock``'s scale, ``time.monotonic`` by default)."""
+    ``clock``'s scale, ``time.monotonic`` by default); ``listener``, if any, is handed every
+    event it appends to the job's stream."""
 
-    def __init__(self, job_id, number: int, *, deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        job_id,
+        number: int,
+        *,
+        deadline: float,
+        clock: Callable[[], float] = time.monotonic,
+        listener: Listener | None = None,
+    ) -> None:
         self.job_id = job_id
         self.number = number
         self.deadline = deadline
         self.clock = clock
+        self.listener = listener
         self._lock = threading.Lock()
         self._reason: StopReason | None = None
         self._open = OpenRequests()
 
     @classmethod
-    def starting_now(cls, job_id, number: int, *, limit_s: float, clock: Callable[[], float] = time.monotonic):
-        return cls(job_id, number, deadline=clock() + limit_s, clock=clock)
+    def starting_now(
+        cls,
+        job_id,
+        number: int,
+        *,
+        limit_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        listener: Listener | None = None,
+    ):
+        return cls(job_id, number, deadline=clock() + limit_s, clock=clock, listener=listener)
 
     @property
     def reason(self) -> StopReason | None:

@@ -41,9 +41,12 @@ def heartbeat(attempt: Attempt) -> bool:
 
 
 def publish(attempt: Attempt, event: str, data: dict) -> None:
-    """Append an event to the job's stream if the attempt still holds it, then stop the attempt
-    (raising ``AttemptStopped``) if it was refused, the job was cancelled, or time is up."""
-    outcome = streaming.publish_fenced(attempt.job_id, event, data, attempt=attempt.number)
+    """Append an event to the job's stream if the attempt still holds it (and hand it to the
+    attempt's ``listener``, if it has one), then stop the attempt (raising ``AttemptStopped``) if
+    it was refused, the job was cancelled, or time is up."""
+    outcome, entry_id = streaming.publish_fenced_entry(attempt.job_id, event, data, attempt=attempt.number)
+    if entry_id and attempt.listener is not None:  # appended: its reader in this process has it at once
+        attempt.listener(entry_id, event, data)
     if outcome is streaming.Outcome.FENCED:
         attempt.stop(StopReason.CLAIM_LOST)
     elif outcome is streaming.Outcome.CANCELLED:

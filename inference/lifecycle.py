@@ -44,7 +44,7 @@ from appliance.broker import PUBLISH_ERRORS, send_unsent, unsent_if_forgotten
 from appliance.rendering import render_markdown
 from documents.selectors import documents_readable_by
 from inference import fencing, placement, running, streaming
-from inference.attempts import Attempt, AttemptStopped, StopReason, time_limit_reason
+from inference.attempts import Attempt, AttemptStopped, Listener, StopReason, time_limit_reason
 from inference.engine.client import EngineClient, EngineRequestError, EngineRestarting, EngineUnavailable
 from inference.fencing import attempt_watch, held
 from inference.job_options import storable, storable_text
@@ -188,8 +188,7 @@ def job_claim_next(
     With other engines in the cluster (``place``), placement may take a later job of the order,
     or pass the turn on (its decision is returned)."""
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.claim:{celery_queue}"])
+        take_claim_turn(celery_queue)
         if marks is not None:
             marks["locked"] = time.monotonic()  # when this claim's turn came (``_note_slow_claim``)
         candidates = fair_share_candidates(celery_queue=celery_queue)
@@ -252,6 +251,19 @@ def this_engine(client: EngineClient) -> str:
     return placement.engine_key(settings.APPLIANCE_NODE_NAME, str(client.address))
 
 
+def engines_serving(celery_queue: str) -> list[placement.EngineView]:
+    """The engines the cluster view lists for ``celery_queue``'s workers (one in a single box)."""
+    return [e for e in placement.cluster_engines(cluster.nodes()) if celery_queue in e.queues]
+
+
+def take_claim_turn(celery_queue: str) -> None:
+    """Wait for the queue's claim turn, held to the end of the transaction: claims of one queue
+    (and a creator claiming its own job, ``services``) take turns, each seeing the counts the
+    one before it left."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.claim:{celery_queue}"])
+
+
 @dataclass(frozen=True)
 class Turn:
     """What placement decides a turn on: this worker's engine, whether it has room now, the
@@ -268,10 +280,10 @@ class Turn:
         case): the turn claims in fair-share order, as it always has."""
         here = this_engine(client)
         try:
-            engines = placement.cluster_engines(cluster.nodes())
+            engines = engines_serving(celery_queue)
         except PUBLISH_ERRORS:  # the broker is away: the claim below will say so
             return None
-        others = [e for e in engines if celery_queue in e.queues and e.key != here]
+        others = [e for e in engines if e.key != here]
         if not others:
             return None
         try:
@@ -396,10 +408,19 @@ def job_run(*, job_id, client: EngineClient | None = None) -> Job | None:
     return _run(job, client)
 
 
-def _run(job: Job, client: EngineClient | None) -> Job:
+def job_run_claimed(*, job_id, client: EngineClient, listener: Listener) -> Job:
+    """Run a job its creator claimed for itself (``services.job_create_chat``'s ``claim_for``:
+    ``/v1`` in the web process), handing ``listener`` every event it streams. Like a worker's
+    attempt in all else: fenced, watched, put back to its queue for a worker if the engine is
+    lost, handed on by the watchdog if this process stops."""
+    job = Job.objects.select_related("document", "owner").get(pk=job_id)
+    return _run(job, client, listener=listener)
+
+
+def _run(job: Job, client: EngineClient | None, *, listener: Listener | None = None) -> Job:
     """Run a claimed job under its attempt: its fence, its deadline and its watch thread for the
     whole of it, then store what it made, or put it back, or fail it."""
-    attempt = Attempt.starting_now(job.pk, job.attempts, limit_s=settings.APPLIANCE_JOB_TIME_LIMIT_S)
+    attempt = Attempt.starting_now(job.pk, job.attempts, limit_s=settings.APPLIANCE_JOB_TIME_LIMIT_S, listener=listener)
     streaming.fence_hold(job.pk, attempt.number)
     client = client or EngineClient.from_settings()
     failure: Exception | None = None

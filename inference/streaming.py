@@ -101,15 +101,21 @@ def publish_fenced(job_id: Any, event: str, data: dict[str, Any], *, attempt: in
     """Append an event only while ``attempt`` holds the job (``None``: only while no attempt
     does), and say whether the job was cancelled, in one round trip (a worker does this for
     every batch of tokens)."""
+    return publish_fenced_entry(job_id, event, data, attempt=attempt)[0]
+
+
+def publish_fenced_entry(job_id: Any, event: str, data: dict[str, Any], *, attempt: int | None) -> tuple[Outcome, str]:
+    """``publish_fenced``, and the stream id the event was appended under ("" if it was not)."""
     fenced_xadd, _ = _scripts(settings.REDIS_URL)
-    appended, _, cancelled = fenced_xadd(
+    appended, entry_id, cancelled = fenced_xadd(
         keys=[stream_key(job_id), fence_key(job_id), cancel_key(job_id)],
         args=["" if attempt is None else str(attempt), event, json.dumps(data), STREAM_MAXLEN,
               settings.APPLIANCE_STREAM_RETENTION_S],
     )  # fmt: skip
+    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
     if cancelled:
-        return Outcome.CANCELLED
-    return Outcome.SENT if appended else Outcome.FENCED
+        return Outcome.CANCELLED, entry_id
+    return (Outcome.SENT if appended else Outcome.FENCED), entry_id
 
 
 def fence_hold(job_id: Any, attempt: int) -> None:

@@ -16,6 +16,7 @@ from django.http import StreamingHttpResponse
 from api.problems import ApiProblem
 from inference import services, streaming
 from inference.models import Job
+from inference.openai_api.here import HereRun
 from inference.openai_api.schemas import JOB_ID_HEADER
 from inference.openai_api.translation import (
     ChatRequest,
@@ -102,20 +103,45 @@ async def _cancel(job: Job) -> None:
         logger.exception("job %s: the client went away, and the job could not be cancelled", job.pk)
 
 
-async def _job_events(job: Job) -> AsyncGenerator[tuple[str, dict], None]:
-    """The job's events until it finishes. The row is checked while nothing arrives, so that a
-    final event the broker lost cannot leave the request waiting for ever."""
-    async with aclosing(streaming.read_events(job.pk, after="0", block_ms=KEEPALIVE_MS)) as events:
+async def _job_events(job: Job, here: HereRun | None = None) -> AsyncGenerator[tuple[str, dict], None]:
+    """The job's events until it finishes: from its attempt in this process (``here``) as they
+    are written, then, should it go on elsewhere (put back for a worker, handed on), from its
+    stream in the broker after the last one seen. The row is checked while nothing arrives, so
+    that a final event the broker lost cannot leave the request waiting for ever."""
+    after = "0"
+    if here is not None:
+        while (item := await _next_or_none(here.events, KEEPALIVE_MS / 1000)) is not None:
+            if item is _KEEPALIVE:
+                yield "keepalive", {}
+                continue
+            after, event, data = item
+            yield event, data
+        if await _is_finished(job.pk):
+            return
+    async with aclosing(streaming.read_events(job.pk, after=after, block_ms=KEEPALIVE_MS)) as events:
         async for _, event, data in events:
             yield event, data
             if event == "keepalive" and await _is_finished(job.pk):
                 return
 
 
-async def _wait_for(job: Job) -> Job:
+_KEEPALIVE: tuple[str, str, dict] = ("", "keepalive", {})
+
+
+async def _next_or_none(events: asyncio.Queue, timeout_s: float) -> tuple[str, str, dict] | None:
+    """The next of ``events``, or ``_KEEPALIVE`` when none came for ``timeout_s``."""
+    if not events.empty():  # the usual case while tokens flow: no timer
+        return events.get_nowait()
+    try:
+        return await asyncio.wait_for(events.get(), timeout_s)
+    except TimeoutError:
+        return _KEEPALIVE
+
+
+async def _wait_for(job: Job, here: HereRun | None = None) -> Job:
     finished = False
     try:
-        async with aclosing(_job_events(job)) as events:
+        async with aclosing(_job_events(job, here)) as events:
             async for _event, _data in events:
                 pass
         finished = True
@@ -126,11 +152,17 @@ async def _wait_for(job: Job) -> Job:
 
 
 def _stream(
-    job: Job, chat: ChatRequest, model: str, *, user_id: int | None = None, slot: str | None = None
+    job: Job,
+    chat: ChatRequest,
+    model: str,
+    *,
+    user_id: int | None = None,
+    slot: str | None = None,
+    here: HereRun | None = None,
 ) -> StreamingHttpResponse:
     """The completion's stream: ``chat.completion.chunk`` events, or ``text_completion`` ones for a
     raw prompt (``chat.raw``); ``slot``: the stream slot its person holds (given back at its
-    end), None when no limit applies."""
+    end), None when no limit applies; ``here``: the job's attempt, when this process runs it."""
     base = {
         "id": completion_id(job, raw=chat.raw),
         "object": "text_completion" if chat.raw else "chat.completion.chunk",
@@ -172,7 +204,7 @@ def _stream(
             return chunk(delta, finish, usage=usage_so_far, appliance=appliance, **extra)
 
         try:
-            async with aclosing(_job_events(job)) as job_events:
+            async with aclosing(_job_events(job, here)) as job_events:
                 async for event, data in job_events:
                     if event == "delta":
                         written["completion_tokens"] += int(data.get("tokens", 0))

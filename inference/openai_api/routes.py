@@ -10,6 +10,7 @@ from api.auth import READ, WRITE, signed_in_user
 from api.problems import responses
 from inference import services, streaming
 from inference.models import Job
+from inference.openai_api.here import HereRun, engine_here
 from inference.openai_api.relay import _stream, _wait_for
 from inference.openai_api.schemas import (
     JOB_ID_HEADER,
@@ -122,15 +123,21 @@ async def _answer(request: HttpRequest, response: HttpResponse, model: str, chat
         else None
     )
     try:
+        engine = await sync_to_async(engine_here)()
         job = await sync_to_async(services.job_create_chat)(
-            owner=signed_in_user(request), api_token=getattr(request, "api_token", None), **chat.job_options
+            owner=signed_in_user(request),
+            api_token=getattr(request, "api_token", None),
+            claim_for=engine.key if engine else "",
+            **chat.job_options,
         )
     except BaseException:
         await streaming.release_stream_slot(request.user.pk, slot)  # nothing will stream on it
         raise
+    # Claimed as it was created (the queue would have started it at once): run here.
+    here = HereRun(job.pk, engine) if engine and job.state == Job.State.RUNNING else None
     if chat.stream:
-        return _stream(job, chat, model, user_id=request.user.pk, slot=slot)
-    job = await _wait_for(job)
+        return _stream(job, chat, model, user_id=request.user.pk, slot=slot, here=here)
+    job = await _wait_for(job, here)
     if job.state != Job.State.SUCCEEDED:
         raise unfinished_problem(job)
     response[JOB_ID_HEADER] = str(job.pk)

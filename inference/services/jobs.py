@@ -8,6 +8,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
@@ -15,8 +16,8 @@ from documents.models import Document
 from inference import streaming
 from inference.clauses import DEFAULT_TAXONOMY, categories_for
 from inference.job_options import ChatOptions, ClauseOptions, SummaryOptions, storable
-from inference.lifecycle import celery_queue_for, job_dispatch
-from inference.models import QUEUE_FOR_KIND, Job, JobKind
+from inference.lifecycle import celery_queue_for, job_dispatch, take_claim_turn
+from inference.models import QUEUE_FOR_KIND, Job, JobKind, Queue
 from inference.prompts import (
     DEFAULT_SUMMARY_LENGTH,
     SUMMARY_LENGTHS,
@@ -129,12 +130,16 @@ def job_create_chat(
     frequency_penalty: float = 0.0,
     ignore_eos: bool = False,
     api_token=None,
+    claim_for: str = "",
 ) -> Job:
     """A chat completion on the decode queue: the OpenAI-compatible API and the benchmarks.
     ``messages`` are read in the model's chat template; a ``prompt`` instead (``/v1/completions``)
     is continued as written, and its answer kept verbatim, whitespace and all. ``top_p``,
     ``seed``, ``stop`` and ``frequency_penalty`` go to the engine as OpenAI defines them
-    (``running.engine_request``)."""
+    (``running.engine_request``). ``claim_for``: an engine's key (``lifecycle.this_engine``)
+    when the caller would run the job itself on that engine: if the queue would start it now
+    anyway, it is created claimed (running, attempt 1, no message sent) and the caller runs it
+    (``lifecycle.job_run_claimed``); otherwise it is queued as any other."""
     if prompt is not None:
         if messages:
             raise JobRejected("send either messages or a prompt, not both.", field="prompt")
@@ -172,7 +177,14 @@ def job_create_chat(
         frequency_penalty=float(frequency_penalty),
         prompt=prompt or "",
     )
-    return _job_create(owner=owner, document=None, kind=JobKind.CHAT, options=options.to_json(), api_token=api_token)
+    return _job_create(
+        owner=owner,
+        document=None,
+        kind=JobKind.CHAT,
+        options=options.to_json(),
+        api_token=api_token,
+        claim_for=claim_for,
+    )
 
 
 def _job_create(
@@ -183,12 +195,13 @@ def _job_create(
     options: dict,
     api_token=None,
     checkpoint: dict | None = None,
+    claim_for: str = "",
 ) -> Job:
     """Write the job and send it to its queue after the commit. Refused before anything is
     written when its queue is full, when its owner has as many jobs waiting there as one person
     may, or when the broker does not answer (``BrokerUnavailable``: the API and the pages answer
     503 with ``Retry-After``). If the publish still fails after the commit, the row is removed,
-    so that no queued job is left that nothing will run."""
+    so that no queued job is left that nothing will run. ``claim_for``: see ``job_create_chat``."""
     queue = QUEUE_FOR_KIND[kind]
     _check_queue_depth(queue)
     _check_owner_queued(owner, queue)  # a 429 says what to do better than a 503 would
@@ -199,18 +212,46 @@ def _job_create(
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"inference.create:{owner.pk}"])
         _check_owner_queued(owner, queue)
+        celery_queue = celery_queue_for(queue)
+        claimed = bool(claim_for) and _would_start_now(celery_queue)
+        now = timezone.now()
         job = Job.objects.create(
             owner=owner,
             document=document,
             kind=kind,
             queue=queue,
-            celery_queue=celery_queue_for(queue),
+            celery_queue=celery_queue,
             options=storable(options),
             api_token=api_token,
             checkpoint=checkpoint or {},
-        )
-        transaction.on_commit(lambda: _dispatch_new(job.pk, job.celery_queue))
+            **(
+                {"state": Job.State.RUNNING, "attempts": 1, "engine": claim_for, "started_at": now,
+                 "claimed_at": now, "heartbeat_at": now}
+                if claimed
+                else {}
+            ),
+        )  # fmt: skip
+        if not claimed:
+            transaction.on_commit(lambda: _dispatch_new(job.pk, job.celery_queue))
     return job
+
+
+def _would_start_now(celery_queue: str) -> bool:
+    """Whether a job of ``celery_queue`` would be claimed at once if it were sent there: nobody
+    waits ahead of it, and fewer of the queue's jobs run than its workers have threads. Decided
+    in the queue's claim turn (the lock workers' claims take), so it is counted with theirs."""
+    limit = CLAIM_HERE_LIMIT.get(celery_queue)
+    if limit is None:
+        return False
+    take_claim_turn(celery_queue)
+    jobs = Job.objects.filter(celery_queue=celery_queue)
+    waiting = jobs.filter(state=Job.State.QUEUED).filter(Q(not_before=None) | Q(not_before__lte=timezone.now()))
+    return not waiting.exists() and jobs.filter(state=Job.State.RUNNING).count() < limit()
+
+
+# The queues whose jobs their creator may run itself, and how many of the queue's jobs may run
+# at once (its workers' threads): the decode queue's chats, for ``/v1``.
+CLAIM_HERE_LIMIT = {str(Queue.DECODE): lambda: settings.APPLIANCE_DECODE_CONCURRENCY}
 
 
 def _retry_after_s(queue: str, position: int) -> int:

@@ -135,20 +135,40 @@ def _health(browser) -> tuple[int, dict]:
 
 
 def test_a_job_in_flight_when_the_engine_core_dies_succeeds_after_the_host_restarts_it(
-    alice, workers, engine_host, browser
+    alice, workers, engine_host, browser, live_appliance
 ):
+    """The job in flight is a /v1 stream, which the web process runs itself (nobody was waiting):
+    put back to the decode queue when the engine dies, a worker finishes it, and the client's
+    stream goes on from where it was to the stored answer."""
+    import openai
+
+    from api.services import token_create
+
     restarts = engine_host.stats()["restarts"]
-    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=200, ignore_eos=True)
-    wait_until(lambda: "delta" in _events(job.pk), timeout_s=300, message="the job to start streaming")
+    _, raw = token_create(user=alice, name="engine death", scopes=["read", "write"])
+    client = openai.OpenAI(base_url=f"{live_appliance}/v1", api_key=raw, max_retries=0, timeout=900)
+    stream = iter(
+        client.chat.completions.create(
+            model=engine_host.stats()["model"], messages=LETTER, max_tokens=200, temperature=0, stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )  # fmt: skip
+    chunks = [next(stream)]  # the first token has been written
+    job = Job.objects.get(pk=chunks[0].id.removeprefix("chatcmpl-"))
+    assert job.dispatched_at is None  # run by the web process, not sent to a worker
     _kill_engine_core(engine_host)
     wait_until(lambda: engine_host.stats()["state"] == "restarting", timeout_s=30, message="the host to notice")
     status, health = _health(browser)
     assert status == 503 and health["engine"]["state"] == "restarting"
     later = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=20, ignore_eos=True)  # while it restarts
+    chunks += list(stream)  # through the restart, to the end
     job = wait_until(lambda: _finished(job.pk), timeout_s=900, message="the job to finish after the restart")
     assert job.state == Job.State.SUCCEEDED, job.error
     assert job.metrics.output_tokens == 200
     assert job.engine_crashes == 1  # counted against it, in case it was the cause, but retried
+    assert job.dispatched_at is not None  # put back to its queue, and a worker finished it
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == job.result_text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
     later = wait_until(lambda: _finished(later.pk), timeout_s=600, message="the job created during the restart")
     assert later.state == Job.State.SUCCEEDED, later.error
     assert later.engine_crashes == 0  # it was not in the engine when it died

@@ -345,6 +345,82 @@ def test_a_result_is_stored_as_postgres_can_store_it_whatever_the_runner_parsed(
     )
 
 
+# --- a job its creator runs itself (/v1 in the web process) ----------------------------------
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def test_a_chat_is_claimed_by_its_creator_only_when_its_queue_would_start_it_at_once(alice, bob, sent, settings):
+    settings.APPLIANCE_DECODE_CONCURRENCY = 2
+    mine = services.job_create_chat(owner=alice, messages=HI, claim_for="box:engine")
+    mine.refresh_from_db()
+    assert (mine.state, mine.attempts, mine.engine, mine.dispatched_at) == (Job.State.RUNNING, 1, "box:engine", None)
+    assert mine.claimed_at is not None and mine.heartbeat_at is not None and sent == []  # no worker was told
+    # Someone waits ahead in the queue: the next one waits its turn, sent to the workers.
+    waiting = _job(bob, celery_queue=Queue.DECODE)
+    queued = services.job_create_chat(owner=alice, messages=HI, claim_for="box:engine")
+    assert queued.state == Job.State.QUEUED and sent == [(str(queued.pk), Queue.DECODE, None)]
+    # One held back until later (waiting for the engine) is not ahead of it.
+    Job.objects.filter(pk__in=[waiting.pk, queued.pk]).update(not_before=timezone.now() + timedelta(minutes=5))
+    second = services.job_create_chat(owner=alice, messages=HI, claim_for="box:engine")
+    assert second.state == Job.State.RUNNING
+    # The queue's threads are all taken (two running): the third goes to the workers.
+    third = services.job_create_chat(owner=alice, messages=HI, claim_for="box:engine")
+    assert third.state == Job.State.QUEUED
+    # Without ``claim_for`` (the pages, the benchmarks, the jobs API) nothing changes.
+    Job.objects.filter(state=Job.State.RUNNING).update(state=Job.State.SUCCEEDED)
+    assert services.job_create_chat(owner=alice, messages=HI).state == Job.State.QUEUED
+
+
+def test_a_job_run_by_its_creator_hands_it_each_event_it_writes_and_nothing_once_fenced_out(alice, sent):
+    job = services.job_create_chat(owner=alice, messages=LETTER, claim_for="box:engine")
+    heard: list[tuple[str, str, dict]] = []
+    done = lifecycle.job_run_claimed(job_id=job.pk, client=FakeEngine(), listener=lambda *event: heard.append(event))
+    assert done.state == Job.State.SUCCEEDED and done.result_text == "Dear supplier, it is paid."
+    stream = streaming.sync_client().xrange(streaming.stream_key(job.pk))
+    written = [(i.decode(), f[b"event"].decode(), json.loads(f[b"data"])) for i, f in stream]
+    # Every event of the attempt, with its stream id, as written; the final one is the row's.
+    assert heard == [event for event in written if event[1] != "done"] and [e for _, e, _ in heard] == ["delta"] * 2
+    assert sent == []
+
+    # Handed on while it writes: what the attempt writes after that is refused, and not heard.
+    job = services.job_create_chat(owner=alice, messages=LETTER, claim_for="box:engine")
+    heard.clear()
+    handed_on = lambda: streaming.fence_hold(job.pk, 2)  # noqa: E731 - another attempt holds it now
+    engine = FakeEngine(lambda request: ["Dear", handed_on, " supplier", " more"])
+    lifecycle.job_run_claimed(job_id=job.pk, client=engine, listener=lambda *event: heard.append(event))
+    assert [data["text"] for _, _, data in heard] == ["Dear"] and engine.closed_early
+
+
+def test_v1_runs_in_the_web_process_only_on_this_machines_only_engine(settings, tmp_path, monkeypatch):
+    from inference.openai_api import here
+
+    socket = tmp_path / "engine.sock"
+    socket.touch()
+    settings.APPLIANCE_ENGINE_SOCKET, settings.APPLIANCE_ENGINE_URL = str(socket), ""
+    key = lifecycle.this_engine(here.EngineClient.from_settings())
+    view: list[placement.EngineView] = []  # a fake of the cluster view's engines for the decode queue
+    monkeypatch.setattr(lifecycle, "engines_serving", lambda celery_queue: view)
+    decode = frozenset({Queue.DECODE.value})
+
+    assert here.engine_here().key == key  # nothing announced (one box, its workers beside it)
+    view[:] = [placement.EngineView(key, True, True, decode)]
+    assert here.engine_here().key == key
+    view[:] = [placement.EngineView(key, False, False, decode)]
+    assert here.engine_here() is None  # restarting: the workers wait for it
+    view[:] = [placement.EngineView(key, True, True, decode), placement.EngineView("gpu2:e", True, True, decode)]
+    assert here.engine_here() is None  # several engines: placement decides
+    view.clear()
+    settings.APPLIANCE_SCHEDULING = "fifo"
+    assert here.engine_here() is None  # the benchmark's baseline: one queue for every job
+    settings.APPLIANCE_SCHEDULING = "appliance"
+    settings.APPLIANCE_V1_IN_WEB = False
+    assert here.engine_here() is None
+    settings.APPLIANCE_V1_IN_WEB = True
+    socket.unlink()
+    assert here.engine_here() is None  # a web node without an engine of its own
+
+
 # --- the deadline ----------------------------------------------------------------------------
 
 

@@ -327,7 +327,7 @@ def _streamed(monkeypatch, events, done: Job, *, chat=None, **stream_options) ->
     translated request (default: a streamed chat completion with ``stream_options``)."""
     cancelled = []
 
-    async def job_events(job):
+    async def job_events(job, here=None):
         for event in events:
             yield event
 
@@ -679,6 +679,8 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
     assert raw_response.headers["X-Appliance-Job-Id"] == str(job.pk)
     assert job.state == Job.State.SUCCEEDED and job.queue == Queue.DECODE and job.api_token == token
     assert job.options["max_tokens"] == 16 and job.options["temperature"] == 0
+    # Nobody was waiting: the web process ran it itself on the engine, sending no worker a message.
+    assert job.dispatched_at is None and job.attempts == 1 and job.engine
     assert completion.object == "chat.completion" and completion.model == served
     choice = completion.choices[0]
     assert choice.message.role == "assistant" and choice.message.content.strip()
@@ -707,7 +709,7 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
     # No chunk before the first token: a client's TTFT is the job's.
     assert arrivals[0] >= _first_token_at(job)
     assert {chunk.id for chunk in chunks} == {chunks[0].id}
-    assert job.api_token == token and job.options["temperature"] == 1.0
+    assert job.api_token == token and job.options["temperature"] == 1.0 and job.dispatched_at is None
     assert text and text == job.result_text
     finishes = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason]
     assert finishes == [("length" if job.metrics.output_tokens >= 24 else "stop")]

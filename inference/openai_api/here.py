@@ -1,0 +1,101 @@
+"""A ``/v1`` chat job run by the web process itself.
+
+Every job is normally run by a worker: its message goes through the broker, a worker's thread
+claims it, and its tokens come back through the job's stream in the broker, which the web
+process reads. For a chat that the decode queue would start at once anyway (nobody waiting, a
+worker thread's worth of room), those hops are all cost: some 36 ms before the first token on an
+idle box here, which is most of a GPU's time to first token, and a broker write and read per
+token. So the web process claims such a job as it creates it, runs it in a thread of its own on
+this node's engine, and hands its events to the request from that thread.
+
+It is the same attempt a worker would run (``lifecycle.job_run_claimed``): fenced, watched,
+heartbeating, its stream written to the broker as always (the job page and
+``/api/v1/jobs/{id}/stream`` read it there), put back to its queue for a worker if the engine is
+lost, handed on by the watchdog if this process stops. The relay then follows the job's stream in
+the broker from the last event this process saw.
+
+Only when this node's engine is the only one the decode queue's workers use (a single box);
+with several engines, placement decides where a job runs, and the workers run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connections
+
+from appliance.broker import PUBLISH_ERRORS
+from inference import lifecycle
+from inference.engine.client import EngineClient
+from inference.models import Queue
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """This node's engine, which this process may run ``/v1`` jobs on: its client and its key."""
+
+    client: EngineClient
+    key: str
+
+
+def engine_here() -> Engine | None:
+    """This node's engine, if ``/v1`` jobs may be run here (``APPLIANCE_V1_IN_WEB``): it is on
+    this machine (its Unix socket is here) and the cluster view lists no other engine for the
+    decode queue, nor this one down (restarting: the workers wait for it). None sends them to
+    the workers."""
+    if not settings.APPLIANCE_V1_IN_WEB:
+        return None
+    celery_queue = lifecycle.celery_queue_for(Queue.DECODE)
+    if celery_queue != Queue.DECODE:  # ``fifo`` scheduling (a benchmark's baseline): one queue for all
+        return None
+    client = EngineClient.from_settings()
+    if not client.socket_path or not os.path.exists(client.socket_path):  # a web node without an engine
+        return None
+    key = lifecycle.this_engine(client)
+    try:
+        engines = lifecycle.engines_serving(celery_queue)
+    except PUBLISH_ERRORS:  # the broker is away: creating the job will say so
+        return None
+    if any(e.key != key or not e.up for e in engines):
+        return None
+    return Engine(client, key)
+
+
+class HereRun:
+    """A claimed job running in a thread of this process; its events wait in ``events`` for the
+    request's coroutine (None once the attempt has ended), and ``last_id`` is the stream id of the
+    last one taken, from which the broker's stream is read if the job goes on elsewhere."""
+
+    def __init__(self, job_id, engine: Engine) -> None:
+        self.job_id = job_id
+        self.events: asyncio.Queue[tuple[str, str, dict] | None] = asyncio.Queue()
+        self.last_id = "0"
+        self._loop = asyncio.get_running_loop()
+        # A daemon thread, not an executor's: the process's shutdown does not wait for a stream.
+        self._thread = threading.Thread(target=self._run, args=(engine.client,), name=f"v1-job-{job_id}", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: tuple[str, str, dict] | None) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the request's loop is gone; the attempt goes on writing its stream
+            pass
+
+    def _listen(self, entry_id: str, event: str, data: dict) -> None:
+        self._put((entry_id, event, data))
+
+    def _run(self, client: EngineClient) -> None:
+        try:
+            lifecycle.job_run_claimed(job_id=self.job_id, client=client, listener=self._listen)
+        except Exception:  # the row stays running: the watchdog hands it on once its heartbeat stops
+            logger.exception("job %s: running it in the web process failed", self.job_id)
+        finally:
+            connections.close_all()  # this thread's connection: the thread ends here
+            self._put(None)
