@@ -475,6 +475,41 @@ def test_a_job_silent_for_longer_than_the_brokers_read_timeout_keeps_its_stream(
     assert set(asyncio.run(keepalives_for(6.0))) == {"keepalive"}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_job_run_here_is_relayed_from_its_attempt_then_from_the_broker_where_it_went_on(alice, monkeypatch):
+    """A /v1 job the web process ran itself: its events as its attempt hands them over, a blank
+    line while it is silent, and, once it was put back for a worker, the rest from the broker's
+    stream after the last event already relayed, not from its start."""
+    from inference import streaming
+
+    job = Job.objects.create(owner=alice, kind=JobKind.CHAT, queue=Queue.DECODE, celery_queue="nobody")  # no worker's
+    first = streaming.publish(job.pk, "delta", {"text": "Dear", "tokens": 1})  # the attempt here wrote it
+    for event, data in [("waiting", {"reason": "engine_restarting"}), ("restart", {"attempt": 2}),
+                        ("delta", {"text": "Dear supplier", "tokens": 2}), ("done", {})]:  # fmt: skip
+        streaming.publish(job.pk, event, data)  # the engine died: put back, a worker went on
+    monkeypatch.setattr(relay, "KEEPALIVE_MS", 100)
+
+    class FakeHereRun:  # a fake of ``HereRun``: only its queue of events
+        events: asyncio.Queue
+
+    async def relayed() -> list[tuple[str, dict]]:
+        here = FakeHereRun()
+        here.events = asyncio.Queue()
+        here.events.put_nowait((first, "delta", {"text": "Dear", "tokens": 1}))
+        asyncio.get_running_loop().call_later(0.3, here.events.put_nowait, None)  # silent, then it ends
+        try:
+            async with aclosing(relay._job_events(job, here)) as events:
+                return [item async for item in events]
+        finally:
+            await sync_to_async(connections.close_all)()
+
+    seen = asyncio.run(relayed())
+    names = [event for event, _ in seen]
+    assert names[0] == "delta" and set(names[1 : names.index("waiting")]) == {"keepalive"}
+    assert names[names.index("waiting") :] == ["waiting", "restart", "delta", "done"]
+    assert [data["text"] for event, data in seen if event == "delta"] == ["Dear", "Dear supplier"]
+
+
 def test_a_job_that_writes_nothing_sends_the_role_with_its_finish_and_a_failure_no_chunk(monkeypatch):
     empty = _finished(output_tokens=0)
     empty.result_text = ""
