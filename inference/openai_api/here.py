@@ -69,14 +69,12 @@ def engine_here() -> Engine | None:
 
 
 class HereRun:
-    """A claimed job running in a thread of this process; its events wait in ``events`` for the
-    request's coroutine (None once the attempt has ended), and ``last_id`` is the stream id of the
-    last one taken, from which the broker's stream is read if the job goes on elsewhere."""
+    """A claimed job running in a thread of this process; its events (stream id, name, data)
+    wait in ``events`` for the request's coroutine, and None once the attempt has ended."""
 
     def __init__(self, job_id, engine: Engine) -> None:
         self.job_id = job_id
         self.events: asyncio.Queue[tuple[str, str, dict] | None] = asyncio.Queue()
-        self.last_id = "0"
         self._loop = asyncio.get_running_loop()
         # A daemon thread, not an executor's: the process's shutdown does not wait for a stream.
         self._thread = threading.Thread(target=self._run, args=(engine.client,), name=f"v1-job-{job_id}", daemon=True)

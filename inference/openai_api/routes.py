@@ -10,7 +10,7 @@ from api.auth import READ, WRITE, signed_in_user
 from api.problems import responses
 from inference import services, streaming
 from inference.models import Job
-from inference.openai_api.here import HereRun, engine_here
+from inference.openai_api.here import Engine, HereRun, engine_here
 from inference.openai_api.relay import _stream, _wait_for
 from inference.openai_api.schemas import (
     JOB_ID_HEADER,
@@ -114,22 +114,27 @@ async def completions(request: HttpRequest, response: HttpResponse, payload: Com
 
 
 async def _answer(request: HttpRequest, response: HttpResponse, model: str, chat: ChatRequest):
-    """Queue the chat job for ``chat`` and answer with its stream or, once it has finished, its
-    whole completion."""
+    """Queue the chat job for ``chat`` (or run it in this process, when its queue would start it
+    at once: ``here``) and answer with its stream or, once it has finished, its whole completion."""
     # A stream's slot is taken before its job is queued: at the limit, nothing is queued.
     slot = (
         await streaming.take_stream_slot(request.user.pk, api_token=getattr(request, "api_token", None))
         if chat.stream
         else None
     )
-    try:
-        engine = await sync_to_async(engine_here)()
-        job = await sync_to_async(services.job_create_chat)(
+
+    def create() -> tuple[Job, Engine | None]:
+        engine = engine_here()
+        job = services.job_create_chat(
             owner=signed_in_user(request),
             api_token=getattr(request, "api_token", None),
             claim_for=engine.key if engine else "",
             **chat.job_options,
         )
+        return job, engine
+
+    try:
+        job, engine = await sync_to_async(create)()
     except BaseException:
         await streaming.release_stream_slot(request.user.pk, slot)  # nothing will stream on it
         raise
