@@ -510,6 +510,33 @@ def test_a_job_run_here_is_relayed_from_its_attempt_then_from_the_broker_where_i
     assert [data["text"] for event, data in seen if event == "delta"] == ["Dear", "Dear supplier"]
 
 
+def test_v1_runner_threads_are_kept_and_no_job_waits_for_another_to_end(settings):
+    import threading
+
+    from inference.openai_api.here import _Runners
+
+    settings.APPLIANCE_DECODE_CONCURRENCY = 4
+    runners = _Runners()
+    release, started = threading.Event(), []
+
+    def blocking():
+        started.append(threading.current_thread())
+        release.wait(30)
+
+    runners.run(blocking)
+    runners.run(blocking)
+    wait_until(lambda: len(started) == 2, timeout_s=10, message="the second job started beside the first")
+    assert started[0] is not started[1] and all(t.daemon for t in started)
+    release.set()
+    wait_until(lambda: runners._idle == 2, timeout_s=10, message="both threads back, waiting for work")
+    ran_on = []
+    for _ in range(3):  # one after another: on the threads already there
+        done = threading.Event()
+        runners.run(lambda done=done: (ran_on.append(threading.current_thread()), done.set()))
+        assert done.wait(10)
+    assert set(ran_on) <= set(started)
+
+
 def test_a_job_that_writes_nothing_sends_the_role_with_its_finish_and_a_failure_no_chunk(monkeypatch):
     empty = _finished(output_tokens=0)
     empty.result_text = ""
