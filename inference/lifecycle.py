@@ -165,6 +165,13 @@ def _claim(job_id, *, engine: str = "") -> Job | None:
     return Job.objects.select_related("document", "owner").get(pk=job_id)
 
 
+def startable(*, celery_queue: str):
+    """The queued jobs of a Celery queue that may start now (none held back until later)."""
+    return Job.objects.filter(celery_queue=celery_queue, state=Job.State.QUEUED).filter(
+        Q(not_before=None) | Q(not_before__lte=timezone.now())
+    )
+
+
 def fair_share_candidates(*, celery_queue: str):
     """The queued jobs of a Celery queue that may start now, in fair-share order
     (``inference.fairshare`` states the rule; ``selectors.queue_positions`` plays it forward)."""
@@ -172,8 +179,7 @@ def fair_share_candidates(*, celery_queue: str):
     running_jobs = same_owner.filter(state=Job.State.RUNNING).values("owner").annotate(n=Count("pk")).values("n")[:1]
     last_served = same_owner.filter(claimed_at__isnull=False).order_by("-claimed_at").values("claimed_at")[:1]
     return (
-        Job.objects.filter(celery_queue=celery_queue, state=Job.State.QUEUED)
-        .filter(Q(not_before=None) | Q(not_before__lte=timezone.now()))
+        startable(celery_queue=celery_queue)
         .annotate(owner_running=Coalesce(Subquery(running_jobs), 0), owner_served=Subquery(last_served))
         .order_by("owner_running", F("owner_served").asc(nulls_first=True), "created_at", "pk")
     )

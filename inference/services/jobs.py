@@ -8,7 +8,6 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from appliance.broker import PUBLISH_ERRORS, BrokerUnavailable, broker_check
@@ -16,7 +15,7 @@ from documents.models import Document
 from inference import streaming
 from inference.clauses import DEFAULT_TAXONOMY, categories_for
 from inference.job_options import ChatOptions, ClauseOptions, SummaryOptions, storable
-from inference.lifecycle import celery_queue_for, job_dispatch, take_claim_turn
+from inference.lifecycle import celery_queue_for, job_dispatch, startable, take_claim_turn
 from inference.models import QUEUE_FOR_KIND, Job, JobKind, Queue
 from inference.prompts import (
     DEFAULT_SUMMARY_LENGTH,
@@ -237,21 +236,15 @@ def _job_create(
 
 
 def _would_start_now(celery_queue: str) -> bool:
-    """Whether a job of ``celery_queue`` would be claimed at once if it were sent there: nobody
-    waits ahead of it, and fewer of the queue's jobs run than its workers have threads. Decided
-    in the queue's claim turn (the lock workers' claims take), so it is counted with theirs."""
-    limit = CLAIM_HERE_LIMIT.get(celery_queue)
-    if limit is None:
+    """Whether a job of ``celery_queue`` (the decode queue's: its creator may run a ``/v1``
+    chat itself) would be claimed at once if it were sent there: nobody waits ahead of it, and
+    fewer of the queue's jobs run than its workers have threads. Decided in the queue's claim
+    turn (the lock workers' claims take), so it is counted with theirs."""
+    if celery_queue != Queue.DECODE:
         return False
     take_claim_turn(celery_queue)
-    jobs = Job.objects.filter(celery_queue=celery_queue)
-    waiting = jobs.filter(state=Job.State.QUEUED).filter(Q(not_before=None) | Q(not_before__lte=timezone.now()))
-    return not waiting.exists() and jobs.filter(state=Job.State.RUNNING).count() < limit()
-
-
-# The queues whose jobs their creator may run itself, and how many of the queue's jobs may run
-# at once (its workers' threads): the decode queue's chats, for ``/v1``.
-CLAIM_HERE_LIMIT = {str(Queue.DECODE): lambda: settings.APPLIANCE_DECODE_CONCURRENCY}
+    running = Job.objects.filter(celery_queue=celery_queue, state=Job.State.RUNNING)
+    return not startable(celery_queue=celery_queue).exists() and running.count() < settings.APPLIANCE_DECODE_CONCURRENCY
 
 
 def _retry_after_s(queue: str, position: int) -> int:
