@@ -23,22 +23,29 @@ with nobody drafting, or with the embedder on another device, it never rests. Of
 on a 2-core CPU a share of 0.1 cut the ingest to a tenth while drafting ran, and drafting's TTFT
 and ITL ratios did not measurably gain.
 
-**Its thread's CPU class.** ``thread_setup`` runs first in the batcher's own thread: the ingest
-worker uses it to put the embedding, and nothing else, in Linux's idle CPU class
-(``documents.embeddings.idle_thread``). The thread holds no database connection and no row lock
-while it embeds, so a starved batch delays the passages that wait for it; the process's other
-threads wait for it only while it holds Python's interpreter lock (torch and the tokenizer let
-go of it while they compute).
+**Its CPU class.** ``thread_setup`` runs first in the batcher's own thread: the ingest worker
+can use it to put the embedding, and nothing else, in Linux's idle CPU class for good
+(``documents.embeddings.idle_thread``). Or the class can follow the engine's drafting
+(``idle_while``): each batch is then embedded on a thread of its own, started by the batcher's
+thread (which stays in the normal class and never embeds), in the idle class if ``idle_while()``
+says so when it starts, and moved there as soon as it says so while the batch runs (asked every
+``idle_poll_s``). A thread cannot leave the idle class without privilege (``RLIMIT_NICE``), but
+a new thread starts in its creator's class: so a batch after drafting ended runs at the normal
+class again. The embedding threads hold no database connection and no row lock, so a starved
+batch delays the passages that wait for it; the process's other threads wait for it only while
+it holds Python's interpreter lock (torch and the tokenizer let go of it while they compute).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +114,7 @@ class BatcherStats:
     texts: int = 0
     full_batches: int = 0  # batches of exactly batch_size texts
     requests_per_batch_max: int = 0
+    idle_batches: int = 0  # batches that ran (at least in part) in the idle CPU class (idle_while)
 
     @property
     def mean_batch(self) -> float:
@@ -117,12 +125,15 @@ class EmbeddingBatcher:
     """One embedder shared by the threads of a process, fed in full batches across callers."""
 
     def __init__(self, encode: Encode, *, batch_size: int, name: str = "embedding-batcher",
-                 rest: Rest | None = None, thread_setup: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 rest: Rest | None = None, thread_setup: Callable[[], None] | None = None,
+                 idle_while: Callable[[], bool] | None = None, idle_poll_s: float = 0.2) -> None:  # fmt: skip
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self._encode = encode
         self._rest = rest
         self._thread_setup = thread_setup  # run first in the batcher's own thread (its CPU class)
+        self._idle_while = idle_while  # each batch on a thread of its own, idle while this says so
+        self._idle_poll_s = idle_poll_s
         self.batch_size = batch_size
         self._name = name
         self._waiting: deque[_Request] = deque()
@@ -185,7 +196,7 @@ class EmbeddingBatcher:
             texts = [text for request, start, end in batch for text in request.texts[start:end]]
             started = time.monotonic()
             try:
-                vectors = self._encode(texts)
+                vectors = self._encode(texts) if self._idle_while is None else self._encode_in_class(texts)
                 if len(vectors) != len(texts):
                     raise RuntimeError(f"the embedder gave {len(vectors)} rows for {len(texts)} texts")
             except BaseException as exc:  # noqa: BLE001 - handed to the callers, who raise it
@@ -202,6 +213,44 @@ class EmbeddingBatcher:
                     request.done.set()
             if self._rest is not None:
                 self._rest(time.monotonic() - started, self._wait_unless_stopping)
+
+    def _encode_in_class(self, texts: list[str]) -> np.ndarray:
+        """``encode(texts)`` on a new thread: in the idle CPU class from its start if
+        ``idle_while()`` says so, moved there the moment it does while the batch runs."""
+        outcome: dict[str, Any] = {}
+        idle = self._wants_idle()
+
+        def run() -> None:
+            try:
+                if idle:
+                    to_idle_class(0)
+                outcome["vectors"] = self._encode(texts)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the batcher's thread
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"{self._name}-encode", daemon=True)
+        thread.start()
+        thread.join(self._idle_poll_s)
+        while thread.is_alive():
+            if not idle and self._wants_idle() and thread.native_id is not None:
+                try:
+                    to_idle_class(thread.native_id)
+                    idle = True
+                except ProcessLookupError:  # it has just ended
+                    pass
+            thread.join(self._idle_poll_s)
+        self.stats.idle_batches += idle
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["vectors"]
+
+    def _wants_idle(self) -> bool:
+        assert self._idle_while is not None
+        try:
+            return bool(self._idle_while())
+        except Exception:  # noqa: BLE001 - a signal that fails leaves the batch in the normal class
+            logger.exception("embedding batcher: could not tell whether to embed in the idle class")
+            return False
 
     def _wait_unless_stopping(self, seconds: float) -> bool:
         """Waits ``seconds`` (less if the batcher is stopped meanwhile); True if it is stopping."""
@@ -225,6 +274,13 @@ class EmbeddingBatcher:
         stats.texts += size
         stats.full_batches += size == self.batch_size
         stats.requests_per_batch_max = max(stats.requests_per_batch_max, len(batch))
+
+
+def to_idle_class(thread_id: int) -> None:
+    """Put a thread of this process (``0``: the calling one) in Linux's idle CPU class,
+    ``SCHED_IDLE``: almost no CPU while a thread of the normal class wants it. Threads it starts
+    later inherit the class."""
+    os.sched_setscheduler(thread_id, os.SCHED_IDLE, os.sched_param(0))
 
 
 def take_batch(waiting: deque[_Request], batch_size: int) -> list[tuple[_Request, int, int]]:

@@ -11,14 +11,15 @@ import copy
 import logging
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from documents.embedding_batcher import EmbeddingBatcher, YieldWhileDrafting
+from documents.embedding_batcher import EmbeddingBatcher, YieldWhileDrafting, to_idle_class
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,14 @@ _embedder: Embedder | None = None
 _passage_embedder: Embedder | None = None
 _batcher: EmbeddingBatcher | None = None
 _local = threading.local()
-_embed_in_idle_class = False  # set in the ingest worker (APPLIANCE_INGEST_CPU_CLASS=idle-embedding)
+# The CPU class of the ingest's embedding, set by the ingest worker as it starts
+# (APPLIANCE_INGEST_CPU_CLASS): "normal", "idle" (always) or "while-drafting".
+_embedding_cpu_class = "normal"
+# How long after this machine's engine last ran a drafting request the ingest still embeds in the
+# idle class (``while-drafting``): the next draft of a busy office then finds the CPU free from its
+# first token, and only the first one after a quiet minute shares it with a batch (for at most the
+# batcher's poll).
+DRAFTING_HOLD_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -121,26 +129,60 @@ def passage_embedder() -> Embedder:
     return _passage_embedder
 
 
-def embed_in_idle_class() -> None:
-    """The process's batcher of passages, once started, embeds in Linux's idle CPU class
-    (``idle_thread``); its other threads keep theirs. Called by the ingest worker as it starts,
-    before any passage is embedded."""
-    global _embed_in_idle_class
-    _embed_in_idle_class = True
+def embed_in_idle_class(when: str = "idle") -> None:
+    """The process's batcher of passages, once started, embeds in Linux's idle CPU class:
+    always (``"idle"``: its thread, ``idle_thread``) or while this machine's engine runs drafting
+    requests or did within ``DRAFTING_HOLD_S`` (``"while-drafting"``: each batch on a thread of
+    its own, ``EmbeddingBatcher``'s ``idle_while``); its other threads keep theirs. Called by the
+    ingest worker as it starts, before any passage is embedded."""
+    global _embedding_cpu_class
+    if when not in ("idle", "while-drafting"):
+        raise ValueError(f"unknown embedding CPU class {when!r}")
+    _embedding_cpu_class = when
+    if when == "while-drafting":
+        # A batch's work all on the batch's thread: the Hugging Face tokenizer's pool of threads
+        # (Rust's rayon) would otherwise start with the first batch and keep that batch's class
+        # for good. Tokenising a batch is milliseconds beside its seconds of embedding on a CPU.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def idle_thread() -> None:
     """Put the calling thread (and the threads it starts later, torch's included) in Linux's idle
     scheduling class, ``SCHED_IDLE``: almost no CPU while a thread of the normal class wants it."""
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    to_idle_class(0)
     logger.info("embedding in the idle CPU class (SCHED_IDLE)")
+
+
+class RecentDrafting:
+    """Whether this machine's engine runs drafting requests now, or did within ``hold_s``: asked
+    of ``idle_s`` (the seconds since drafting last ran: 0 while it runs; None: none ran, or no
+    engine answers here) at most once per ``poll_s``."""
+
+    def __init__(self, idle_s: Callable[[], float | None], *, hold_s: float, poll_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self._idle_s = idle_s
+        self.hold_s = hold_s
+        self.poll_s = poll_s
+        self._clock = clock
+        self._asked_at: float | None = None
+        self._answer = False
+
+    def __call__(self) -> bool:
+        now = self._clock()
+        if self._asked_at is None or now - self._asked_at >= self.poll_s:
+            try:
+                idle_s = self._idle_s()
+            except Exception:  # noqa: BLE001 - an engine that does not answer has no drafters to protect
+                idle_s = None
+            self._answer = idle_s is not None and idle_s <= self.hold_s
+            self._asked_at = self._clock()
+        return self._answer
 
 
 def passage_batcher() -> EmbeddingBatcher:
     """The process's batcher of passages (``documents.embedding_batcher``): the threads of an
     ingest worker hand it their documents' passages, and it embeds them together in full batches
-    of ``APPLIANCE_EMBEDDING_BATCH``, in the idle CPU class if ``embed_in_idle_class`` was
-    called."""
+    of ``APPLIANCE_EMBEDDING_BATCH``, in the idle CPU class as ``embed_in_idle_class`` said."""
     from django.conf import settings
 
     global _batcher
@@ -156,7 +198,10 @@ def passage_batcher() -> EmbeddingBatcher:
                     rest=YieldWhileDrafting(lambda: engine_drafts_on(device), share=share, poll_s=0.5)
                     if share < 1
                     else None,
-                    thread_setup=idle_thread if _embed_in_idle_class else None,
+                    thread_setup=idle_thread if _embedding_cpu_class == "idle" else None,
+                    idle_while=RecentDrafting(engine_drafting_idle_s, hold_s=DRAFTING_HOLD_S, poll_s=0.2)
+                    if _embedding_cpu_class == "while-drafting"
+                    else None,
                 )
     return _batcher
 
@@ -164,19 +209,35 @@ def passage_batcher() -> EmbeddingBatcher:
 _engine_client: Any = None
 
 
-def engine_drafts_on(device: str) -> bool:
-    """Whether this machine's engine (reached by its Unix socket or a loopback address: one
-    elsewhere shares nothing with this embedder) runs drafting requests now on ``device``
-    ("cpu" or "cuda")."""
+def _local_engine() -> Any:
+    """A client of this node's engine host, or None where it is elsewhere (one reached over the
+    network shares nothing with this process's CPU or device)."""
     global _engine_client
     if _engine_client is None:
         from inference.engine.client import EngineClient
 
         _engine_client = EngineClient.from_settings()
-    if not _engine_client.address.loopback:
+    return _engine_client if _engine_client.address.loopback else None
+
+
+def engine_drafts_on(device: str) -> bool:
+    """Whether this machine's engine runs drafting requests now on ``device`` ("cpu" or
+    "cuda")."""
+    client = _local_engine()
+    if client is None:
         return False
-    stats = _engine_client.stats(timeout_s=1.0)
-    return stats.get("device") == device and (stats.get("drafting_requests") or 0) > 0
+    activity = client.activity(timeout_s=1.0)
+    return activity.get("device") == device and (activity.get("drafting_requests") or 0) > 0
+
+
+def engine_drafting_idle_s() -> float | None:
+    """Seconds since this machine's engine last ran a drafting request (0: it runs one now);
+    None if none ran since it started, or no engine of this machine answers."""
+    client = _local_engine()
+    if client is None:
+        return None
+    idle_s = client.activity(timeout_s=1.0).get("drafting_idle_s")
+    return None if idle_s is None else float(idle_s)
 
 
 def chunking_tokenizer(embedder: Embedder) -> Any:

@@ -33,8 +33,9 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
     served first. With the CPU to itself it runs at full speed (a priority, not a cap). The
     Postgres backends it queries on this machine (its passages' writes and their index updates)
     run at its niceness too: at full priority they competed with the drafters' job claims.
-    ``APPLIANCE_INGEST_CPU_CLASS`` may also put its embedding (``idle-embedding``: the batcher's
-    thread alone) or the whole worker (``idle``) in Linux's idle CPU class."""
+    ``APPLIANCE_INGEST_CPU_CLASS`` may also put its embedding in Linux's idle CPU class, while
+    this machine's engine drafts (``idle-while-drafting``) or always (``idle-embedding``), or the
+    whole worker (``idle``)."""
     if instance is None or "ingest" not in instance.app.amqp.queues.consume_from:
         return
     increment = settings.APPLIANCE_INGEST_NICE
@@ -46,8 +47,15 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
     if settings.APPLIANCE_INGEST_CPU_CLASS == "idle-embedding":
         from documents import embeddings
 
-        embeddings.embed_in_idle_class()
+        embeddings.embed_in_idle_class("idle")
         logger.info("ingest worker: its embedding in the idle CPU class (SCHED_IDLE)")
+    elif settings.APPLIANCE_INGEST_CPU_CLASS == "idle-while-drafting":
+        from documents import embeddings
+
+        embeddings.embed_in_idle_class("while-drafting")
+        logger.info(
+            "ingest worker: its embedding in the idle CPU class (SCHED_IDLE) while this machine's engine drafts"
+        )
     elif settings.APPLIANCE_INGEST_CPU_CLASS == "idle":
         idle_threads = idle_cpu_class()
         logger.info("ingest worker: in the idle CPU class (SCHED_IDLE, %d thread(s) so far)", idle_threads)

@@ -46,6 +46,7 @@ from measure.benchmarking import (
     check_migrated,
     ensure_embedded_broker,
     ensure_embedded_database,
+    ingest_worker,
     machine,
     synthetic_rng,
 )
@@ -103,7 +104,11 @@ def run(command, **options) -> dict:
         _ensure_hnsw_index(progress)
         progress("loading the embedding model")
         embedder = get_embedder()
-        results: dict = {"machine": machine(), "parameters": {k: options[k] for k in _PARAMETERS}}
+        results: dict = {
+            "machine": machine(),
+            "ingest_worker": ingest_worker(),
+            "parameters": {k: options[k] for k in _PARAMETERS},
+        }
         try:
             if not options["skip_ingest"]:
                 results["ingest"] = _bench_ingest(progress, embedder, owner, options)

@@ -91,6 +91,7 @@ from measure.benchmarking import (
     check_migrated,
     ensure_embedded_broker,
     ensure_embedded_database,
+    ingest_worker,
     machine,
     real_paragraphs,
     real_passage,
@@ -189,6 +190,7 @@ def run(command, **options) -> dict:
         bench.start_engine()
         results: dict = {
             "machine": machine(),
+            "ingest_worker": ingest_worker(),
             "engine": {k: v for k, v in bench.engine_stats().items() if not isinstance(v, dict | list)},
             "parameters": {**{k: v for k, v in options.items() if k in _PARAMETERS}, "scale": bench.scale},
             "repeats": [],

@@ -151,6 +151,14 @@ def machine() -> dict:
     }
 
 
+def ingest_worker() -> dict:
+    """How the ingest worker a benchmark starts runs on the CPU (its settings): its niceness and
+    its embedding's CPU class."""
+    from django.conf import settings
+
+    return {"nice": settings.APPLIANCE_INGEST_NICE, "cpu_class": settings.APPLIANCE_INGEST_CPU_CLASS}
+
+
 # --- synthetic text ---------------------------------------------------------------------------
 
 _SUBJECTS = (

@@ -160,6 +160,11 @@ class EngineClient:
     def stats(self, *, timeout_s: float = 5.0) -> dict[str, Any]:
         return self._call({"op": "stats"}, timeout_s=timeout_s)
 
+    def activity(self, *, timeout_s: float = 1.0) -> dict[str, Any]:
+        """The host's drafting, cheaply (``EngineHost.activity``): ``device``,
+        ``drafting_requests`` and ``drafting_idle_s``."""
+        return self._call({"op": "activity"}, timeout_s=timeout_s)
+
     def count_tokens(self, prompts: list[list[dict[str, str]]], *, timeout_s: float = 60.0) -> list[int]:
         return list(self._call({"op": "count_tokens", "prompts": prompts}, timeout_s=timeout_s)["counts"])
 

@@ -309,6 +309,7 @@ class EngineHost:
         self.started_at = time.time()
         self.requests_served = 0
         self.runs: dict[str, _Run] = {}
+        self.drafting_ended_at: float | None = None  # monotonic: the last drafting request's end
         self._suspect_turn: asyncio.Lock | None = None
         self._restart_task: asyncio.Task | None = None
 
@@ -553,6 +554,16 @@ class EngineHost:
             "scheduler": {k: v for k, v in state.items() if k not in ("waiting", "prefill", "reservations")},
         }
 
+    def activity(self) -> dict[str, Any]:
+        """What a process beside the engine asks often and cheaply (the ingest's embedder, to
+        choose its CPU class): the drafting requests in this host (in the engine or about to
+        enter it) and the seconds since the last one ended (0 while any is here; None if none
+        has run since the host started)."""
+        drafting = sum(1 for run in self.runs.values() if run.request.priority <= Priority.DECODE)
+        ended = self.drafting_ended_at
+        idle_s = 0.0 if drafting else (None if ended is None else round(time.monotonic() - ended, 3))
+        return {"device": self.info.get("device"), "drafting_requests": drafting, "drafting_idle_s": idle_s}
+
     def prompt_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The chat template's control tokens around each message's content as plain text: a
         document's literal "<|im_end|>" never ends its message (``chat_tokens``)."""
@@ -582,6 +593,8 @@ class EngineHost:
                 writer.write(encode({"type": "error", "code": ErrorCode.FORBIDDEN, "detail": detail}))
             elif op == "stats":
                 writer.write(encode({"type": "stats", **self.snapshot()}))
+            elif op == "activity":
+                writer.write(encode({"type": "activity", **self.activity()}))
             elif op == "count_tokens":  # the tokenizer lives in this process: works while restarting
                 prompts = message.get("prompts", [])
                 counts = await asyncio.to_thread(lambda: [len(self.prompt_token_ids(m)) for m in prompts])
@@ -686,6 +699,8 @@ class EngineHost:
             gone.cancel()
             ticker.cancel()
             self.runs.pop(request.request_id, None)
+            if request.priority <= Priority.DECODE:
+                self.drafting_ended_at = time.monotonic()
 
     async def _run_isolated(self, run: _Run, writer: asyncio.StreamWriter) -> None:
         """A suspect runs only while no other suspect does."""

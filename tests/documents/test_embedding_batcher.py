@@ -4,6 +4,7 @@ one is exercised by every ingest test through the worker)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -228,3 +229,117 @@ def test_a_thread_setup_that_fails_leaves_the_batcher_embedding(encoder):
         assert batcher.embed(["x-1", "x-2"])[:, 0].tolist() == [1.0, 2.0]
     finally:
         batcher.stop()
+
+
+def _class_recording_encoder(release: threading.Event | None = None):
+    """A fake embedder that records the CPU class of the thread each batch runs on, at its start
+    and (if ``release`` is given, once it is set) at its end."""
+    import os
+
+    seen: list[tuple[int, int]] = []
+
+    def encode(texts: list[str]) -> np.ndarray:
+        first = os.sched_getscheduler(0)
+        if release is not None:
+            release.wait(10)
+        seen.append((first, os.sched_getscheduler(0)))
+        return np.zeros((len(texts), 2), dtype=np.float32)
+
+    return encode, seen
+
+
+def test_while_drafting_each_batch_runs_in_the_class_the_signal_gives():
+    """APPLIANCE_INGEST_CPU_CLASS=idle-while-drafting: a batch while the engine drafts runs in
+    SCHED_IDLE, the next one after drafting ended in the normal class again (a new thread: one
+    cannot leave the idle class without privilege); the batcher's thread and the callers' keep
+    the normal class."""
+    import os
+
+    drafting = [True]
+    encode, seen = _class_recording_encoder()
+    batcher = EmbeddingBatcher(encode, batch_size=4, idle_while=lambda: drafting[0], idle_poll_s=0.01)
+    try:
+        batcher.embed(["a-1", "a-2"])
+        drafting[0] = False
+        batcher.embed(["b-1"])
+        assert batcher._thread is not None and batcher._thread.native_id is not None
+        assert os.sched_getscheduler(batcher._thread.native_id) == os.SCHED_OTHER
+    finally:
+        batcher.stop()
+    assert seen == [(os.SCHED_IDLE, os.SCHED_IDLE), (os.SCHED_OTHER, os.SCHED_OTHER)]
+    assert batcher.stats.idle_batches == 1 and batcher.stats.batches == 2
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_a_batch_is_moved_to_the_idle_class_as_soon_as_drafting_starts():
+    import os
+
+    drafting = [False]
+    release = threading.Event()
+    encode, seen = _class_recording_encoder(release)
+    batcher = EmbeddingBatcher(encode, batch_size=4, idle_while=lambda: drafting[0], idle_poll_s=0.01)
+    result: list[np.ndarray] = []
+    caller = threading.Thread(target=lambda: result.append(batcher.embed(["c-1", "c-2"])))
+    try:
+        caller.start()
+        time.sleep(0.1)  # the batch runs, in the normal class
+        drafting[0] = True
+        time.sleep(0.1)  # the batcher asks again and moves it
+        release.set()
+        caller.join(10)
+    finally:
+        release.set()
+        batcher.stop()
+    assert result and result[0].shape == (2, 2)
+    assert seen == [(os.SCHED_OTHER, os.SCHED_IDLE)]
+    assert batcher.stats.idle_batches == 1
+
+
+def test_a_signal_that_fails_leaves_the_batch_embedding_in_the_normal_class(encoder):
+    def broken() -> bool:
+        raise ConnectionRefusedError("no engine here")
+
+    batcher = EmbeddingBatcher(encoder, batch_size=4, idle_while=broken, idle_poll_s=0.01)
+    try:
+        assert batcher.embed(["x-1", "x-2"])[:, 0].tolist() == [1.0, 2.0]
+        with pytest.raises(ValueError, match="broke on this batch"):  # raised on its own thread, reaches the caller
+            batcher.embed(["boom-1"])
+        assert batcher.embed(["y-3"])[:, 0].tolist() == [3.0]
+    finally:
+        batcher.stop()
+    assert batcher.stats.idle_batches == 0
+
+
+def test_recent_drafting_holds_for_a_while_after_drafting_and_asks_at_most_once_a_poll():
+    """documents.embeddings.RecentDrafting, with a fake clock and a fake engine's answers."""
+    from documents.embeddings import RecentDrafting
+
+    now = [100.0]
+    answers: list[float | None] = []
+    asked: list[float] = []
+
+    def idle_s() -> float | None:
+        asked.append(now[0])
+        return answers.pop(0)
+
+    recent = RecentDrafting(idle_s, hold_s=60, poll_s=0.5, clock=lambda: now[0])
+    answers[:] = [0.0]
+    assert recent() is True  # drafting now
+    assert recent() is True and len(asked) == 1  # within the poll: not asked again
+    now[0] += 0.5
+    answers[:] = [59.0]
+    assert recent() is True  # ended 59 s ago: still held
+    now[0] += 0.5
+    answers[:] = [61.0]
+    assert recent() is False
+    now[0] += 0.5
+    answers[:] = [None]  # no draft ran since the engine started, or no engine answers
+    assert recent() is False
+    now[0] += 0.5
+
+    def down() -> float | None:
+        raise OSError("the engine host is restarting")
+
+    recent._idle_s = down
+    assert recent() is False
+    assert len(asked) == 4

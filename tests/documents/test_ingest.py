@@ -242,10 +242,51 @@ def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(browser, alice,
     classes = _thread_classes(ingest.pid)
     if cpu_class == "idle-embedding":  # the batcher's thread (and any it started), the others not
         assert os.SCHED_IDLE in classes and os.SCHED_OTHER in classes
-    elif cpu_class == "nice":
+    elif cpu_class in ("nice", "idle-while-drafting"):  # idle-while-drafting: a batch's thread ends with it
         assert set(classes) == {os.SCHED_OTHER}
     else:
         assert set(classes) == {os.SCHED_IDLE}
+
+
+def test_while_the_engine_drafts_the_ingest_embeds_in_the_idle_cpu_class(browser, alice, workers, engine_host):
+    """APPLIANCE_INGEST_CPU_CLASS=idle-while-drafting (the default): while this machine's engine
+    runs a drafting request, the ingest worker's embedding runs in SCHED_IDLE, on a thread of its
+    own (seen in /proc while a document is read); its other threads keep the normal class."""
+    import uuid
+
+    from django.conf import settings
+
+    from inference.engine.protocol import GenerateRequest, Priority
+
+    assert settings.APPLIANCE_INGEST_CPU_CLASS == "idle-while-drafting"
+    (ingest,) = [p for p in workers if "ingest@%h" in " ".join(p.args)]
+    draft = engine_host.generate(
+        GenerateRequest(
+            request_id=f"test-{uuid.uuid4()}",
+            messages=[{"role": "user", "content": "Write a very long story about a lighthouse keeper."}],
+            max_tokens=3000,
+            priority=Priority.DECODE,
+            queue="decode",
+        )
+    )
+    seen: list[list[int]] = []
+    try:
+        next(iter(draft))  # admitted: drafting runs
+        assert engine_host.activity()["drafting_requests"] == 1
+        body = " ".join(f"Clause {i}: the tenant {uuid.uuid4().hex} pays rent on day {i % 28 + 1}." for i in range(600))
+        document = upload(browser, "while-drafting.txt", body.encode())
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and engine_host.activity()["drafting_requests"]:
+            seen.append(_thread_classes(ingest.pid))
+            if os.SCHED_IDLE in seen[-1]:
+                break
+            time.sleep(0.02)
+    finally:
+        draft.close()  # with the engine drafting on both cores, the idle class hardly runs
+    assert seen and os.SCHED_IDLE in seen[-1], "no thread of the ingest worker embedded in SCHED_IDLE"
+    assert seen[-1].count(os.SCHED_IDLE) == 1 and os.SCHED_OTHER in seen[-1]  # the batch's thread alone
+    document = finished(document.pk)
+    assert document.state == Document.State.READY, document.failure_reason
 
 
 def test_the_idle_cpu_class_moves_every_thread_and_what_starts_later():

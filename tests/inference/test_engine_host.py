@@ -115,6 +115,29 @@ def test_disconnecting_aborts_the_request_and_frees_its_reservation(engine_host)
     assert stats["requests_in_host"] == 0
 
 
+def test_activity_tells_whether_drafting_runs_and_since_when_it_has_not(engine_host):
+    """The cheap question the ingest's embedder asks several times a second: drafting requests
+    in the host (a document's are not), and the seconds since the last one ended."""
+    document = engine_host.generate(_request(max_tokens=400, priority=Priority.PREFILL, queue="prefill"))
+    next(iter(document))  # admitted
+    during_document = engine_host.activity()
+    document.close()
+    draft = engine_host.generate(_request(max_tokens=400))
+    next(iter(draft))
+    during = engine_host.activity()
+    draft.close()
+    deadline = time.monotonic() + 30
+    while engine_host.activity()["drafting_requests"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    after = engine_host.activity()
+    assert during["drafting_requests"] == 1 and during["drafting_idle_s"] == 0
+    assert during["device"] == engine_host.stats()["device"]
+    assert after["drafting_requests"] == 0 and 0.3 <= after["drafting_idle_s"] < 30
+    # The document alone counted no drafting (an earlier test's draft may have ended before).
+    assert during_document["drafting_requests"] == 0 and during_document["drafting_idle_s"] != 0
+
+
 def _document_request(tokens_of_text: int = 700, unique: str = "", **overrides) -> GenerateRequest:
     """A document job's request: a unique text (no prefix-cache hits from other tests)."""
     unique = unique or uuid.uuid4().hex
