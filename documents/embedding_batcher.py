@@ -57,32 +57,73 @@ Encode = Callable[[list[str]], np.ndarray]  # texts -> (len(texts), dimensions) 
 Rest = Callable[[float, Callable[[float], bool]], float]
 
 
-class YieldWhileDrafting:
-    """The batcher's rest after a batch: while ``drafting()`` says the engine (on the embedder's
-    device) runs drafting requests, wait so that embedding takes ``share`` of the time, asking
-    again every ``poll_s`` and ending the rest as soon as drafting stops. ``drafting`` is asked at
-    most once per ``poll_s`` (it costs a call to the engine); what it raises counts as no."""
+class Polled:
+    """``ask()``'s latest answer, asked at most once per ``poll_s`` (each ask costs a call to the
+    engine); what ``ask`` raises is answered by ``on_error()``."""
 
-    def __init__(self, drafting: Callable[[], bool], *, share: float, poll_s: float = 1.0,
+    def __init__(self, ask: Callable[[], bool], *, poll_s: float, on_error: Callable[[], bool],
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        if not 0 < share <= 1:
-            raise ValueError("share must be in (0, 1]")
-        self._drafting = drafting
-        self.share = share
+        self._ask = ask
+        self._on_error = on_error
         self.poll_s = poll_s
         self._clock = clock
         self._asked_at: float | None = None
         self._answer = False
 
-    def drafting_now(self) -> bool:
+    def __call__(self) -> bool:
         now = self._clock()
         if self._asked_at is None or now - self._asked_at >= self.poll_s:
             try:
-                self._answer = bool(self._drafting())
-            except Exception:  # noqa: BLE001 - an engine that does not answer holds nothing back
-                self._answer = False
+                self._answer = bool(self._ask())
+            except Exception:  # noqa: BLE001 - the engine may be restarting, or starved
+                self._answer = self._on_error()
             self._asked_at = self._clock()
         return self._answer
+
+
+class RecentDrafting:
+    """Whether this machine's engine runs drafting requests now, or did within ``hold_s``, from
+    ``idle_s()`` (the seconds since drafting last ran there: 0 while it runs; None: none ran
+    since the engine host started, or no engine here answers), asked at most once per ``poll_s``.
+    When the engine does not answer (restarting, or starved by a saturated CPU), or has
+    forgotten (restarted), the answer is what was last seen here: drafting seen within
+    ``hold_s`` still counts."""
+
+    def __init__(self, idle_s: Callable[[], float | None], *, hold_s: float, poll_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self._idle_s = idle_s
+        self.hold_s = hold_s
+        self._clock = clock
+        self._last_seen: float | None = None  # on ``clock``: when drafting last ran, as far as known
+        self._polled = Polled(self._ask, poll_s=poll_s, on_error=self._remembered, clock=clock)
+
+    def __call__(self) -> bool:
+        return self._polled()
+
+    def _ask(self) -> bool:
+        idle_s = self._idle_s()
+        if idle_s is not None:
+            seen = self._clock() - idle_s
+            self._last_seen = seen if self._last_seen is None else max(self._last_seen, seen)
+        return self._remembered()
+
+    def _remembered(self) -> bool:
+        return self._last_seen is not None and self._clock() - self._last_seen <= self.hold_s
+
+
+class YieldWhileDrafting:
+    """The batcher's rest after a batch: while ``drafting()`` says the engine (on the embedder's
+    device) runs drafting requests, wait so that embedding takes ``share`` of the time, asking
+    again every ``poll_s`` and ending the rest as soon as drafting stops. ``drafting`` is asked at
+    most once per ``poll_s``; what it raises counts as no."""
+
+    def __init__(self, drafting: Callable[[], bool], *, share: float, poll_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        if not 0 < share <= 1:
+            raise ValueError("share must be in (0, 1]")
+        self.share = share
+        self.poll_s = poll_s
+        self.drafting_now = Polled(drafting, poll_s=poll_s, on_error=lambda: False, clock=clock)
 
     def __call__(self, busy_s: float, wait: Callable[[float], bool]) -> float:
         if self.share >= 1 or busy_s <= 0:
@@ -134,6 +175,7 @@ class EmbeddingBatcher:
         self._thread_setup = thread_setup  # run first in the batcher's own thread (its CPU class)
         self._idle_while = idle_while  # each batch on a thread of its own, idle while this says so
         self._idle_poll_s = idle_poll_s
+        self._idle_refused = False  # the idle class could not be had here (logged once)
         self.batch_size = batch_size
         self._name = name
         self._waiting: deque[_Request] = deque()
@@ -196,13 +238,16 @@ class EmbeddingBatcher:
             texts = [text for request, start, end in batch for text in request.texts[start:end]]
             started = time.monotonic()
             try:
-                vectors = self._encode(texts) if self._idle_while is None else self._encode_in_class(texts)
+                if self._idle_while is None:
+                    vectors, idle = self._encode(texts), False
+                else:
+                    vectors, idle = self._encode_in_class(texts)
                 if len(vectors) != len(texts):
                     raise RuntimeError(f"the embedder gave {len(vectors)} rows for {len(texts)} texts")
             except BaseException as exc:  # noqa: BLE001 - handed to the callers, who raise it
                 self._fail(batch, exc)
                 continue
-            self._record(batch, len(texts))
+            self._record(batch, len(texts), idle=idle)
             row = 0
             for request, start, end in batch:
                 for index in range(start, end):
@@ -214,35 +259,35 @@ class EmbeddingBatcher:
             if self._rest is not None:
                 self._rest(time.monotonic() - started, self._wait_unless_stopping)
 
-    def _encode_in_class(self, texts: list[str]) -> np.ndarray:
+    def _encode_in_class(self, texts: list[str]) -> tuple[np.ndarray, bool]:
         """``encode(texts)`` on a new thread: in the idle CPU class from its start if
-        ``idle_while()`` says so, moved there the moment it does while the batch runs."""
+        ``idle_while()`` says so, moved there the moment it does while the batch runs. Returns
+        the rows and whether the batch ran (at least in part) in the idle class."""
         outcome: dict[str, Any] = {}
-        idle = self._wants_idle()
+        idle_from_start = self._wants_idle()
+        moved = threading.Event()
 
         def run() -> None:
             try:
-                if idle:
-                    to_idle_class(0)
+                if idle_from_start and self._to_idle_class(0):
+                    moved.set()
                 outcome["vectors"] = self._encode(texts)
             except BaseException as exc:  # noqa: BLE001 - raised again in the batcher's thread
                 outcome["error"] = exc
 
         thread = threading.Thread(target=run, name=f"{self._name}-encode", daemon=True)
         thread.start()
+        tried = idle_from_start
         thread.join(self._idle_poll_s)
-        while thread.is_alive():
-            if not idle and self._wants_idle() and thread.native_id is not None:
-                try:
-                    to_idle_class(thread.native_id)
-                    idle = True
-                except ProcessLookupError:  # it has just ended
-                    pass
+        while thread.is_alive():  # never left before the batch ends: one encode at a time
+            if not tried and self._wants_idle() and thread.is_alive():
+                tried = True
+                if self._to_idle_class(thread.native_id or 0):
+                    moved.set()
             thread.join(self._idle_poll_s)
-        self.stats.idle_batches += idle
         if "error" in outcome:
             raise outcome["error"]
-        return outcome["vectors"]
+        return outcome["vectors"], moved.is_set()
 
     def _wants_idle(self) -> bool:
         assert self._idle_while is not None
@@ -250,6 +295,22 @@ class EmbeddingBatcher:
             return bool(self._idle_while())
         except Exception:  # noqa: BLE001 - a signal that fails leaves the batch in the normal class
             logger.exception("embedding batcher: could not tell whether to embed in the idle class")
+            return False
+
+    def _to_idle_class(self, thread_id: int) -> bool:
+        """``to_idle_class(thread_id)``; False where it could not be done (the thread has just
+        ended; a system without the class, or a container's policy that refuses it: then the
+        batches embed in the normal class, and this is logged once)."""
+        try:
+            to_idle_class(thread_id)
+            return True
+        except ProcessLookupError:
+            return False
+        except (OSError, AttributeError) as exc:
+            if not self._idle_refused:
+                self._idle_refused = True
+                logger.warning("embedding batcher: the idle CPU class is not available here (%s); "
+                               "embedding in the normal class", exc)  # fmt: skip
             return False
 
     def _wait_unless_stopping(self, seconds: float) -> bool:
@@ -268,9 +329,10 @@ class EmbeddingBatcher:
                     pass
                 request.done.set()
 
-    def _record(self, batch: list[tuple[_Request, int, int]], size: int) -> None:
+    def _record(self, batch: list[tuple[_Request, int, int]], size: int, *, idle: bool) -> None:
         stats = self.stats
         stats.batches += 1
+        stats.idle_batches += idle
         stats.texts += size
         stats.full_batches += size == self.batch_size
         stats.requests_per_batch_max = max(stats.requests_per_batch_max, len(batch))

@@ -11,15 +11,14 @@ import copy
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from documents.embedding_batcher import EmbeddingBatcher, YieldWhileDrafting, to_idle_class
+from documents.embedding_batcher import EmbeddingBatcher, RecentDrafting, YieldWhileDrafting, to_idle_class
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +142,8 @@ def embed_in_idle_class(when: str = "idle") -> None:
         # A batch's work all on the batch's thread: the Hugging Face tokenizer's pool of threads
         # (Rust's rayon) would otherwise start with the first batch and keep that batch's class
         # for good. Tokenising a batch is milliseconds beside its seconds of embedding on a CPU.
+        # (So would torch's own threads with APPLIANCE_EMBEDDING_THREADS above 1: on a CPU engine
+        # the embedding has one, on the core vLLM leaves.)
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
@@ -151,32 +152,6 @@ def idle_thread() -> None:
     scheduling class, ``SCHED_IDLE``: almost no CPU while a thread of the normal class wants it."""
     to_idle_class(0)
     logger.info("embedding in the idle CPU class (SCHED_IDLE)")
-
-
-class RecentDrafting:
-    """Whether this machine's engine runs drafting requests now, or did within ``hold_s``: asked
-    of ``idle_s`` (the seconds since drafting last ran: 0 while it runs; None: none ran, or no
-    engine answers here) at most once per ``poll_s``."""
-
-    def __init__(self, idle_s: Callable[[], float | None], *, hold_s: float, poll_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        self._idle_s = idle_s
-        self.hold_s = hold_s
-        self.poll_s = poll_s
-        self._clock = clock
-        self._asked_at: float | None = None
-        self._answer = False
-
-    def __call__(self) -> bool:
-        now = self._clock()
-        if self._asked_at is None or now - self._asked_at >= self.poll_s:
-            try:
-                idle_s = self._idle_s()
-            except Exception:  # noqa: BLE001 - an engine that does not answer has no drafters to protect
-                idle_s = None
-            self._answer = idle_s is not None and idle_s <= self.hold_s
-            self._asked_at = self._clock()
-        return self._answer
 
 
 def passage_batcher() -> EmbeddingBatcher:

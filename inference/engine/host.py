@@ -3,7 +3,8 @@
 It owns the device, loads the model once, and serves the thin Celery workers over a Unix socket,
 and, with ``APPLIANCE_ENGINE_LISTEN``, over TCP with TLS to other nodes' workers (see ``address.py``,
 ``protocol.py``): ``generate`` streams token deltas, ``abort`` stops a request, ``stats``
-reports the engine, ``count_tokens`` measures a prompt. Scheduling happens inside vLLM's engine
+reports the engine, ``activity`` its drafting (cheaply, for the ingest's embedder beside it),
+``count_tokens`` measures a prompt. Scheduling happens inside vLLM's engine
 core, at every step, in the appliance's scheduler class (``vllm_scheduler.py``, the policy in
 ``step_policy.py``): drafting first, documents in what is left of each step, KV admission by
 blocks. The host hands each request to vLLM at once, tagged with its user, and reads the
@@ -556,9 +557,10 @@ class EngineHost:
 
     def activity(self) -> dict[str, Any]:
         """What a process beside the engine asks often and cheaply (the ingest's embedder, to
-        choose its CPU class): the drafting requests in this host (in the engine or about to
-        enter it) and the seconds since the last one ended (0 while any is here; None if none
-        has run since the host started)."""
+        choose its CPU class): the drafting requests in this host, in the engine or about to
+        enter it (``stats``' ``drafting_requests`` counts those in the engine only), and the
+        seconds since the last one ended (0 while any is here; None if none has run since the
+        host started)."""
         drafting = sum(1 for run in self.runs.values() if run.request.priority <= Priority.DECODE)
         ended = self.drafting_ended_at
         idle_s = 0.0 if drafting else (None if ended is None else round(time.monotonic() - ended, 3))

@@ -233,19 +233,22 @@ def test_a_thread_setup_that_fails_leaves_the_batcher_embedding(encoder):
 
 def _class_recording_encoder(release: threading.Event | None = None):
     """A fake embedder that records the CPU class of the thread each batch runs on, at its start
-    and (if ``release`` is given, once it is set) at its end."""
+    and (if ``release`` is given, once it is set) at its end; ``entered`` is set as a batch
+    starts."""
     import os
 
     seen: list[tuple[int, int]] = []
+    entered = threading.Event()
 
     def encode(texts: list[str]) -> np.ndarray:
         first = os.sched_getscheduler(0)
+        entered.set()
         if release is not None:
             release.wait(10)
         seen.append((first, os.sched_getscheduler(0)))
         return np.zeros((len(texts), 2), dtype=np.float32)
 
-    return encode, seen
+    return encode, seen, entered
 
 
 def test_while_drafting_each_batch_runs_in_the_class_the_signal_gives():
@@ -256,7 +259,7 @@ def test_while_drafting_each_batch_runs_in_the_class_the_signal_gives():
     import os
 
     drafting = [True]
-    encode, seen = _class_recording_encoder()
+    encode, seen, _ = _class_recording_encoder()
     batcher = EmbeddingBatcher(encode, batch_size=4, idle_while=lambda: drafting[0], idle_poll_s=0.01)
     try:
         batcher.embed(["a-1", "a-2"])
@@ -274,17 +277,25 @@ def test_while_drafting_each_batch_runs_in_the_class_the_signal_gives():
 def test_a_batch_is_moved_to_the_idle_class_as_soon_as_drafting_starts():
     import os
 
-    drafting = [False]
+    drafting = threading.Event()
+    answered_yes = threading.Event()
     release = threading.Event()
-    encode, seen = _class_recording_encoder(release)
-    batcher = EmbeddingBatcher(encode, batch_size=4, idle_while=lambda: drafting[0], idle_poll_s=0.01)
+    encode, seen, entered = _class_recording_encoder(release)
+
+    def idle_while() -> bool:
+        if drafting.is_set():
+            answered_yes.set()
+        return drafting.is_set()
+
+    batcher = EmbeddingBatcher(encode, batch_size=4, idle_while=idle_while, idle_poll_s=0.01)
     result: list[np.ndarray] = []
     caller = threading.Thread(target=lambda: result.append(batcher.embed(["c-1", "c-2"])))
     try:
         caller.start()
-        time.sleep(0.1)  # the batch runs, in the normal class
-        drafting[0] = True
-        time.sleep(0.1)  # the batcher asks again and moves it
+        assert entered.wait(10)  # the batch runs, in the normal class
+        drafting.set()
+        assert answered_yes.wait(10)  # the batcher asked again, and moves it
+        time.sleep(0.05)
         release.set()
         caller.join(10)
     finally:
@@ -295,51 +306,74 @@ def test_a_batch_is_moved_to_the_idle_class_as_soon_as_drafting_starts():
     assert batcher.stats.idle_batches == 1
 
 
-def test_a_signal_that_fails_leaves_the_batch_embedding_in_the_normal_class(encoder):
+def test_a_signal_that_fails_leaves_the_batch_embedding_in_the_normal_class():
+    import os
+
     def broken() -> bool:
         raise ConnectionRefusedError("no engine here")
 
-    batcher = EmbeddingBatcher(encoder, batch_size=4, idle_while=broken, idle_poll_s=0.01)
+    encode, seen, _ = _class_recording_encoder()
+    batcher = EmbeddingBatcher(encode, batch_size=4, idle_while=broken, idle_poll_s=0.01)
+    try:
+        assert batcher.embed(["x-1", "x-2"]).shape == (2, 2)
+    finally:
+        batcher.stop()
+    assert seen == [(os.SCHED_OTHER, os.SCHED_OTHER)]
+    assert batcher.stats.idle_batches == 0
+
+
+def test_an_idle_class_refused_leaves_the_batches_embedding(encoder, monkeypatch):
+    """Where the idle class cannot be had (a container's policy), the batches embed in the normal
+    class; what encode raises on its batch's thread still reaches the caller."""
+    import documents.embedding_batcher as module
+
+    def refused(thread_id: int) -> None:
+        raise PermissionError("sched_setscheduler: operation not permitted")
+
+    monkeypatch.setattr(module, "to_idle_class", refused)
+    batcher = EmbeddingBatcher(encoder, batch_size=4, idle_while=lambda: True, idle_poll_s=0.01)
     try:
         assert batcher.embed(["x-1", "x-2"])[:, 0].tolist() == [1.0, 2.0]
-        with pytest.raises(ValueError, match="broke on this batch"):  # raised on its own thread, reaches the caller
+        with pytest.raises(ValueError, match="broke on this batch"):
             batcher.embed(["boom-1"])
         assert batcher.embed(["y-3"])[:, 0].tolist() == [3.0]
     finally:
         batcher.stop()
-    assert batcher.stats.idle_batches == 0
+    assert batcher.stats.idle_batches == 0 and batcher.stats.batches == 2
 
 
 def test_recent_drafting_holds_for_a_while_after_drafting_and_asks_at_most_once_a_poll():
-    """documents.embeddings.RecentDrafting, with a fake clock and a fake engine's answers."""
-    from documents.embeddings import RecentDrafting
+    """documents.embedding_batcher.RecentDrafting, with a fake clock and a fake engine's
+    answers."""
+    from documents.embedding_batcher import RecentDrafting
 
     now = [100.0]
-    answers: list[float | None] = []
+    answers: list[float | None | Exception] = []
     asked: list[float] = []
 
     def idle_s() -> float | None:
         asked.append(now[0])
-        return answers.pop(0)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def at(t: float, answer: float | None | Exception) -> bool:
+        now[0] = t
+        answers[:] = [answer]
+        return recent()
 
     recent = RecentDrafting(idle_s, hold_s=60, poll_s=0.5, clock=lambda: now[0])
-    answers[:] = [0.0]
-    assert recent() is True  # drafting now
-    assert recent() is True and len(asked) == 1  # within the poll: not asked again
-    now[0] += 0.5
-    answers[:] = [59.0]
-    assert recent() is True  # ended 59 s ago: still held
-    now[0] += 0.5
-    answers[:] = [61.0]
-    assert recent() is False
-    now[0] += 0.5
-    answers[:] = [None]  # no draft ran since the engine started, or no engine answers
-    assert recent() is False
-    now[0] += 0.5
-
-    def down() -> float | None:
-        raise OSError("the engine host is restarting")
-
-    recent._idle_s = down
-    assert recent() is False
-    assert len(asked) == 4
+    answers[:] = [None]
+    assert recent() is False  # no draft since the engine started
+    assert at(101, 0.0) is True  # drafting now
+    answers[:] = [5.0]
+    assert recent() is True and len(asked) == 2  # within the poll: not asked again
+    assert at(160.5, 59.5) is True  # ended 59.5 s ago: still held
+    assert at(162, 61.0) is False
+    assert at(163, None) is False  # forgotten by the engine (restarted), and seen too long ago here
+    assert at(200, 0.0) is True
+    assert at(230, OSError("the engine host does not answer")) is True  # seen 30 s ago here
+    assert at(235, None) is True  # restarted meanwhile: what was seen here still holds
+    assert at(261, OSError("still not answering")) is False
+    assert len(asked) == 9
