@@ -203,26 +203,27 @@ CELERY_TASK_ALWAYS_EAGER = False
 APPLIANCE_INGEST_CONCURRENCY = env_int("APPLIANCE_INGEST_CONCURRENCY", 0, minimum=0)
 # The ingest worker's CPU priority below the other processes (nice); 0: the same.
 APPLIANCE_INGEST_NICE = env_int("APPLIANCE_INGEST_NICE", 10, minimum=0, maximum=19)
-# Its CPU class. "idle-while-drafting" (the default): the embedding alone (93 % of the ingest's
-# work; each batch on a thread of its own) runs in Linux's SCHED_IDLE while this machine's engine
-# runs drafting requests or did within the last minute (documents.embeddings.DRAFTING_HOLD_S),
-# and at the niceness below otherwise: almost no CPU while a drafter's process wants it, and the
-# whole of an idle core when nobody drafts. "idle-embedding": the embedding always in
-# SCHED_IDLE; "nice": the niceness only; "idle": the whole worker and its extraction children in
-# SCHED_IDLE. Measured on 2 cores, drafting TTFT p95 beside a backlog, pooled: 1.77x alone with
-# "nice", 1.04x with "idle-embedding", 1.07x with "idle"; and the ingest alone, per embedded
-# token, 0.917x the embedder called directly with "idle-embedding" against 0.986x with "nice"
-# (an idle-class thread waits for every other runnable thread of the box, a shared machine's
-# included). "idle" is not the default: an engine that keeps every core busy for long starves
-# it, and its wall-clock limits (an extraction's 120 s) then fail good files; the row locks its
-# open transactions hold wait for it too. The embedding threads hold no connection and no row
-# lock (the worker's other threads wait for them only while they hold Python's interpreter
-# lock); a document waiting for them counts the wait in its ingest's hour
+# Its CPU class. "idle-embedding" (the default): the embedding alone (93 % of the ingest's work,
+# the batcher's thread) in Linux's SCHED_IDLE: almost no CPU while any normal process wants it.
+# "idle-while-drafting": the embedding (each batch on a thread of its own) in SCHED_IDLE while
+# this machine's engine runs drafting requests or did within the last minute
+# (documents.embeddings.DRAFTING_HOLD_S), at the niceness below otherwise. "nice": the niceness
+# only. "idle": the whole worker and its extraction children in SCHED_IDLE. Measured on 2 cores,
+# drafting TTFT p95 beside a backlog, pooled: 1.77x alone with "nice", 1.04x with
+# "idle-embedding", 1.07x with "idle" (2026-12-05); on 2026-12-06, back to back,
+# "idle-embedding" 1.03x [0.87, 1.46] and "idle-while-drafting" 2.35x [1.55, 3.04], so the
+# latter is not the default although, with nobody drafting, it leaves the ingest the whole of a
+# free core (an idle-class thread waits for every other runnable thread of the box, a shared
+# machine's included). "idle" is not the default: an engine that keeps every core busy for long
+# starves it, and its wall-clock limits (an extraction's 120 s) then fail good files; the row
+# locks its open transactions hold wait for it too. The embedding threads hold no connection and
+# no row lock (the worker's other threads wait for them only while they hold Python's
+# interpreter lock); a document waiting for them counts the wait in its ingest's hour
 # (documents.tasks.INGEST_TIME_LIMIT_S), which a busy engine must starve it for nearly all of.
 APPLIANCE_INGEST_CPU_CLASS = env_choice(
     "APPLIANCE_INGEST_CPU_CLASS",
-    "idle-while-drafting",
-    ("nice", "idle-while-drafting", "idle-embedding", "idle"),
+    "idle-embedding",
+    ("nice", "idle-embedding", "idle-while-drafting", "idle"),
 )
 APPLIANCE_PREFILL_CONCURRENCY = env_int("APPLIANCE_PREFILL_CONCURRENCY", 2, minimum=1)
 APPLIANCE_DECODE_CONCURRENCY = env_int("APPLIANCE_DECODE_CONCURRENCY", 8, minimum=1)

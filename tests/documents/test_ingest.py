@@ -249,16 +249,18 @@ def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(browser, alice,
 
 
 def test_while_the_engine_drafts_the_ingest_embeds_in_the_idle_cpu_class(browser, alice, workers, engine_host):
-    """APPLIANCE_INGEST_CPU_CLASS=idle-while-drafting (the default): while this machine's engine
-    runs a drafting request, the ingest worker's embedding runs in SCHED_IDLE, on a thread of its
-    own (seen in /proc while a document is read); its other threads keep the normal class."""
+    """While this machine's engine runs a drafting request, the ingest worker's embedding runs in
+    SCHED_IDLE (seen in /proc while a document is read), its other threads in the normal class:
+    the embedding batcher's thread (idle-embedding, the default) or, with idle-while-drafting, the
+    batch's own thread alone."""
     import uuid
 
     from django.conf import settings
 
     from inference.engine.protocol import GenerateRequest, Priority
 
-    assert settings.APPLIANCE_INGEST_CPU_CLASS == "idle-while-drafting"
+    cpu_class = settings.APPLIANCE_INGEST_CPU_CLASS
+    assert cpu_class in ("idle-embedding", "idle-while-drafting")
     (ingest,) = [p for p in workers if "ingest@%h" in " ".join(p.args)]
     draft = engine_host.generate(
         GenerateRequest(
@@ -284,9 +286,49 @@ def test_while_the_engine_drafts_the_ingest_embeds_in_the_idle_cpu_class(browser
     finally:
         draft.close()  # with the engine drafting on both cores, the idle class hardly runs
     assert seen and os.SCHED_IDLE in seen[-1], "no thread of the ingest worker embedded in SCHED_IDLE"
-    assert seen[-1].count(os.SCHED_IDLE) == 1 and os.SCHED_OTHER in seen[-1]  # the batch's thread alone
+    assert os.SCHED_OTHER in seen[-1]
+    if cpu_class == "idle-while-drafting":
+        assert seen[-1].count(os.SCHED_IDLE) == 1  # the batch's thread alone
     document = finished(document.pk)
     assert document.state == Document.State.READY, document.failure_reason
+
+
+def test_idle_while_drafting_follows_the_real_engines_drafting(engine_host):
+    """APPLIANCE_INGEST_CPU_CLASS=idle-while-drafting, in a process of its own (the test's must
+    keep its class and its embedder): the batcher of passages asks the real engine host, and
+    embeds in SCHED_IDLE while a drafting request runs there."""
+    import subprocess
+    import sys
+    import uuid
+
+    from inference.engine.protocol import GenerateRequest, Priority
+
+    script = """
+import os, django
+django.setup()
+from documents import embeddings
+embeddings.embed_in_idle_class("while-drafting")
+batcher = embeddings.passage_batcher()
+rows = batcher.embed([f"The tenant pays rent on day {i}." for i in range(8)])
+print(rows.shape[0], batcher.stats.batches, batcher.stats.idle_batches, os.environ["TOKENIZERS_PARALLELISM"])
+"""
+    draft = engine_host.generate(
+        GenerateRequest(
+            request_id=f"test-{uuid.uuid4()}",
+            messages=[{"role": "user", "content": "Write a very long story about a lighthouse keeper."}],
+            max_tokens=3000,
+            priority=Priority.DECODE,
+            queue="decode",
+        )
+    )
+    try:
+        next(iter(draft))  # admitted: drafting runs
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    finally:
+        draft.close()
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows, batches, idle_batches, parallelism = out.stdout.split()
+    assert (int(rows), int(batches), int(idle_batches), parallelism) == (8, 1, 1, "false")
 
 
 def test_the_idle_cpu_class_moves_every_thread_and_what_starts_later():
