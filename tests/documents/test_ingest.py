@@ -296,7 +296,8 @@ def test_while_the_engine_drafts_the_ingest_embeds_in_the_idle_cpu_class(browser
 def test_idle_while_drafting_follows_the_real_engines_drafting(engine_host):
     """APPLIANCE_INGEST_CPU_CLASS=idle-while-drafting, in a process of its own (the test's must
     keep its class and its embedder): the batcher of passages asks the real engine host, and
-    embeds in SCHED_IDLE while a drafting request runs there."""
+    embeds in SCHED_IDLE within the minute after a drafting request ran there. (A draft still
+    running would starve the idle class on these two cores until it ended.)"""
     import subprocess
     import sys
     import uuid
@@ -312,20 +313,20 @@ batcher = embeddings.passage_batcher()
 rows = batcher.embed([f"The tenant pays rent on day {i}." for i in range(8)])
 print(rows.shape[0], batcher.stats.batches, batcher.stats.idle_batches, os.environ["TOKENIZERS_PARALLELISM"])
 """
-    draft = engine_host.generate(
-        GenerateRequest(
-            request_id=f"test-{uuid.uuid4()}",
-            messages=[{"role": "user", "content": "Write a very long story about a lighthouse keeper."}],
-            max_tokens=3000,
-            priority=Priority.DECODE,
-            queue="decode",
+    events = list(
+        engine_host.generate(
+            GenerateRequest(
+                request_id=f"test-{uuid.uuid4()}",
+                messages=[{"role": "user", "content": "Say hello."}],
+                max_tokens=4,
+                priority=Priority.DECODE,
+                queue="decode",
+            )
         )
     )
-    try:
-        next(iter(draft))  # admitted: drafting runs
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    finally:
-        draft.close()
+    assert events[-1].type == "done"
+    assert 0 <= engine_host.activity()["drafting_idle_s"] < 30
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows, batches, idle_batches, parallelism = out.stdout.split()
     assert (int(rows), int(batches), int(idle_batches), parallelism) == (8, 1, 1, "false")
