@@ -248,6 +248,21 @@ def test_the_ingest_worker_yields_the_cpu_to_the_other_processes(browser, alice,
         assert set(classes) == {os.SCHED_IDLE}
 
 
+def _draft(content: str, *, max_tokens: int):
+    """A drafting request, straight to the engine host."""
+    import uuid
+
+    from inference.engine.protocol import GenerateRequest, Priority
+
+    return GenerateRequest(
+        request_id=f"test-{uuid.uuid4()}",
+        messages=[{"role": "user", "content": content}],
+        max_tokens=max_tokens,
+        priority=Priority.DECODE,
+        queue="decode",
+    )
+
+
 def test_while_the_engine_drafts_the_ingest_embeds_in_the_idle_cpu_class(browser, alice, workers, engine_host):
     """While this machine's engine runs a drafting request, the ingest worker's embedding runs in
     SCHED_IDLE (seen in /proc while a document is read), its other threads in the normal class:
@@ -257,20 +272,10 @@ def test_while_the_engine_drafts_the_ingest_embeds_in_the_idle_cpu_class(browser
 
     from django.conf import settings
 
-    from inference.engine.protocol import GenerateRequest, Priority
-
     cpu_class = settings.APPLIANCE_INGEST_CPU_CLASS
     assert cpu_class in ("idle-embedding", "idle-while-drafting")
     (ingest,) = [p for p in workers if "ingest@%h" in " ".join(p.args)]
-    draft = engine_host.generate(
-        GenerateRequest(
-            request_id=f"test-{uuid.uuid4()}",
-            messages=[{"role": "user", "content": "Write a very long story about a lighthouse keeper."}],
-            max_tokens=3000,
-            priority=Priority.DECODE,
-            queue="decode",
-        )
-    )
+    draft = engine_host.generate(_draft("Write a very long story about a lighthouse keeper.", max_tokens=3000))
     seen: list[list[int]] = []
     try:
         next(iter(draft))  # admitted: drafting runs
@@ -300,9 +305,6 @@ def test_idle_while_drafting_follows_the_real_engines_drafting(engine_host):
     running would starve the idle class on these two cores until it ended.)"""
     import subprocess
     import sys
-    import uuid
-
-    from inference.engine.protocol import GenerateRequest, Priority
 
     script = """
 import os, django
@@ -313,17 +315,7 @@ batcher = embeddings.passage_batcher()
 rows = batcher.embed([f"The tenant pays rent on day {i}." for i in range(8)])
 print(rows.shape[0], batcher.stats.batches, batcher.stats.idle_batches, os.environ["TOKENIZERS_PARALLELISM"])
 """
-    events = list(
-        engine_host.generate(
-            GenerateRequest(
-                request_id=f"test-{uuid.uuid4()}",
-                messages=[{"role": "user", "content": "Say hello."}],
-                max_tokens=4,
-                priority=Priority.DECODE,
-                queue="decode",
-            )
-        )
-    )
+    events = list(engine_host.generate(_draft("Say hello.", max_tokens=4)))
     assert events[-1].type == "done"
     assert 0 <= engine_host.activity()["drafting_idle_s"] < 30
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
