@@ -44,18 +44,13 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
         connection_created.connect(_backend_yields_too, weak=False, dispatch_uid="ingest-backend-niceness")
         logger.info("ingest worker: CPU priority lowered by %s (niceness %s), its database backends' too",
                     increment, niceness)  # fmt: skip
-    if settings.APPLIANCE_INGEST_CPU_CLASS == "idle-embedding":
+    embedding_idle = {"idle-embedding": "idle", "idle-while-drafting": "while-drafting"}
+    if settings.APPLIANCE_INGEST_CPU_CLASS in embedding_idle:
         from documents import embeddings
 
-        embeddings.embed_in_idle_class("idle")
-        logger.info("ingest worker: its embedding in the idle CPU class (SCHED_IDLE)")
-    elif settings.APPLIANCE_INGEST_CPU_CLASS == "idle-while-drafting":
-        from documents import embeddings
-
-        embeddings.embed_in_idle_class("while-drafting")
-        logger.info(
-            "ingest worker: its embedding in the idle CPU class (SCHED_IDLE) while this machine's engine drafts"
-        )
+        embeddings.embed_in_idle_class(embedding_idle[settings.APPLIANCE_INGEST_CPU_CLASS])
+        logger.info("ingest worker: its embedding in the idle CPU class (SCHED_IDLE): %s",
+                    settings.APPLIANCE_INGEST_CPU_CLASS)  # fmt: skip
     elif settings.APPLIANCE_INGEST_CPU_CLASS == "idle":
         idle_threads = idle_cpu_class()
         logger.info("ingest worker: in the idle CPU class (SCHED_IDLE, %d thread(s) so far)", idle_threads)

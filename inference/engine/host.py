@@ -545,9 +545,7 @@ class EngineHost:
             "admitted_requests": len(state.get("reservations", {})),
             "admitted_request_ids": sorted(state.get("reservations", {})),
             "waiting_for_admission": sum(1 for _, why in waiting if why == "kv_budget"),
-            "drafting_requests": sum(
-                1 for run in self.runs.values() if run.in_engine and run.request.priority <= Priority.DECODE
-            ),
+            "drafting_requests": sum(1 for run in self.runs.values() if run.in_engine and run.request.drafting),
             "documents_held": int(state.get("plan", {}).get("held", 0)),
             "document_budget_tokens": state.get("plan", {}).get("document_budget_tokens"),
             "document_share": state.get("document_share"),
@@ -561,7 +559,7 @@ class EngineHost:
         enter it (``stats``' ``drafting_requests`` counts those in the engine only), and the
         seconds since the last one ended (0 while any is here; None if none has run since the
         host started)."""
-        drafting = sum(1 for run in self.runs.values() if run.request.priority <= Priority.DECODE)
+        drafting = sum(1 for run in self.runs.values() if run.request.drafting)
         ended = self.drafting_ended_at
         idle_s = 0.0 if drafting else (None if ended is None else round(time.monotonic() - ended, 3))
         return {"device": self.info.get("device"), "drafting_requests": drafting, "drafting_idle_s": idle_s}
@@ -671,7 +669,7 @@ class EngineHost:
             refused = refusal(
                 len(prompt_ids),
                 request.max_tokens,
-                drafting=request.priority <= Priority.DECODE,
+                drafting=request.drafting,
                 total_blocks=int(self.info["kv_blocks"]) - 1,
                 block_size=int(self.info["kv_block_size"]),
                 config=self.policy,
@@ -701,7 +699,7 @@ class EngineHost:
             gone.cancel()
             ticker.cancel()
             self.runs.pop(request.request_id, None)
-            if request.priority <= Priority.DECODE:
+            if request.drafting:
                 self.drafting_ended_at = time.monotonic()
 
     async def _run_isolated(self, run: _Run, writer: asyncio.StreamWriter) -> None:
@@ -796,7 +794,7 @@ class EngineHost:
             return 0
         output = run.request.max_tokens
         if self.policy.reservation is Reservation.PREDICTED:
-            kind = "drafting" if run.request.priority <= Priority.DECODE else "document"
+            kind = "drafting" if run.request.drafting else "document"
             guess = self.scheduler_state.get("predicted_output_tokens", {}).get(kind)
             output = min(output, int(guess)) if guess else output
         return len(run.prompt_ids) + output

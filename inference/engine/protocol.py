@@ -196,6 +196,11 @@ class GenerateRequest:
     # control markers are read as such, as vLLM's own completions endpoint reads them.
     prompt: str = ""
 
+    @property
+    def drafting(self) -> bool:
+        """A drafting request (decode priority or above), not a document's."""
+        return self.priority <= Priority.DECODE
+
     def to_message(self) -> dict[str, Any]:
         message = {"op": "generate", **asdict(self)}
         if not self.prompt:
