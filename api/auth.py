@@ -64,7 +64,10 @@ class SessionScope(APIKeyCookie):
         self.scope = scope
 
     def _get_key(self, request: HttpRequest):
-        if not request.user.is_authenticated:
+        # No user at all on a request a bearer token signs to the API: the browsers' middleware
+        # leaves it alone (appliance.middleware.BrowserOnly), so a wrong token is not a session.
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
             return None
         if not getattr(request, "_ninja_csrf_exempt", False) and check_csrf(request):
             raise ApiProblem(
