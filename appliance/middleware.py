@@ -39,7 +39,7 @@ from django.http import HttpRequest
 from django.middleware import clickjacking, common, csrf, security
 from whitenoise.middleware import WhiteNoiseMiddleware  # type: ignore[import-untyped]
 
-API_PREFIXES = ("/v1/", "/api/")
+from appliance.body_limit import API_PREFIXES
 
 
 def bearer_api_request(request: HttpRequest) -> bool:
