@@ -76,8 +76,12 @@ class OpenRequests:
 
 # Called with each event the attempt appends to its job's stream (its stream id, its name, its
 # data), in the attempt's thread: a reader in the same process (``/v1`` run in the web process)
-# has it without reading the stream back from the broker.
+# has it without reading the stream back from the broker. Tokens reach it before the stream has
+# them (stream id ""), as they arrive; the stream gets them in batches, and each batch is then
+# told to the listener as a ``RECORDED`` event with the batch's stream id and no data: the point
+# in the stream up to which the listener has everything.
 Listener = Callable[[str, str, dict], None]
+RECORDED = "recorded"
 
 
 class Attempt:

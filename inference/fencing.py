@@ -24,7 +24,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from inference import streaming
-from inference.attempts import Attempt, StopReason
+from inference.attempts import RECORDED, Attempt, StopReason
 from inference.models import Job
 
 logger = logging.getLogger(__name__)
@@ -40,18 +40,28 @@ def heartbeat(attempt: Attempt) -> bool:
     return bool(held(attempt).update(heartbeat_at=timezone.now()))
 
 
-def publish(attempt: Attempt, event: str, data: dict) -> None:
+def publish(attempt: Attempt, event: str, data: dict, *, delivered: bool = False) -> None:
     """Append an event to the job's stream if the attempt still holds it (and hand it to the
-    attempt's ``listener``, if it has one), then stop the attempt (raising ``AttemptStopped``) if
-    it was refused, the job was cancelled, or time is up."""
+    attempt's ``listener``, if it has one: only its stream id, as ``RECORDED``, if the listener
+    has had it already: ``delivered``), then stop the attempt (raising ``AttemptStopped``) if it
+    was refused, the job was cancelled, or time is up."""
     outcome, entry_id = streaming.publish_fenced_entry(attempt.job_id, event, data, attempt=attempt.number)
     if entry_id and attempt.listener is not None:  # appended: its reader in this process has it at once
-        attempt.listener(entry_id, event, data)
+        attempt.listener(entry_id, *((RECORDED, {}) if delivered else (event, data)))
     if outcome is streaming.Outcome.FENCED:
         attempt.stop(StopReason.CLAIM_LOST)
     elif outcome is streaming.Outcome.CANCELLED:
         attempt.stop(StopReason.CANCELLED)
     attempt.check()
+
+
+def deliver(attempt: Attempt, event: str, data: dict) -> None:
+    """Hand an event to the attempt's listener before the stream has it (stream id ""); a later
+    ``publish(..., delivered=True)`` of the batch it is in records it. Checks no claim: what the
+    listener is handed is its own request's, and an attempt that has lost its claim is stopped at
+    the next publish, before any of it is recorded."""
+    if attempt.listener is not None:
+        attempt.listener("", event, data)
 
 
 def checkpoint_add(attempt: Attempt, key: str, entry: dict) -> None:

@@ -10,7 +10,8 @@ this node's engine, and hands its events to the request from that thread.
 
 It is the same attempt a worker would run (``lifecycle.job_run_claimed``): fenced, watched,
 heartbeating, its stream written to the broker as always (the job page and
-``/api/v1/jobs/{id}/stream`` read it there), put back to its queue for a worker if the engine is
+``/api/v1/jobs/{id}/stream`` read it there; in batches of a quarter of a second, since the
+request has each token from the attempt's thread), put back to its queue for a worker if the engine is
 lost, handed on by the watchdog if this process stops. The relay then follows the job's stream in
 the broker from the last event this process saw.
 

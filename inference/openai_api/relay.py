@@ -15,6 +15,7 @@ from django.http import StreamingHttpResponse
 
 from api.problems import ApiProblem
 from inference import services, streaming
+from inference.attempts import RECORDED
 from inference.models import Job
 from inference.openai_api.here import HereRun
 from inference.openai_api.schemas import JOB_ID_HEADER
@@ -105,8 +106,9 @@ async def _cancel(job: Job) -> None:
 
 async def _job_events(job: Job, here: HereRun | None = None) -> AsyncGenerator[tuple[str, dict], None]:
     """The job's events until it finishes: from its attempt in this process (``here``) as they
-    are written, then, should it go on elsewhere (put back for a worker, handed on), from its
-    stream in the broker after the last one seen. The row is checked while nothing arrives, so
+    arrive, then, should it go on elsewhere (put back for a worker, handed on), from its stream
+    in the broker after the last point the stream had recorded (tokens sent beyond it were not
+    recorded: the next attempt restarts the text, ``StreamedText``). The row is checked while nothing arrives, so
     that a final event the broker lost cannot leave the request waiting for ever."""
     after = "0"
     if here is not None:
@@ -114,8 +116,11 @@ async def _job_events(job: Job, here: HereRun | None = None) -> AsyncGenerator[t
             if item is _KEEPALIVE:
                 yield "keepalive", {}
                 continue
-            after, event, data = item
-            yield event, data
+            entry_id, event, data = item
+            if entry_id:  # the stream has everything up to here: where to go on from, should it
+                after = entry_id
+            if event != RECORDED:
+                yield event, data
         if await _is_finished(job.pk):
             return
     async with aclosing(streaming.read_events(job.pk, after=after, block_ms=KEEPALIVE_MS)) as events:

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from documents.models import Document, Page
 from inference import fencing, lifecycle, placement, running, selectors, services, streaming
-from inference.attempts import Attempt, StopReason
+from inference.attempts import RECORDED, Attempt, StopReason
 from inference.engine.client import EngineRestarting, EngineUnavailable, StreamEvent
 from inference.fairshare import Waiting, claim_order
 from inference.job_results import ChatResult
@@ -372,24 +372,40 @@ def test_a_chat_is_claimed_by_its_creator_only_when_its_queue_would_start_it_at_
     assert services.job_create_chat(owner=alice, messages=HI).state == Job.State.QUEUED
 
 
-def test_a_job_run_by_its_creator_hands_it_each_event_it_writes_and_nothing_once_fenced_out(alice, sent):
+def test_a_job_run_by_its_creator_hands_it_each_token_at_once_and_records_them_in_batches(alice, sent, monkeypatch):
+    monkeypatch.setattr(running, "LISTENED_PUBLISH_INTERVAL_S", 60)  # one batch after the first token
     job = services.job_create_chat(owner=alice, messages=LETTER, claim_for="box:engine")
     heard: list[tuple[str, str, dict]] = []
-    done = lifecycle.job_run_claimed(job_id=job.pk, client=FakeEngine(), listener=lambda *event: heard.append(event))
+    engine = FakeEngine(lambda request: ["Dear", " supplier,", " it", " is", (" paid.", "stop")])
+    done = lifecycle.job_run_claimed(job_id=job.pk, client=engine, listener=lambda *event: heard.append(event))
     assert done.state == Job.State.SUCCEEDED and done.result_text == "Dear supplier, it is paid."
     stream = streaming.sync_client().xrange(streaming.stream_key(job.pk))
     written = [(i.decode(), f[b"event"].decode(), json.loads(f[b"data"])) for i, f in stream]
-    # Every event of the attempt, with its stream id, as written; the final one is the row's.
-    assert heard == [event for event in written if event[1] != "done"] and [e for _, e, _ in heard] == ["delta"] * 2
+    # Every token was heard by itself, as it came, before the stream had it (no stream id) ...
+    tokens = [(i, data) for i, e, data in heard if e == "delta"]
+    assert [data["text"] for _, data in tokens] == ["Dear", " supplier,", " it", " is", " paid."]
+    assert all(i == "" and data["tokens"] == 1 and len(data["times"]) == 1 for i, data in tokens)
+    assert tokens[-1][1]["finish_reason"] == "stop" and tokens[0][1]["prompt_tokens"] == 10
+    # ... and the stream has them in two batches (the first token at once, then the rest with the
+    # finish), each told to the listener by its stream id once recorded, after its tokens.
+    deltas = [(i, data) for i, e, data in written if e == "delta"]
+    assert [data["text"] for _, data in deltas] == ["Dear", " supplier, it is paid."]
+    assert [data["tokens"] for _, data in deltas] == [1, 4] and deltas[-1][1]["finish_reason"] == "stop"
+    recorded = [(n, i) for n, (i, e, _) in enumerate(heard) if e == RECORDED]
+    assert [i for _, i in recorded] == [i for i, _ in deltas] and heard[-1][1] == RECORDED
+    assert recorded[0][0] == 1  # right after the first token
     assert sent == []
 
-    # Handed on while it writes: what the attempt writes after that is refused, and not heard.
+    # Handed on while it writes: the next batch is refused, and nothing of it is recorded.
     job = services.job_create_chat(owner=alice, messages=LETTER, claim_for="box:engine")
     heard.clear()
     handed_on = lambda: streaming.fence_hold(job.pk, 2)  # noqa: E731 - another attempt holds it now
-    engine = FakeEngine(lambda request: ["Dear", handed_on, " supplier", " more"])
+    engine = FakeEngine(lambda request: ["Dear", handed_on, " supplier", (" more", "stop"), " never"])
     lifecycle.job_run_claimed(job_id=job.pk, client=engine, listener=lambda *event: heard.append(event))
-    assert [data["text"] for _, _, data in heard] == ["Dear"] and engine.closed_early
+    assert [e for _, e, _ in heard] == ["delta", RECORDED, "delta", "delta"]  # the last batch was refused
+    stream = streaming.sync_client().xrange(streaming.stream_key(job.pk))
+    assert [json.loads(f[b"data"])["text"] for _, f in stream] == ["Dear"]
+    assert engine.closed_early  # stopped there: " never" was not asked for
 
 
 def test_v1_runs_in_the_web_process_only_on_this_machines_only_engine(settings, tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from api.problems import ApiProblem
 from api.services import token_create
 from api.site import api
 from inference import openai_api, services
+from inference.attempts import RECORDED
 from inference.job_results import ChatResult
 from inference.models import Job, JobKind, Queue, RequestMetrics
 from inference.openai_api import (
@@ -477,9 +478,10 @@ def test_a_job_silent_for_longer_than_the_brokers_read_timeout_keeps_its_stream(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_run_here_is_relayed_from_its_attempt_then_from_the_broker_where_it_went_on(alice, monkeypatch):
-    """A /v1 job the web process ran itself: its events as its attempt hands them over, a blank
+    """A /v1 job the web process ran itself: its tokens as its attempt hands them over, a blank
     line while it is silent, and, once it was put back for a worker, the rest from the broker's
-    stream after the last event already relayed, not from its start."""
+    stream after the last point the stream had recorded, not from its start (a token handed
+    over but never recorded is followed by the next attempt's restart)."""
     from inference import streaming
 
     job = Job.objects.create(owner=alice, kind=JobKind.CHAT, queue=Queue.DECODE, celery_queue="nobody")  # no worker's
@@ -495,7 +497,9 @@ def test_a_job_run_here_is_relayed_from_its_attempt_then_from_the_broker_where_i
     async def relayed() -> list[tuple[str, dict]]:
         here = FakeHereRun()
         here.events = asyncio.Queue()
-        here.events.put_nowait((first, "delta", {"text": "Dear", "tokens": 1}))
+        here.events.put_nowait(("", "delta", {"text": "Dear", "tokens": 1}))  # handed over at once
+        here.events.put_nowait((first, RECORDED, {}))  # then recorded
+        here.events.put_nowait(("", "delta", {"text": " sup", "tokens": 1}))  # the engine died before its batch
         asyncio.get_running_loop().call_later(0.3, here.events.put_nowait, None)  # silent, then it ends
         try:
             async with aclosing(relay._job_events(job, here)) as events:
@@ -505,9 +509,9 @@ def test_a_job_run_here_is_relayed_from_its_attempt_then_from_the_broker_where_i
 
     seen = asyncio.run(relayed())
     names = [event for event, _ in seen]
-    assert names[0] == "delta" and set(names[1 : names.index("waiting")]) == {"keepalive"}
+    assert names[:2] == ["delta", "delta"] and set(names[2 : names.index("waiting")]) == {"keepalive"}
     assert names[names.index("waiting") :] == ["waiting", "restart", "delta", "done"]
-    assert [data["text"] for event, data in seen if event == "delta"] == ["Dear", "Dear supplier"]
+    assert [data["text"] for event, data in seen if event == "delta"] == ["Dear", " sup", "Dear supplier"]
 
 
 def test_v1_runner_threads_are_kept_and_no_job_waits_for_another_to_end(settings):
