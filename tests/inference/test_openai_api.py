@@ -455,11 +455,11 @@ def test_a_restarted_job_sends_no_chunk_until_it_has_caught_up(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_silent_for_longer_than_the_brokers_read_timeout_keeps_its_stream(alice):
-    # The job stays queued and writes nothing: it is moved to a queue no worker consumes (in a
-    # whole `make test` run, the session's decode workers are running). redis-py's client gives
-    # up reading after 5 s by default; an XREAD blocking that long broke the request.
-    job = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8)
-    Job.objects.filter(pk=job.pk).update(celery_queue="nobody")
+    # The job stays queued and writes nothing: it is on a queue no worker consumes from the start
+    # (the session's decode workers may be running: one took a job made for theirs before it
+    # could be moved). redis-py's client gives up reading after 5 s by default; an XREAD blocking
+    # that long broke the request.
+    job = Job.objects.create(owner=alice, kind=JobKind.CHAT, queue=Queue.DECODE, celery_queue="nobody")
 
     async def keepalives_for(seconds: float) -> list[str]:
         seen, started = [], time.monotonic()
