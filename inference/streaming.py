@@ -17,6 +17,7 @@ goes out only while no attempt holds the job.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import time
@@ -239,8 +240,22 @@ def stream_limit(api_token=None) -> int:
     return int(own) if own else settings.APPLIANCE_MAX_STREAMS_PER_USER
 
 
+# The stream slots' broker client of the running event loop, and the loop and address it is for.
+_slot_client: tuple[asyncio.AbstractEventLoop, str, aioredis.Redis] | None = None
+
+
 def _stream_client() -> aioredis.Redis:
-    return aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=5)
+    """The stream slots' broker client for the running event loop: the web server's one loop
+    keeps it and its connections. A client made per use connected anew three times a request
+    (take, renew, give back), and redis-py read its own version from the package's metadata for
+    each one: a tenth of the web process's CPU time under streamed chats (py-spy). Another loop
+    (a test's) gets a client of its own; the one it replaces is left to the loop that used it."""
+    global _slot_client
+    loop = asyncio.get_running_loop()
+    if _slot_client is None or _slot_client[0] is not loop or _slot_client[1] != settings.REDIS_URL:
+        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=5)
+        _slot_client = (loop, settings.REDIS_URL, client)
+    return _slot_client[2]
 
 
 async def take_stream_slot(user_id: Any, *, api_token=None) -> str | None:
@@ -258,8 +273,6 @@ async def take_stream_slot(user_id: Any, *, api_token=None) -> str | None:
         )
     except aioredis.RedisError:
         return None
-    finally:
-        await client.aclose()
     if not taken:
         raise TooManyStreams(limit)
     return slot
@@ -273,8 +286,6 @@ async def release_stream_slot(user_id: Any, slot: str | None) -> None:
         await client.zrem(streams_key(user_id), slot)
     except aioredis.RedisError:
         pass  # its lease ends by itself
-    finally:
-        await client.aclose()
 
 
 async def held_stream(user_id: Any, slot: str | None, events: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -296,5 +307,4 @@ async def held_stream(user_id: Any, slot: str | None, events: AsyncIterator[str]
                     pass
             yield chunk
     finally:
-        await client.aclose()
         await release_stream_slot(user_id, slot)

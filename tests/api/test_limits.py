@@ -131,6 +131,28 @@ def test_streams_open_at_once_are_capped_per_person(alice, django_user_model, se
     assert asyncio.run(streaming.take_stream_slot(alice.pk))
 
 
+def test_stream_slots_of_one_event_loop_share_their_broker_connection(alice, settings):
+    """The web server's event loop keeps one broker client for the slots: taking, renewing and
+    giving back a slot for every stream does not connect to the broker anew each time."""
+    settings.APPLIANCE_MAX_STREAMS_PER_USER = 50
+    broker = streaming.sync_client()
+
+    async def twenty_streams():
+        async def events():
+            yield "data: one\n\n"
+
+        for _ in range(20):
+            slot = await streaming.take_stream_slot(alice.pk)
+            assert slot is not None
+            assert [chunk async for chunk in streaming.held_stream(alice.pk, slot, events())] == ["data: one\n\n"]
+
+    asyncio.run(twenty_streams())  # its first use connects
+    before = int(broker.info("stats")["total_connections_received"])
+    asyncio.run(twenty_streams())  # a new loop: a client of its own, then kept
+    assert int(broker.info("stats")["total_connections_received"]) - before <= 2
+    assert broker.zcard(streaming.streams_key(alice.pk)) == 0  # every slot was given back
+
+
 def test_attachments_one_upload_unfolds_into_are_limited_in_depth_and_number(alice, settings):
     settings.APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD = 4
     settings.APPLIANCE_MAX_ATTACHMENT_DEPTH = 2
