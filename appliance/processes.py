@@ -44,14 +44,23 @@ def start(
     log_path: Path | None = None,
     fresh_log: bool = False,
     tie_to_parent: bool = False,
+    cpus: frozenset[int] | None = None,
 ) -> subprocess.Popen[bytes]:
     """``argv`` in a process group of its own; its output appended to ``log_path`` (written
-    anew with ``fresh_log``), or left on this process's own when there is none."""
+    anew with ``fresh_log``), or left on this process's own when there is none; on ``cpus``
+    (``appliance.cpus``), or anywhere."""
+
+    def before_exec() -> None:  # pragma: no cover - runs in the child before exec
+        if tie_to_parent:
+            die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
     options: dict[str, Any] = {
         "cwd": cwd,
         "env": dict(env),
         "start_new_session": True,
-        "preexec_fn": die_with_parent if tie_to_parent else None,
+        "preexec_fn": before_exec if tie_to_parent or cpus else None,
     }
     if log_path is None:
         return subprocess.Popen(list(argv), **options)
@@ -88,6 +97,7 @@ def start_appliance_processes(
             log_path=log_dir / f"{spec.name}.log",
             fresh_log=fresh_log,
             tie_to_parent=tie_to_parent,
+            cpus=spec.cpus,
         )
         for spec in specs
         if spec.name in names

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from appliance import cpus
 from appliance.processes import signal_group, start, stop_groups
 
 logger = logging.getLogger("appliance.supervisor")
@@ -39,6 +40,9 @@ QUICK_DEATH_S = 60.0
 # The roles a node of the appliance can run (``manage.py serve --roles``): each is one process of
 # ``appliance_processes``. A single box runs them all.
 ROLES = ("engine", "ingest", "prefill", "decode", "web")
+# Those whose processes run on the service cores (``appliance.cpus``): not the engine (vLLM
+# binds its model's threads itself), not the ingest (its embedding uses every core nobody else does).
+SERVICE_ROLES = ("prefill", "decode", "web")
 
 
 class AlreadyServing(RuntimeError):
@@ -104,6 +108,7 @@ class ProcessSpec:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     role: str = ""  # one of ROLES for the appliance's own processes
+    cpus: frozenset[int] | None = None  # where it runs (``appliance.cpus``); None: anywhere
 
 
 class ServerProcess(Protocol):
@@ -272,6 +277,10 @@ def appliance_processes(*, python: str, port: int, settings, roles: Sequence[str
                 role="web",
             )
         )
+    service_cpus = cpus.service_cpus(settings)
+    for spec in specs:
+        if spec.role in SERVICE_ROLES:  # the scheduler (beat) too: it is of the web role
+            spec.cpus = service_cpus
     slots = engine_slots(settings)
     if "engine" in roles and slots != [{}]:  # a node without engines uses APPLIANCE_ENGINE_URL's
         specs = _per_engine(specs, slots, Path(settings.APPLIANCE_ENGINE_SOCKET))
@@ -294,7 +303,7 @@ def _per_engine(specs: list[ProcessSpec], slots: list[dict[str, str]], socket: P
             engine_socket = slot.get("APPLIANCE_ENGINE_SOCKET", str(socket))
             argv = [f"{spec.role}-{i}@%h" if arg == f"{spec.role}@%h" and i else arg for arg in spec.argv]
             out.append(ProcessSpec(name, argv, env={**spec.env, "APPLIANCE_ENGINE_URL": f"unix:{engine_socket}"},
-                                   role=spec.role))  # fmt: skip
+                                   role=spec.role, cpus=spec.cpus))  # fmt: skip
     return out
 
 
@@ -306,22 +315,33 @@ class Supervisor:
         cwd: Path,
         services: Sequence[Service] = (),
         max_backoff_s: float = 30.0,
+        service_cpus: frozenset[int] | None = None,
     ) -> None:
         """``services``: the embedded services this supervisor started (running already), in the
-        order they were started; it watches them and stops them last. A service someone else
-        runs (an external ``DATABASE_URL``, one left by another session) is not for it to restart."""
+        order they were started; it watches them and stops them last, and keeps them on
+        ``service_cpus`` (``appliance.cpus``), as each spec says of its process. A service
+        someone else runs (an external ``DATABASE_URL``, one left by another session) is not for
+        it to restart."""
         self.specs = specs
         self.cwd = cwd
         self.max_backoff_s = max_backoff_s
+        self.service_cpus = service_cpus
         self.running: dict[str, _Running] = {}
         now = time.monotonic()
         self.services = [_Watched(service, service.server_process(), now) for service in services]
+        for entry in self.services:
+            self._keep_on_cpus(entry.server)
         self.stopping = False
+
+    def _keep_on_cpus(self, server: ServerProcess | None) -> None:
+        # Postgres's backends and Valkey's threads start from the server's process: they inherit it.
+        if self.service_cpus and server is not None:
+            cpus.keep(server.pid, self.service_cpus)
 
     def _spawn(self, spec: ProcessSpec) -> subprocess.Popen:
         logger.info("starting %s", spec.name)
         # Its own group: Ctrl-C reaches the supervisor only, which stops the children in order.
-        return start(spec.argv, cwd=self.cwd, env={**os.environ, **spec.env}, tie_to_parent=True)
+        return start(spec.argv, cwd=self.cwd, env={**os.environ, **spec.env}, tie_to_parent=True, cpus=spec.cpus)
 
     def start_all(self) -> None:
         for spec in self.specs:
@@ -386,6 +406,7 @@ class Supervisor:
             entry.next_start_at = time.monotonic() + pause
             return
         entry.server = entry.service.server_process()
+        self._keep_on_cpus(entry.server)
         entry.started_at, entry.next_start_at = time.monotonic(), None
         if not started:
             logger.warning("%s: a server already answers on its port; watching the one its pid file names", name)

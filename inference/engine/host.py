@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from appliance import cpus
 from inference.engine.address import check_listen, parse_host_port
 from inference.engine.chat_tokens import prompt_token_ids, raw_prompt_token_ids
 from inference.engine.protocol import (
@@ -95,6 +96,7 @@ class EngineConfig:
     tls_cert: str = ""  # PEM files: TLS on that TCP listener
     tls_key: str = ""
     benchmark_ops: bool = False  # serve BENCHMARK_OPS (a host a benchmark started)
+    service_cpus: frozenset[int] | None = None  # where it keeps itself once ready (appliance.cpus)
 
     @classmethod
     def from_settings(cls) -> EngineConfig:
@@ -132,6 +134,7 @@ class EngineConfig:
             chunk_fixed_cost_share=settings.APPLIANCE_CHUNK_FIXED_COST_SHARE,
             document_min_share=settings.APPLIANCE_DOCUMENT_MIN_SHARE,
             enforce_eager=settings.APPLIANCE_ENFORCE_EAGER,
+            service_cpus=cpus.service_cpus(settings),
             token=settings.APPLIANCE_ENGINE_TOKEN,
             tensor_parallel_size=settings.APPLIANCE_TENSOR_PARALLEL_SIZE,
             listen=settings.APPLIANCE_ENGINE_LISTEN,
@@ -310,6 +313,7 @@ class EngineHost:
         self.started_at = time.time()
         self.requests_served = 0
         self.runs: dict[str, _Run] = {}
+        self.cores = cpus.EngineHostCores(config.service_cpus)
         self.drafting_ended_at: float | None = None  # monotonic: the last drafting request's end
         self._suspect_turn: asyncio.Lock | None = None
         self._restart_task: asyncio.Task | None = None
@@ -351,6 +355,7 @@ class EngineHost:
         """A new ``AsyncLLM`` (blocks until its engine core has loaded the model), with the
         appliance's scheduler class: the synchronous or the asynchronous variant, as vLLM
         decided for this device."""
+        self.cores.for_starting()
         import torch
         from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -430,6 +435,7 @@ class EngineHost:
             "scheduler_class": str(vcfg.scheduler_config.scheduler_cls),
             "async_scheduling": bool(vcfg.scheduler_config.async_scheduling),
             "pid": os.getpid(),
+            **self.cores.engine_ready(),  # the model's cores and the services' (appliance.cpus)
             "vllm_version": vllm.__version__,
             "torch_version": torch.__version__,
             **device,

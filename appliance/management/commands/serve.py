@@ -6,6 +6,7 @@ import urllib.request
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from appliance import cpus
 from appliance.cluster import Announcer
 from appliance.embedded import embedded_services
 from appliance.env import env_int, env_str
@@ -87,7 +88,9 @@ class Command(BaseCommand):
         try:
             prepare_node(roles, write=self.stdout.write)  # the model, the schema (appliance/node_preparation.py)
             specs = appliance_processes(python=sys.executable, port=port, settings=settings, roles=roles)
-            supervisor = Supervisor(specs, cwd=settings.BASE_DIR, services=started_services)
+            supervisor = Supervisor(
+                specs, cwd=settings.BASE_DIR, services=started_services, service_cpus=cpus.service_cpus(settings)
+            )
             stop = {"requested": False}
 
             def request_stop(signum, frame):
