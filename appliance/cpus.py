@@ -117,6 +117,13 @@ def keep(pid: int, cpus: frozenset[int]) -> None:
             pass
 
 
+def keep_server(pid: int | None, service: frozenset[int] | None) -> None:
+    """An embedded server (Postgres's postmaster, Valkey) on the service cores, if they are set:
+    Postgres's backends and Valkey's threads start from it later and inherit them."""
+    if service and pid is not None:
+        keep(pid, service)
+
+
 def _children(pid: int) -> list[int]:
     children: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():

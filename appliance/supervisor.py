@@ -334,9 +334,7 @@ class Supervisor:
         self.stopping = False
 
     def _keep_on_cpus(self, server: ServerProcess | None) -> None:
-        # Postgres's backends and Valkey's threads start from the server's process: they inherit it.
-        if self.service_cpus and server is not None:
-            cpus.keep(server.pid, self.service_cpus)
+        cpus.keep_server(None if server is None else server.pid, self.service_cpus)
 
     def _spawn(self, spec: ProcessSpec) -> subprocess.Popen:
         logger.info("starting %s", spec.name)

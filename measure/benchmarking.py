@@ -64,7 +64,7 @@ def ensure_embedded_database(progress):
     if postgres.is_running():
         return None
     progress(f"starting the embedded Postgres on 127.0.0.1:{postgres.port}")
-    return postgres if postgres.start() else None
+    return _kept(postgres) if postgres.start() else None
 
 
 def ensure_embedded_broker(progress):
@@ -77,7 +77,16 @@ def ensure_embedded_broker(progress):
     if valkey.is_running():
         return None
     progress(f"starting the embedded Valkey on 127.0.0.1:{valkey.port}")
-    return valkey if valkey.start() else None
+    return _kept(valkey) if valkey.start() else None
+
+
+def _kept(service):
+    """A service this run started, on the service cores as ``make run`` keeps it (``appliance.cpus``)."""
+    from appliance import cpus
+
+    server = service.server_process()
+    cpus.keep_server(None if server is None else server.pid, cpus.service_cpus(settings))
+    return service
 
 
 def check_migrated(progress) -> None:

@@ -63,6 +63,10 @@ class Stack:
         return self.postgres.url(superuser=True)
 
 
+# The cores the supervisor keeps its services on (``appliance.cpus``): one this machine has.
+SERVICE = frozenset({max(os.sched_getaffinity(0))})
+
+
 @pytest.fixture(scope="module")
 def stack():
     base = Path(settings.VAR_DIR) / f"supervised-{os.getpid()}"
@@ -97,7 +101,7 @@ def stack():
             check=True,
             timeout=600,
         )
-        supervisor = Supervisor(specs, cwd=BASE_DIR, services=[postgres, valkey], max_backoff_s=5)
+        supervisor = Supervisor(specs, cwd=BASE_DIR, services=[postgres, valkey], max_backoff_s=5, service_cpus=SERVICE)
         supervisor.start_all()
         stack = Stack(supervisor, postgres, valkey, web_port)
         assert poll_until(supervisor, stack.green, timeout_s=300), stack.health()
@@ -120,6 +124,8 @@ def test_a_killed_valkey_is_started_again_with_its_data_and_the_workers_consume_
     client.set("kept-across-a-kill", "yes")
     before = stack.valkey.server_process()
     assert before is not None
+    assert os.sched_getaffinity(before.pid) == SERVICE
+    assert os.sched_getaffinity(stack.postgres.server_process().pid) == SERVICE
 
     os.kill(before.pid, signal.SIGKILL)
     assert wait_until(lambda: not port_open("127.0.0.1", stack.valkey.port), timeout_s=10)
@@ -131,6 +137,7 @@ def test_a_killed_valkey_is_started_again_with_its_data_and_the_workers_consume_
     assert poll_until(stack.supervisor, stack.green, timeout_s=180), stack.health()
     after = stack.valkey.server_process()
     assert after is not None and after.pid != before.pid
+    assert os.sched_getaffinity(after.pid) == SERVICE  # kept there when started again
     assert client.get("kept-across-a-kill") == b"yes"  # from the append-only file
     messages = [record.getMessage() for record in caplog.records]
     assert any(f"embedded Valkey (pid {before.pid}) is gone" in m for m in messages)
