@@ -8,6 +8,7 @@ can come from files (``FOO_FILE=/run/secrets/foo``) instead of the process envir
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -85,6 +86,17 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
         return default
     if raw not in choices:
         raise EnvError(f"{name}={raw!r} must be one of {', '.join(choices)}")
+    return raw
+
+
+def env_cpus(name: str, default: str) -> str:
+    """``auto``, ``off`` or a list of CPU numbers (``3``, ``2-3,6``), checked here, not when
+    the processes start."""
+    raw = (env_str(name) or default).strip()
+    if raw.lower() in ("auto", "off"):
+        return raw.lower()
+    if not all(re.fullmatch(r"\d+(-\d+)?", part.strip()) for part in raw.split(",")):
+        raise EnvError(f"{name}={raw!r} must be auto, off or a list of CPU numbers such as 3 or 2-3,6")
     return raw
 
 

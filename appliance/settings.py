@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from appliance.credentials import EmbeddedCredentials, generated_secret
-from appliance.env import EnvError, env_bool, env_choice, env_float, env_int, env_list, env_str
+from appliance.env import EnvError, env_bool, env_choice, env_cpus, env_float, env_int, env_list, env_str
 from appliance.sizing import ingest_threads, this_machine
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -229,7 +229,7 @@ APPLIANCE_INGEST_CPU_CLASS = env_choice(
 # Where the web server, the decode and prefill workers, Postgres and Valkey run: "auto" on the
 # cores vLLM's CPU build reserves beside its model (the model's own cores are then the model's
 # alone), "off" anywhere, or a list ("3", "2-3,6"). appliance/cpus.py.
-APPLIANCE_SERVICE_CPUS = env_str("APPLIANCE_SERVICE_CPUS", "auto") or "auto"
+APPLIANCE_SERVICE_CPUS = env_cpus("APPLIANCE_SERVICE_CPUS", "auto")
 APPLIANCE_PREFILL_CONCURRENCY = env_int("APPLIANCE_PREFILL_CONCURRENCY", 2, minimum=1)
 APPLIANCE_DECODE_CONCURRENCY = env_int("APPLIANCE_DECODE_CONCURRENCY", 8, minimum=1)
 # A /v1 request the decode queue would start at once is run by the web process itself on this

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from appliance.env import EnvError, env_bool, env_choice, env_float, env_int, env_list, env_str
+from appliance.env import EnvError, env_bool, env_choice, env_cpus, env_float, env_int, env_list, env_str
 
 NAME = "APPLIANCE_TEST_ENV_VALUE"
 
@@ -214,3 +214,16 @@ def test_env_list_empty_string_gives_default(monkeypatch):
 def test_env_list_only_commas_gives_empty_list(monkeypatch):
     monkeypatch.setenv(NAME, " , ,")
     assert env_list(NAME, ["x"]) == []
+
+
+@pytest.mark.parametrize(("raw", "kept"), [("", "auto"), ("AUTO", "auto"), ("off", "off"), (" 2-3,6 ", "2-3,6")])
+def test_env_cpus_takes_auto_off_or_a_cpu_list(monkeypatch, raw, kept):
+    monkeypatch.setenv(NAME, raw)
+    assert env_cpus(NAME, "auto") == kept
+
+
+@pytest.mark.parametrize("raw", ["all", "1;2", "3-", "a-b", "1,,2"])
+def test_env_cpus_refuses_anything_else_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv(NAME, raw)
+    with pytest.raises(EnvError, match=f"{NAME}=.* must be auto, off or a list of CPU numbers"):
+        env_cpus(NAME, "auto")
