@@ -167,9 +167,9 @@ class EngineHostCores:
                 own = os.sched_getaffinity(pid)
             except ProcessLookupError:
                 continue
-            if pid != os.getpid() and own != self.allowed:
+            if pid != os.getpid() and own not in (self.allowed, self.service):
                 model |= own  # bound by vLLM
-            else:
+            else:  # this host, a new engine core, or one of its helpers kept here before a restart
                 keep(pid, self.service)
         if model & self.service:
             logger.warning(

@@ -175,6 +175,9 @@ def test_a_job_in_flight_when_the_engine_core_dies_succeeds_after_the_host_resta
     stats = engine_host.stats()
     assert stats["state"] == "ready" and stats["restarts"] == restarts + 1
     assert any(rid.startswith(str(job.pk)) for rid in stats["last_engine_death"]["in_flight"])
+    # The new engine's model got its cores again, not the one the host had kept itself on.
+    if stats.get("service_cpus"):
+        assert stats["model_cpus"] and not set(stats["model_cpus"]) & set(stats["service_cpus"])
     wait_until(lambda: _health(browser)[0] == 200, timeout_s=120, message="/healthz to be green again")
 
 
