@@ -84,9 +84,9 @@ class EngineStats:
     async_scheduling: bool | None = None
     pid: int | None = None
     # A CPU engine: the cores its model runs on, and those the appliance's services are kept on
-    # (appliance.cpus); absent when they run anywhere.
-    model_cpus: list[int] | None = None
-    service_cpus: list[int] | None = None
+    # (appliance.cpus); absent when they run anywhere. Staff only, as the machine's layout.
+    model_cpus: list[int] | None = _api(staff=True)
+    service_cpus: list[int] | None = _api(staff=True)
     # Software versions tell an attacker which known flaws to try: staff only.
     vllm_version: str | None = _api(staff=True)
     torch_version: str | None = _api(staff=True)

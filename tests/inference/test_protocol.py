@@ -194,10 +194,10 @@ def test_engine_stats_read_what_a_host_sends_and_leave_what_they_do_not_know():
     assert round_trip == engine
 
 
-def test_the_api_shows_declared_fields_and_software_versions_to_staff_only():
+def test_the_api_shows_declared_fields_and_software_versions_and_core_layout_to_staff_only():
     public, staff = EngineStats.api_fields(staff=False), EngineStats.api_fields(staff=True)
     assert {"model", "licence", "dtype", "kv_cache_dtype", "max_model_len", "kv_capacity_tokens", "kv_usage"} <= set(
         public
     )
-    assert set(staff) - set(public) == {"vllm_version", "torch_version"}
-    assert not {"vllm_version", "torch_version", "pid", "model_path", "driver"} & set(public)
+    assert set(staff) - set(public) == {"vllm_version", "torch_version", "model_cpus", "service_cpus"}
+    assert not {"vllm_version", "torch_version", "pid", "model_path", "driver", "model_cpus"} & set(public)
