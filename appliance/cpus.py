@@ -117,11 +117,12 @@ def keep(pid: int, cpus: frozenset[int]) -> None:
             pass
 
 
-def keep_server(pid: int | None, service: frozenset[int] | None) -> None:
-    """An embedded server (Postgres's postmaster, Valkey) on the service cores, if they are set:
-    Postgres's backends and Valkey's threads start from it later and inherit them."""
-    if service and pid is not None:
-        keep(pid, service)
+def keep_server(server, service: frozenset[int] | None) -> None:
+    """An embedded server (Postgres's postmaster, Valkey: ``server_process()``, None when it is
+    gone) on the service cores, if they are set: Postgres's backends and Valkey's threads start
+    from it later and inherit them."""
+    if service and server is not None:
+        keep(server.pid, service)
 
 
 def _children(pid: int) -> list[int]:

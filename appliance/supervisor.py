@@ -330,11 +330,8 @@ class Supervisor:
         now = time.monotonic()
         self.services = [_Watched(service, service.server_process(), now) for service in services]
         for entry in self.services:
-            self._keep_on_cpus(entry.server)
+            cpus.keep_server(entry.server, service_cpus)
         self.stopping = False
-
-    def _keep_on_cpus(self, server: ServerProcess | None) -> None:
-        cpus.keep_server(None if server is None else server.pid, self.service_cpus)
 
     def _spawn(self, spec: ProcessSpec) -> subprocess.Popen:
         logger.info("starting %s", spec.name)
@@ -404,7 +401,7 @@ class Supervisor:
             entry.next_start_at = time.monotonic() + pause
             return
         entry.server = entry.service.server_process()
-        self._keep_on_cpus(entry.server)
+        cpus.keep_server(entry.server, self.service_cpus)
         entry.started_at, entry.next_start_at = time.monotonic(), None
         if not started:
             logger.warning("%s: a server already answers on its port; watching the one its pid file names", name)

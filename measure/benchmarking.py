@@ -84,8 +84,7 @@ def _kept(service):
     """A service this run started, on the service cores as ``make run`` keeps it (``appliance.cpus``)."""
     from appliance import cpus
 
-    server = service.server_process()
-    cpus.keep_server(None if server is None else server.pid, cpus.service_cpus(settings))
+    cpus.keep_server(service.server_process(), cpus.service_cpus(settings))
     return service
 
 
