@@ -16,6 +16,7 @@ from typing import Any
 
 from inference.clauses import DEFAULT_TAXONOMY
 from inference.prompts import DEFAULT_DRAFT_LENGTH, DEFAULT_DRAFT_TONE, DEFAULT_SUMMARY_LENGTH
+from inference.sampling import NO_EXTRAS, SamplingExtras
 
 # What Postgres cannot store in text or jsonb (NUL), and what is not text at all (a lone UTF-16
 # surrogate, which JSON's "\ud800" can still make): each becomes U+FFFD, the replacement
@@ -49,6 +50,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     frequency_penalty: float | None = None  # None: the runner's default for the kind
     ignore_eos: bool = False  # benchmarks: always write max_tokens
+    extras: SamplingExtras = NO_EXTRAS  # a chat job's: what an OpenAI client may also set
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Sampling:
@@ -60,6 +62,7 @@ class Sampling:
             stop=tuple(str(s) for s in data.get("stop", ())),
             frequency_penalty=None if penalty is None else float(penalty),
             ignore_eos=bool(data.get("ignore_eos", False)),
+            extras=SamplingExtras.from_json(data),
         )
 
 
@@ -118,6 +121,7 @@ class ChatOptions:
     stop: tuple[str, ...] = ()
     frequency_penalty: float = 0.0
     prompt: str = ""
+    extras: SamplingExtras = NO_EXTRAS
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -138,6 +142,7 @@ class ChatOptions:
             data["stop"] = list(self.stop)
         if self.frequency_penalty:
             data["frequency_penalty"] = self.frequency_penalty
+        data.update(self.extras.to_json())
         return data
 
     @classmethod
@@ -153,6 +158,7 @@ class ChatOptions:
             stop=sampling.stop,
             frequency_penalty=sampling.frequency_penalty or 0.0,
             prompt=str(data.get("prompt") or ""),
+            extras=sampling.extras,
         )
 
 

@@ -278,6 +278,7 @@ def engine_request(
         ),
         ignore_eos=sampling.ignore_eos,
         json_schema=json_schema,
+        extras=sampling.extras,
         user=str(job.owner_id),
         suspect=job.engine_crashes >= 1,
         prompt=prompt,

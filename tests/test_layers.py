@@ -58,6 +58,7 @@ PURE = {
     "inference.specsheet",
     "inference.prompts",
     "inference.quotes",
+    "inference.sampling",
     "inference.sourcing",
     "inference.summarise",
     "inference.timing",

@@ -755,6 +755,7 @@ class EngineHost:
             output_kind=RequestOutputKind.DELTA,
             structured_outputs=StructuredOutputsParams(json=request.json_schema) if request.json_schema else None,
             extra_args={"appliance": {"id": request.request_id, "user": request.user}},
+            **request.extras.sampling_params(),
         )
         outputs = engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id, priority=priority)
         output_tokens = 0

@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from inference.sampling import NO_EXTRAS, SamplingExtras
+
 MAX_LINE_BYTES = 64 * 1024 * 1024  # a request may carry a long document
 
 
@@ -199,6 +201,10 @@ class GenerateRequest:
     # instead of ``messages`` (then empty). Whoever writes it writes the whole prompt, so its
     # control markers are read as such, as vLLM's own completions endpoint reads them.
     prompt: str = ""
+    # What else an OpenAI client may ask of the sampling (a chat job's): flat in the message, and
+    # only what differs from vLLM's defaults, so that the fingerprint of a request without them
+    # stays what it was.
+    extras: SamplingExtras = NO_EXTRAS
 
     @property
     def drafting(self) -> bool:
@@ -207,6 +213,8 @@ class GenerateRequest:
 
     def to_message(self) -> dict[str, Any]:
         message = {"op": "generate", **asdict(self)}
+        del message["extras"]
+        message.update(self.extras.to_json())
         if not self.prompt:
             # Left out when unused: a request's fingerprint (``running.request_fingerprint``, which
             # a summary's finished sections are kept under) stays what it was before raw prompts.
@@ -232,6 +240,7 @@ class GenerateRequest:
                 user=str(message.get("user", "")),
                 suspect=bool(message.get("suspect", False)),
                 prompt=str(message.get("prompt") or ""),
+                extras=SamplingExtras.from_json(message),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"bad generate request: {exc!r}") from None
@@ -247,4 +256,7 @@ class GenerateRequest:
             raise ProtocolError("bad generate request: frequency_penalty must be between -2 and 2")
         if request.json_schema is not None and not isinstance(request.json_schema, dict):
             raise ProtocolError("bad generate request: json_schema must be an object")
+        problem = request.extras.problem(request.max_tokens)
+        if problem:
+            raise ProtocolError(f"bad generate request: {problem[1]}")
         return request

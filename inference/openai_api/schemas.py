@@ -72,9 +72,8 @@ class StreamOptions(Schema):
 
 
 class GenerationRequest(Schema):
-    """What a chat completion and a completion request share: the model, sampling, streaming and
-    the sampling options of vLLM's that the appliance does not offer (refused unless they hold
-    their no-op value, so that a benchmark run against both servers is the same run)."""
+    """What a chat completion and a completion request share: the model, sampling (OpenAI's and
+    vLLM's extensions, as ``vllm serve`` reads them) and streaming."""
 
     model: str = Field(..., description="The id of a model from GET /v1/models.")
     temperature: float | None = Field(None, ge=0, le=2, description="Default 1, as OpenAI's.")
@@ -82,7 +81,9 @@ class GenerationRequest(Schema):
     seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="Makes sampling repeatable.")
     stop: Stop = None
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Default 0.")
-    presence_penalty: float | None = Field(None, description="Only 0 (not supported).")
+    presence_penalty: float | None = Field(
+        None, ge=-2, le=2, description="Default 0; > 0 discourages any token the answer already has."
+    )
     n: int | None = Field(None, description="Only 1.")
     logit_bias: dict[str, Any] | None = Field(None, description="Not supported.")
     stream: bool | None = Field(False, description="Answer with server-sent events.")
@@ -92,10 +93,24 @@ class GenerationRequest(Schema):
         False,
         description="vLLM's extension: write exactly `max_tokens` tokens, past the end of the answer (for load tests).",
     )
-    repetition_penalty: float | None = Field(None, description="vLLM's extension: only 1 (not supported).")
-    top_k: int | None = Field(None, description="vLLM's extension: only -1 or 0 (not supported).")
-    min_p: float | None = Field(None, description="vLLM's extension: only 0 (not supported).")
-    min_tokens: int | None = Field(None, description="vLLM's extension: only 0 (not supported).")
+    repetition_penalty: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="vLLM's extension: > 1 discourages the prompt's and the answer's tokens; default 1.",
+    )
+    top_k: int | None = Field(
+        None, ge=-1, description="vLLM's extension: sample among the k likeliest tokens; 0 or -1 (default): all."
+    )
+    min_p: float | None = Field(
+        None, ge=0, le=1, description="vLLM's extension: only tokens at least this share of the likeliest's chance."
+    )
+    min_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=services.CHAT_MAX_TOKENS_LIMIT,
+        description="vLLM's extension: the answer does not end (the model's end or a stop) before this many tokens.",
+    )
 
 
 class ChatCompletionRequest(GenerationRequest):

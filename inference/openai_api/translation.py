@@ -4,7 +4,7 @@ into OpenAI's answer (pure: no I/O)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from api.problems import ApiProblem, bad_field
@@ -20,6 +20,9 @@ from inference.openai_api.schemas import (
     CompletionRequest,
     GenerationRequest,
 )
+from inference.sampling import NO_EXTRAS, SamplingExtras
+
+EXTRAS = tuple(f.name for f in fields(SamplingExtras))
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -75,25 +78,12 @@ def completion_request(payload: CompletionRequest) -> ChatRequest:
     return _with_sampling(options, payload, raw=True)
 
 
-# vLLM's sampling extensions the engine requests do not carry, with the values that change
-# nothing: any other value is refused, so that a client (or a benchmark run against ``vllm
-# serve`` and the appliance alike) never gets a different sampling than it asked for.
-_VLLM_NO_OPS = {"repetition_penalty": (1,), "top_k": (-1, 0), "min_p": (0,), "min_tokens": (0,)}
-
-
 def _refuse_unsupported(payload: GenerationRequest) -> None:
     """What neither endpoint does, refused with a 400 naming the field."""
     if payload.n not in (None, 1):
         raise bad_field("n", "only n=1 is supported: the appliance writes one choice per request.")
     if payload.logit_bias:
         raise bad_field("logit_bias", "logit_bias is not supported.")
-    if payload.presence_penalty:
-        raise bad_field("presence_penalty", "presence_penalty is not supported; frequency_penalty is.")
-    for name, no_ops in _VLLM_NO_OPS.items():
-        value = getattr(payload, name)
-        if value is not None and value not in no_ops:
-            allowed = " or ".join(str(v) for v in no_ops)
-            raise bad_field(name, f"vLLM's sampling extension is not supported here; only {allowed}.")
 
 
 def prompt_text(prompt: Any) -> str:
@@ -123,6 +113,11 @@ def _with_sampling(options: dict[str, Any], payload: GenerationRequest, *, raw: 
         options["stop"] = stop
     if payload.ignore_eos:
         options["ignore_eos"] = True
+    # OpenAI's presence_penalty and vLLM's extensions, as ``vllm serve`` reads them (a value out
+    # of range is refused by the schema or, against max_tokens, by ``job_create_chat``).
+    given = {name: getattr(payload, name) for name in EXTRAS if getattr(payload, name) is not None}
+    if SamplingExtras.from_json(given) != NO_EXTRAS:
+        options["extras"] = SamplingExtras.from_json(given)
     stream_options = payload.stream_options if payload.stream else None
     return ChatRequest(
         job_options=options,

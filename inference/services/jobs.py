@@ -21,6 +21,7 @@ from inference.prompts import (
     DEFAULT_SUMMARY_LENGTH,
     SUMMARY_LENGTHS,
 )
+from inference.sampling import NO_EXTRAS, SamplingExtras
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ def job_create_chat(
     seed: int | None = None,
     stop: list[str] | tuple[str, ...] = (),
     frequency_penalty: float = 0.0,
+    extras: SamplingExtras = NO_EXTRAS,
     ignore_eos: bool = False,
     api_token=None,
     claim_for: str = "",
@@ -135,7 +137,8 @@ def job_create_chat(
     ``messages`` are read in the model's chat template; a ``prompt`` instead (``/v1/completions``)
     is continued as written, and its answer kept verbatim, whitespace and all. ``top_p``,
     ``seed``, ``stop`` and ``frequency_penalty`` go to the engine as OpenAI defines them
-    (``running.engine_request``). ``claim_for``: an engine's key (``lifecycle.this_engine``)
+    (``running.engine_request``), and ``extras`` (OpenAI's ``presence_penalty``, vLLM's
+    ``top_k``, ``min_p``, ``repetition_penalty`` and ``min_tokens``) as vLLM does. ``claim_for``: an engine's key (``lifecycle.this_engine``)
     when the caller would run the job itself on that engine: if the queue would start it now
     anyway, it is created claimed (running, attempt 1, no message sent) and the caller runs it
     (``lifecycle.job_run_claimed``); otherwise it is queued as any other."""
@@ -165,6 +168,9 @@ def job_create_chat(
         raise JobRejected("stop may hold at most 4 sequences.", field="stop")
     if not -2.0 <= frequency_penalty <= 2.0:
         raise JobRejected("frequency_penalty must be between -2 and 2.", field="frequency_penalty")
+    problem = extras.problem(max_tokens)
+    if problem:
+        raise JobRejected(problem[1], field=problem[0])
     options = ChatOptions(
         messages=tuple({"role": str(m["role"]), "content": str(m["content"])} for m in messages),
         max_tokens=int(max_tokens),
@@ -175,6 +181,7 @@ def job_create_chat(
         stop=tuple(stop),
         frequency_penalty=float(frequency_penalty),
         prompt=prompt or "",
+        extras=extras,
     )
     return _job_create(
         owner=owner,

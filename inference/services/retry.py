@@ -32,6 +32,7 @@ def job_retry(*, job: Job, user: User) -> Job:
             seed=chat.seed,
             stop=chat.stop,
             frequency_penalty=chat.frequency_penalty,
+            extras=chat.extras,
             ignore_eos=chat.ignore_eos,
         )
     from documents.selectors import document_for_user

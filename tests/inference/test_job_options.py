@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inference.job_options import ChatOptions, ClauseOptions, DraftOptions, Sampling, SummaryOptions, storable
+from inference.sampling import SamplingExtras
 
 EXAMPLES = [
     SummaryOptions(length="brief", focus="payment terms", max_tokens=64, ignore_eos=True),
@@ -22,6 +23,11 @@ EXAMPLES = [
     ),  # fmt: skip
     ChatOptions(messages=({"role": "user", "content": "Hello"},), max_tokens=16),
     ChatOptions(messages=(), max_tokens=16, prompt="Once upon a time", temperature=1.0),
+    ChatOptions(
+        messages=({"role": "user", "content": "Hello"},),
+        max_tokens=16,
+        extras=SamplingExtras(presence_penalty=0.3, repetition_penalty=1.1, top_k=5, min_p=0.1, min_tokens=2),
+    ),
     DraftOptions(
         message="Dear Sir", document_ids=(3, 5), tone="formal", length="short", temperature=0.7, regenerated_from="41"
     ),  # fmt: skip
@@ -70,6 +76,9 @@ def test_every_kind_s_sampling_is_read_from_its_row():
     )
     assert Sampling.from_json(DraftOptions(message="m", temperature=0.7).to_json()).temperature == 0.7
     assert Sampling.from_json(SummaryOptions(ignore_eos=True).to_json()).ignore_eos is True
+    extras = SamplingExtras(top_k=3, min_tokens=1)
+    chosen = ChatOptions(messages=({"role": "user", "content": "Hi"},), max_tokens=8, extras=extras).to_json()
+    assert Sampling.from_json(chosen).extras == extras and Sampling.from_json({}).extras == SamplingExtras()
 
 
 def test_what_postgres_cannot_store_becomes_the_replacement_character_and_nothing_else_changes():

@@ -24,6 +24,7 @@ from api.services import token_create
 from api.site import api
 from inference import openai_api, services
 from inference.attempts import RECORDED
+from inference.engine.protocol import GenerateRequest
 from inference.job_results import ChatResult
 from inference.models import Job, JobKind, Queue, RequestMetrics
 from inference.openai_api import (
@@ -37,10 +38,15 @@ from inference.openai_api import (
 )
 from inference.openai_api.translation import finish_reason
 from inference.running import engine_request
+from inference.sampling import NO_EXTRAS, SamplingExtras
 from tests.conftest import wait_until
 
 MODEL = openai_api.served_model_id()
 HELLO = [{"role": "user", "content": "Say hello."}]
+# Raw prompts for the live engine: a story to continue, and a question the model answers in a
+# few tokens.
+STORY = "Once upon a time, in a small town by the sea, there lived"
+SHORT_ANSWER = "Question: Is the sky blue? Answer yes or no.\nAnswer:"
 
 
 def _translate(**body):
@@ -101,7 +107,6 @@ def test_sampling_options_are_translated_with_openais_defaults():
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"logprobs": True}, "logprobs"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": ["ok", ""]}, "stop"),
         (
@@ -119,12 +124,21 @@ def test_what_the_appliance_cannot_do_is_refused_naming_the_field(body, field):
 
 
 def test_the_defaults_of_refused_features_are_accepted():
-    chat = _translate(n=1, tools=[], tool_choice="none", response_format={"type": "text"}, presence_penalty=0)
+    chat = _translate(n=1, tools=[], tool_choice="none", response_format={"type": "text"})
     assert chat.job_options["messages"] == HELLO
-    # vLLM's sampling extensions at the values that change nothing, as a bench client may send them.
-    for body in ({"top_k": -1}, {"top_k": 0}, {"min_p": 0}, {"min_tokens": 0}, {"repetition_penalty": 1.0}):
-        assert _translate(**body).job_options["messages"] == HELLO
-    assert _refused_field(top_k=50) == "top_k" and _refused_field(repetition_penalty=1.1) == "repetition_penalty"
+
+
+def test_presence_penalty_and_vllms_sampling_extensions_reach_the_job_as_vllm_reads_them():
+    chosen = _translate(presence_penalty=0.5, repetition_penalty=1.2, top_k=40, min_p=0.05, min_tokens=3)
+    assert chosen.job_options["extras"] == SamplingExtras(
+        presence_penalty=0.5, repetition_penalty=1.2, top_k=40, min_p=0.05, min_tokens=3
+    )
+    assert _translate(top_k=5).job_options["extras"] == SamplingExtras(top_k=5)
+    # Their values that change nothing, as a bench client sends them: no options at all, and -1
+    # is vLLM's other way of saying top_k "every token".
+    for body in ({"top_k": -1}, {"top_k": 0}, {"min_p": 0}, {"min_tokens": 0}, {"repetition_penalty": 1.0}, {}):
+        assert "extras" not in _translate(**body).job_options
+    assert _translate_completion(top_k=1, min_tokens=2).job_options["extras"] == SamplingExtras(top_k=1, min_tokens=2)
 
 
 def test_the_finish_reason_is_the_engines_and_older_rows_infer_it_from_the_count():
@@ -178,12 +192,7 @@ def test_a_completion_is_a_chat_job_of_the_raw_prompt_with_openais_defaults():
         ({"suffix": "The end."}, "suffix"),
         ({"logprobs": 2}, "logprobs"),
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
-        ({"presence_penalty": 0.3}, "presence_penalty"),
-        ({"repetition_penalty": 1.2}, "repetition_penalty"),
         ({"logprobs": 0}, "logprobs"),  # still the chosen token's log probability
-        ({"top_k": 40}, "top_k"),
-        ({"min_p": 0.05}, "min_p"),
-        ({"min_tokens": 5}, "min_tokens"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": "\x00"}, "stop"),  # stored it would be U+FFFD, and stop on that
     ],
@@ -569,7 +578,14 @@ def test_chat_jobs_keep_the_sampling_options_and_send_them_to_the_engine(alice):
     plain = services.job_create_chat(owner=alice, messages=HELLO)
     assert not {"top_p", "seed", "stop", "frequency_penalty"} & plain.options.keys()
     request = engine_request(plain, HELLO, 512, part="chat")
-    assert (request.top_p, request.seed, request.stop) == (1.0, None, [])
+    assert (request.top_p, request.seed, request.stop, request.extras) == (1.0, None, [], NO_EXTRAS)
+    extras = SamplingExtras(presence_penalty=-0.5, repetition_penalty=1.3, top_k=20, min_p=0.1, min_tokens=4)
+    job = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, extras=extras)
+    job.refresh_from_db()
+    assert job.options["top_k"] == 20 and job.options["min_tokens"] == 4  # in the row as vLLM names them
+    request = engine_request(job, HELLO, 8, part="chat")
+    assert request.extras == extras
+    assert GenerateRequest.from_message(request.to_message()).extras == extras  # across the engine's wire
 
 
 @pytest.mark.django_db
@@ -605,6 +621,11 @@ def test_a_failed_raw_completion_tried_again_is_the_same_raw_prompt(alice):
         ({"stop": ["a"] * 5}, "at most 4"),
         ({"stop": "END"}, "stop must be a list"),
         ({"frequency_penalty": 3.0}, "frequency_penalty"),
+        ({"extras": SamplingExtras(presence_penalty=-3.0)}, "presence_penalty"),
+        ({"extras": SamplingExtras(repetition_penalty=float("nan"))}, "repetition_penalty"),
+        ({"extras": SamplingExtras(top_k=-5)}, "top_k"),
+        ({"extras": SamplingExtras(min_p=2.0)}, "min_p"),
+        ({"extras": SamplingExtras(min_tokens=600)}, r"min_tokens \(600\) must not be more than max_tokens \(512\)"),
     ],
 )
 def test_the_service_refuses_bad_sampling_options(alice, options, message):
@@ -661,6 +682,12 @@ def test_an_unknown_model_is_404_naming_it(api_client):
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": services.CHAT_MAX_TOKENS_LIMIT + 1}, "max_completion_tokens"),
         ({"temperature": 2.5}, "temperature"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"),  # the service's check: against max_tokens
         ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages.0.content.0.type"),
         ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
         ({"messages": [{"role": "user", "content": "Hi"}] * (services.CHAT_MAX_MESSAGES + 1)}, "messages"),
@@ -895,6 +922,27 @@ def test_a_raw_prompt_completion_for_the_openai_client_and_vllms_bench_client(
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model=served, prompt=prompt, max_tokens=8, echo=True)
     assert refused.value.param == "echo"
+
+    # OpenAI's presence_penalty and vLLM's sampling extensions reach the engine, as `vllm serve`
+    # reads them. With a seed, sampling writes the same text each time, so a different text is
+    # the option's doing: top_k 1 and min_p 1 keep only the likeliest tokens (in bfloat16 several
+    # may tie, so not always the greedy text: vLLM's own), the penalties change the greedy text,
+    # and min_tokens holds the end back.
+    def written(**options) -> tuple[str, int]:
+        body = {"model": served, "prompt": STORY, "max_tokens": 24, "temperature": 1.0, "seed": 11, **options}
+        answer = client.completions.create(**body)
+        return answer.choices[0].text, answer.usage.completion_tokens
+
+    sampled, greedy = written()[0], written(temperature=0)[0]
+    assert written()[0] == sampled and sampled != greedy
+    assert written(extra_body={"top_k": 1})[0] != sampled and written(extra_body={"min_p": 1.0})[0] != sampled
+    assert written(temperature=0, presence_penalty=2.0)[0] != greedy
+    assert written(temperature=0, extra_body={"repetition_penalty": 2.0})[0] != greedy
+    _, short = written(prompt=SHORT_ANSWER, temperature=0, max_tokens=60)
+    _, held = written(prompt=SHORT_ANSWER, temperature=0, max_tokens=60, extra_body={"min_tokens": short + 10})
+    assert short < 50 and held >= short + 10
+    job = Job.objects.filter(api_token=token).latest("created_at")
+    assert job.options["min_tokens"] == short + 10
 
     # vLLM's own bench client, as `vllm bench serve` runs it with its default backend.
     import aiohttp

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from inference.engine.protocol import EngineState, EngineStats, GenerateRequest, Priority, ProtocolError, decode, encode
+from inference.sampling import SamplingExtras
 
 
 def _request(**overrides) -> GenerateRequest:
@@ -145,6 +146,44 @@ def test_a_raw_prompt_goes_instead_of_messages_and_is_left_out_when_unused():
         GenerateRequest.from_message(both)
     with pytest.raises(ProtocolError, match="no messages and no prompt"):
         GenerateRequest.from_message({**raw.to_message(), "prompt": ""})
+
+
+def test_sampling_extras_cross_flat_and_only_when_they_change_something():
+    extras = SamplingExtras(presence_penalty=0.4, repetition_penalty=1.1, top_k=30, min_p=0.05, min_tokens=8)
+    request = _request(extras=extras)
+    message = decode(encode(request.to_message()))
+    assert {k: message[k] for k in ("presence_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens")} == {
+        "presence_penalty": 0.4,
+        "repetition_penalty": 1.1,
+        "top_k": 30,
+        "min_p": 0.05,
+        "min_tokens": 8,
+    }
+    assert GenerateRequest.from_message(message) == request
+    assert GenerateRequest.from_message({**message, "top_k": -1}).extras.top_k == 0  # vLLM's other "all"
+    # A request without them is the message it always was (a summary's kept sections are found
+    # by its fingerprint).
+    assert "extras" not in _request().to_message()
+    assert (
+        not {"presence_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens"} & _request().to_message().keys()
+    )
+    assert _request(extras=SamplingExtras(top_k=2)).to_message().keys() - _request().to_message().keys() == {"top_k"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("presence_penalty", 2.5, "presence_penalty"),
+        ("repetition_penalty", 0, "repetition_penalty"),
+        ("top_k", -3, "top_k"),
+        ("min_p", 1.2, "min_p"),
+        ("min_tokens", 257, "min_tokens"),  # more than the request's max_tokens
+        ("top_k", "many", "bad generate request"),
+    ],
+)
+def test_from_message_refuses_sampling_extras_vllm_would(field, value, says):
+    with pytest.raises(ProtocolError, match=says):
+        GenerateRequest.from_message({**_request().to_message(), field: value})
 
 
 def test_from_message_rejects_empty_request_id():

@@ -6,6 +6,7 @@ import pytest
 
 from inference import services
 from inference.models import Job
+from inference.sampling import SamplingExtras
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,9 @@ def test_a_retried_chat_keeps_every_sampling_option(alice):
         seed=7,
         stop=["\n\n"],
         frequency_penalty=0.5,
+        extras=SamplingExtras(presence_penalty=0.2, top_k=12, min_tokens=3),
     )
+    assert first.options["top_k"] == 12
     Job.objects.filter(pk=first.pk).update(state=Job.State.FAILED)
     first.refresh_from_db()
     again = services.job_retry(job=first, user=alice)
