@@ -83,10 +83,10 @@ async def chat_completions(request: HttpRequest, response: HttpResponse, payload
     queue. Not supported, and refused with 400 naming the field: `n` > 1, tools and function
     calling, non-text content parts, `response_format` other than text, log probabilities,
     `logit_bias`. Besides OpenAI's sampling options, vLLM's `top_k`, `min_p`,
-    `repetition_penalty`, `min_tokens` and `ignore_eos` are read as `vllm serve` reads them. 404: an unknown `model`; 409: the job was cancelled;
-    502: the job failed; 429: the decode queue is full, or you have as many jobs waiting as one
-    person may (see `Retry-After`); 503: the broker does not answer, nothing was queued (see
-    `Retry-After`). The body carries the
+    `repetition_penalty`, `min_tokens` and `ignore_eos` are read as `vllm serve` reads them.
+    404: an unknown `model`; 409: the job was cancelled; 502: the job failed; 429: the decode
+    queue is full, or you have as many jobs waiting as one person may (see `Retry-After`); 503:
+    the broker does not answer, nothing was queued (see `Retry-After`). The body carries the
     appliance's measurements in `appliance`, and `X-Appliance-Job-Id` names the job. If the
     client disconnects, waiting for a whole answer or in the middle of a stream, the job is
     cancelled."""

@@ -115,9 +115,11 @@ def _with_sampling(options: dict[str, Any], payload: GenerationRequest, *, raw: 
         options["ignore_eos"] = True
     # OpenAI's presence_penalty and vLLM's extensions, as ``vllm serve`` reads them (a value out
     # of range is refused by the schema or, against max_tokens, by ``job_create_chat``).
-    given = {name: getattr(payload, name) for name in EXTRAS if getattr(payload, name) is not None}
-    if SamplingExtras.from_json(given) != NO_EXTRAS:
-        options["extras"] = SamplingExtras.from_json(given)
+    extras = SamplingExtras.from_json(
+        {name: getattr(payload, name) for name in EXTRAS if getattr(payload, name) is not None}
+    )
+    if extras != NO_EXTRAS:
+        options["extras"] = extras
     stream_options = payload.stream_options if payload.stream else None
     return ChatRequest(
         job_options=options,
