@@ -65,13 +65,11 @@ def local_backend(settings_dict: dict) -> bool:
     return host == "" or host.startswith("/") or is_loopback(host)
 
 
-def share_cpu_place(connection, *, niceness: int, cpus: frozenset[int]) -> bool:
+def share_niceness(connection, niceness: int) -> bool:
     """Runs the Postgres backend that serves ``connection`` (a Django connection wrapper, open) at
-    ``niceness`` and on ``cpus``, if it is a process of this machine that this process may
-    renice: the queries of background work (the ingest worker's writes and index updates) then
-    yield the CPU as the worker itself does, instead of competing at full priority with the
-    drafters' job claims, and run where it runs, not on the service cores Postgres is kept on
-    (``appliance.cpus``), which they would share with the engine core and the decode workers.
+    ``niceness``, if it is a process of this machine that this process may renice: the queries of
+    background work (the ingest worker's writes and index updates) then yield the CPU as the
+    worker itself does, instead of competing at full priority with the drafters' job claims.
     True if it did; anything else (a remote server, a backend of another user) is left as it is."""
     if not local_backend(connection.settings_dict):
         return False
@@ -82,8 +80,6 @@ def share_cpu_place(connection, *, niceness: int, cpus: frozenset[int]) -> bool:
                 return False
         if os.getpriority(os.PRIO_PROCESS, pid) != niceness:
             os.setpriority(os.PRIO_PROCESS, pid, niceness)
-        if os.sched_getaffinity(pid) != cpus:
-            os.sched_setaffinity(pid, cpus)
     except OSError:  # gone, or not ours to renice
         return False
     return True

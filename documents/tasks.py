@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db.backends.signals import connection_created
 
 from appliance.celery import Watchdog, worker_pool
-from appliance.database import share_cpu_place
+from appliance.database import share_niceness
 from documents import services, source_services
 
 logger = logging.getLogger(__name__)
@@ -32,8 +32,7 @@ def ingest_yields_the_cpu(sender=None, instance=None, **kwargs) -> None:
     that where the CPU is contended the drafting workers, the web server and a CPU engine are
     served first. With the CPU to itself it runs at full speed (a priority, not a cap). The
     Postgres backends it queries on this machine (its passages' writes and their index updates)
-    run at its niceness too, and on its cores rather than on the service cores Postgres is kept
-    on: at full priority they competed with the drafters' job claims.
+    run at its niceness too: at full priority they competed with the drafters' job claims.
     ``APPLIANCE_INGEST_CPU_CLASS`` may also put its embedding in Linux's idle CPU class, while
     this machine's engine drafts (``idle-while-drafting``) or always (``idle-embedding``), or the
     whole worker (``idle``)."""
@@ -73,9 +72,8 @@ def idle_cpu_class() -> int:
 
 
 def _backend_yields_too(sender, connection, **kwargs) -> None:
-    """Each connection this worker takes (a pool's checkout included) is served at its niceness,
-    on its cores."""
-    share_cpu_place(connection, niceness=os.getpriority(os.PRIO_PROCESS, 0), cpus=frozenset(os.sched_getaffinity(0)))
+    """Each connection this worker takes (a pool's checkout included) is served at its niceness."""
+    share_niceness(connection, os.getpriority(os.PRIO_PROCESS, 0))
 
 
 def _sweep() -> None:
