@@ -29,18 +29,17 @@ class SamplingExtras:
 
     def problem(self, max_tokens: int) -> tuple[str, str] | None:
         """The first option the engine would refuse, as (field, message a person understands);
-        None when every one holds."""
-        if not (isinstance(self.presence_penalty, int | float) and -2.0 <= self.presence_penalty <= 2.0):
+        None when every one holds. The types are the schema's and ``from_json``'s to hold."""
+        if not -2.0 <= self.presence_penalty <= 2.0:
             return "presence_penalty", "presence_penalty must be between -2 and 2."
-        penalty = self.repetition_penalty
-        if not (isinstance(penalty, int | float) and math.isfinite(penalty) and penalty > 0.0):
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
             return "repetition_penalty", "repetition_penalty must be a number greater than 0 (1: none)."
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            return "top_k", "top_k must be a whole number: 0 or -1 for every token, or at least 1."
-        if not (isinstance(self.min_p, int | float) and 0.0 <= self.min_p <= 1.0):
+        if self.top_k < -1:
+            return "top_k", "top_k must be 0 or -1 for every token, or at least 1."
+        if not 0.0 <= self.min_p <= 1.0:
             return "min_p", "min_p must be between 0 and 1."
-        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            return "min_tokens", "min_tokens must be a whole number, 0 or more."
+        if self.min_tokens < 0:
+            return "min_tokens", "min_tokens must be 0 or more."
         if self.min_tokens > max_tokens:
             return "min_tokens", f"min_tokens ({self.min_tokens}) must not be more than max_tokens ({max_tokens})."
         return None

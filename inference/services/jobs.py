@@ -138,10 +138,11 @@ def job_create_chat(
     is continued as written, and its answer kept verbatim, whitespace and all. ``top_p``,
     ``seed``, ``stop`` and ``frequency_penalty`` go to the engine as OpenAI defines them
     (``running.engine_request``), and ``extras`` (OpenAI's ``presence_penalty``, vLLM's
-    ``top_k``, ``min_p``, ``repetition_penalty`` and ``min_tokens``) as vLLM does. ``claim_for``: an engine's key (``lifecycle.this_engine``)
-    when the caller would run the job itself on that engine: if the queue would start it now
-    anyway, it is created claimed (running, attempt 1, no message sent) and the caller runs it
-    (``lifecycle.job_run_claimed``); otherwise it is queued as any other."""
+    ``top_k``, ``min_p``, ``repetition_penalty`` and ``min_tokens``) as vLLM does.
+    ``claim_for``: an engine's key (``lifecycle.this_engine``) when the caller would run the job
+    itself on that engine: if the queue would start it now anyway, it is created claimed
+    (running, attempt 1, no message sent) and the caller runs it (``lifecycle.job_run_claimed``);
+    otherwise it is queued as any other."""
     if prompt is not None:
         if messages:
             raise JobRejected("send either messages or a prompt, not both.", field="prompt")
