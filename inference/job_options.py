@@ -122,6 +122,7 @@ class ChatOptions:
     frequency_penalty: float = 0.0
     prompt: str = ""
     extras: SamplingExtras = NO_EXTRAS
+    json_schema: dict[str, Any] | None = None  # the answer must match it (``structured``)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -143,6 +144,8 @@ class ChatOptions:
         if self.frequency_penalty:
             data["frequency_penalty"] = self.frequency_penalty
         data.update(self.extras.to_json())
+        if self.json_schema is not None:
+            data["json_schema"] = self.json_schema
         return data
 
     @classmethod
@@ -159,6 +162,7 @@ class ChatOptions:
             frequency_penalty=sampling.frequency_penalty or 0.0,
             prompt=str(data.get("prompt") or ""),
             extras=sampling.extras,
+            json_schema=data.get("json_schema"),
         )
 
 

@@ -685,7 +685,14 @@ def draft_note(support: dict, *, passages: int, left_out: int = 0) -> str:
 
 def run_chat(job: Job, client: EngineClient, attempt: Attempt) -> TaskResult:
     options = ChatOptions.from_json(job.options)
-    request = engine_request(job, list(options.messages), options.max_tokens, part="chat", prompt=options.prompt)
+    request = engine_request(
+        job,
+        list(options.messages),
+        options.max_tokens,
+        part="chat",
+        json_schema=options.json_schema,
+        prompt=options.prompt,
+    )
     run = run_engine(job, request, client, attempt)
     data = ChatResult(finish_reason=str((run.done or {}).get("finish_reason") or ""))
     return TaskResult(text=run.text, data=data, runs=[run], visible=run, verbatim=bool(options.prompt))

@@ -719,6 +719,7 @@ class EngineHost:
 
     async def _run(self, run: _Run, writer: asyncio.StreamWriter) -> None:
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -783,6 +784,11 @@ class EngineHost:
             if not finished:  # vLLM ended it (an abort): say so, or the client would take it for a death
                 detail = "the engine ended this request before it finished (it was aborted)"
                 writer.write(encode({"type": "error", "code": ErrorCode.ENGINE, "detail": detail}))
+        except VLLMClientError as exc:
+            # vLLM refused the request as it entered (a JSON schema with a keyword its grammar
+            # backend does not honour, say): the request's own failure, said in vLLM's words.
+            detail = f"the engine refused this request: {exc}"
+            writer.write(encode({"type": "error", "code": ErrorCode.ENGINE, "detail": detail}))
         except Exception as exc:
             # The engine core died under it: not this request's own failure.
             if not (isinstance(exc, EngineDeadError) or engine.errored):

@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 
 from api.auth import READ, WRITE, signed_in_user
-from api.problems import responses
+from api.problems import bad_field, responses
 from inference import services, streaming
 from inference.models import Job
 from inference.openai_api.here import Engine, HereRun, engine_here
@@ -81,9 +81,11 @@ def models_get(request: HttpRequest, model: str):
 async def chat_completions(request: HttpRequest, response: HttpResponse, payload: ChatCompletionRequest):
     """OpenAI's chat completion, answered by the appliance's model as a chat job on the decode
     queue. Not supported, and refused with 400 naming the field: `n` > 1, tools and function
-    calling, non-text content parts, `response_format` other than text, log probabilities,
-    `logit_bias`. Besides OpenAI's sampling options, vLLM's `top_k`, `min_p`,
-    `repetition_penalty`, `min_tokens` and `ignore_eos` are read as `vllm serve` reads them.
+    calling, non-text content parts, log probabilities, `logit_bias`. Besides OpenAI's sampling
+    options, vLLM's `top_k`, `min_p`, `repetition_penalty`, `min_tokens` and `ignore_eos` are
+    read as `vllm serve` reads them. `response_format` `json_object` or `json_schema` holds the
+    answer to JSON (to the schema) by guided decoding; a schema the engine cannot follow is a
+    400 naming `response_format.json_schema.schema`.
     404: an unknown `model`; 409: the job was cancelled; 502: the job failed; 429: the decode
     queue is full, or you have as many jobs waiting as one person may (see `Retry-After`); 503:
     the broker does not answer, nothing was queued (see `Retry-After`). The body carries the
@@ -125,12 +127,17 @@ async def _answer(request: HttpRequest, response: HttpResponse, model: str, chat
 
     def create() -> tuple[Job, Engine | None]:
         engine = engine_here()
-        job = services.job_create_chat(
-            owner=signed_in_user(request),
-            api_token=getattr(request, "api_token", None),
-            claim_for=engine.key if engine else "",
-            **chat.job_options,
-        )
+        try:
+            job = services.job_create_chat(
+                owner=signed_in_user(request),
+                api_token=getattr(request, "api_token", None),
+                claim_for=engine.key if engine else "",
+                **chat.job_options,
+            )
+        except services.JobRejected as exc:
+            if exc.field == "json_schema":  # the service's argument is the request's schema
+                raise bad_field("response_format.json_schema.schema", str(exc)) from None
+            raise
         return job, engine
 
     try:

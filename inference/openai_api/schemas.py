@@ -130,7 +130,12 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: ToolChoice = Field(None, description='Only "none".')
     functions: list[dict[str, Any]] | None = Field(None, description="Not supported.")
     function_call: ToolChoice = Field(None, description='Only "none".')
-    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}.')
+    response_format: dict[str, Any] | None = Field(
+        None,
+        description='{"type": "text"} (the default); {"type": "json_object"}: the answer is a JSON object; '
+        '{"type": "json_schema", "json_schema": {"name": "...", "schema": {...}}}: the answer matches the schema '
+        "(the engine's guided decoding, as `vllm serve`'s). At most 32 KiB of schema.",
+    )
     logprobs: bool | None = Field(None, description="Not supported.")
     top_logprobs: int | None = Field(None, description="Not supported.")
 

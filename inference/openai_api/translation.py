@@ -21,6 +21,7 @@ from inference.openai_api.schemas import (
     GenerationRequest,
 )
 from inference.sampling import NO_EXTRAS, SamplingExtras
+from inference.structured import SchemaRefused, response_schema
 
 EXTRAS = tuple(f.name for f in fields(SamplingExtras))
 
@@ -46,10 +47,6 @@ def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
     for name in ("tool_choice", "function_call"):
         if getattr(payload, name) not in (None, "none"):
             raise bad_field(name, 'tools and function calling are not supported by this appliance; only "none".')
-    if payload.response_format is not None and payload.response_format.get("type", "text") != "text":
-        raise bad_field(
-            "response_format", f'{payload.response_format.get("type")!r} is not supported; only {{"type": "text"}}.'
-        )
     if payload.logprobs or payload.top_logprobs:
         raise bad_field("logprobs" if payload.logprobs else "top_logprobs", "log probabilities are not supported.")
     _refuse_unsupported(payload)
@@ -58,6 +55,12 @@ def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
     max_tokens = payload.max_completion_tokens if payload.max_completion_tokens is not None else payload.max_tokens
     if max_tokens is not None:
         options["max_tokens"] = max_tokens  # else job_create_chat's default
+    try:
+        schema = response_schema(payload.response_format)
+    except SchemaRefused as exc:
+        raise bad_field(exc.field, str(exc)) from None
+    if schema is not None:
+        options["json_schema"] = schema
     return _with_sampling(options, payload)
 
 

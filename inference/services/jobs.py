@@ -22,6 +22,7 @@ from inference.prompts import (
     SUMMARY_LENGTHS,
 )
 from inference.sampling import NO_EXTRAS, SamplingExtras
+from inference.structured import schema_problem
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ def job_create_chat(
     stop: list[str] | tuple[str, ...] = (),
     frequency_penalty: float = 0.0,
     extras: SamplingExtras = NO_EXTRAS,
+    json_schema: dict | None = None,
     ignore_eos: bool = False,
     api_token=None,
     claim_for: str = "",
@@ -138,7 +140,8 @@ def job_create_chat(
     is continued as written, and its answer kept verbatim, whitespace and all. ``top_p``,
     ``seed``, ``stop`` and ``frequency_penalty`` go to the engine as OpenAI defines them
     (``running.engine_request``), and ``extras`` (OpenAI's ``presence_penalty``, vLLM's
-    ``top_k``, ``min_p``, ``repetition_penalty`` and ``min_tokens``) as vLLM does.
+    ``top_k``, ``min_p``, ``repetition_penalty`` and ``min_tokens``) as vLLM does. With a
+    ``json_schema`` the engine lets the model write only an answer that matches it.
     ``claim_for``: an engine's key (``lifecycle.this_engine``) when the caller would run the job
     itself on that engine: if the queue would start it now anyway, it is created claimed
     (running, attempt 1, no message sent) and the caller runs it (``lifecycle.job_run_claimed``);
@@ -172,6 +175,9 @@ def job_create_chat(
     problem = extras.problem(max_tokens)
     if problem:
         raise JobRejected(problem[1], field=problem[0])
+    refused = None if json_schema is None else schema_problem(json_schema)
+    if refused:
+        raise JobRejected(refused, field="json_schema")
     options = ChatOptions(
         messages=tuple({"role": str(m["role"]), "content": str(m["content"])} for m in messages),
         max_tokens=int(max_tokens),
@@ -183,6 +189,7 @@ def job_create_chat(
         frequency_penalty=float(frequency_penalty),
         prompt=prompt or "",
         extras=extras,
+        json_schema=json_schema,
     )
     return _job_create(
         owner=owner,

@@ -33,6 +33,7 @@ def job_retry(*, job: Job, user: User) -> Job:
             stop=chat.stop,
             frequency_penalty=chat.frequency_penalty,
             extras=chat.extras,
+            json_schema=chat.json_schema,
             ignore_eos=chat.ignore_eos,
         )
     from documents.selectors import document_for_user

@@ -105,7 +105,12 @@ def test_sampling_options_are_translated_with_openais_defaults():
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+        ),
         ({"logprobs": True}, "logprobs"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": ["ok", ""]}, "stop"),
@@ -139,6 +144,16 @@ def test_presence_penalty_and_vllms_sampling_extensions_reach_the_job_as_vllm_re
     for body in ({"top_k": -1}, {"top_k": 0}, {"min_p": 0}, {"min_tokens": 0}, {"repetition_penalty": 1.0}, {}):
         assert "extras" not in _translate(**body).job_options
     assert _translate_completion(top_k=1, min_tokens=2).job_options["extras"] == SamplingExtras(top_k=1, min_tokens=2)
+
+
+def test_a_response_format_of_json_holds_the_answer_to_a_schema_as_vllm_reads_it():
+    schema = {"type": "object", "properties": {"party": {"enum": ["landlord", "tenant"]}}, "required": ["party"]}
+    named = {"type": "json_schema", "json_schema": {"name": "party", "strict": True, "schema": schema}}
+    assert _translate(response_format=named).job_options["json_schema"] == schema
+    # "json_object" is any JSON object, as vLLM compiles it; "text" (and no format) is free text.
+    assert _translate(response_format={"type": "json_object"}).job_options["json_schema"] == {"type": "object"}
+    assert "json_schema" not in _translate(response_format={"type": "text"}).job_options
+    assert "json_schema" not in _translate().job_options
 
 
 def test_the_finish_reason_is_the_engines_and_older_rows_infer_it_from_the_count():
@@ -589,6 +604,23 @@ def test_chat_jobs_keep_the_sampling_options_and_send_them_to_the_engine(alice):
 
 
 @pytest.mark.django_db
+def test_a_chat_jobs_json_schema_is_kept_and_sent_to_the_engine_and_tried_again(alice):
+    schema = {"type": "object", "properties": {"days": {"type": "integer"}}, "required": ["days"]}
+    job = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, json_schema=schema)
+    job.refresh_from_db()
+    assert job.options["json_schema"] == schema
+    request = engine_request(job, HELLO, 8, part="chat", json_schema=schema)
+    assert GenerateRequest.from_message(request.to_message()).json_schema == schema  # across the engine's wire
+    assert "json_schema" not in services.job_create_chat(owner=alice, messages=HELLO).options
+    Job.objects.filter(pk=job.pk).update(state=Job.State.FAILED)
+    again = services.job_retry(job=Job.objects.get(pk=job.pk), user=alice)
+    assert again.pk != job.pk and again.options["json_schema"] == schema
+    with pytest.raises(services.JobRejected, match='Unsupported type "objectx"') as refused:
+        services.job_create_chat(owner=alice, messages=HELLO, json_schema={"type": "objectx"})
+    assert refused.value.field == "json_schema" and Job.objects.count() == 3  # job, plain, again: no fourth
+
+
+@pytest.mark.django_db
 def test_text_postgres_cannot_store_costs_a_character_not_the_request(alice):
     """A NUL (which a random benchmark prompt or a pasted binary fragment holds) or a lone
     surrogate (JSON's "\\ud800") in a message or a prompt: stored, and sent to the engine, as
@@ -689,7 +721,10 @@ def test_an_unknown_model_is_404_naming_it(api_client):
         ({"min_tokens": -1}, "min_tokens"),
         ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"),  # the service's check: against max_tokens
         ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages.0.content.0.type"),
-        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}},
+            "response_format.json_schema.schema",
+        ),
         ({"messages": [{"role": "user", "content": "Hi"}] * (services.CHAT_MAX_MESSAGES + 1)}, "messages"),
     ],
 )
@@ -865,6 +900,81 @@ def test_the_openai_client_against_the_live_appliance(alice, live_appliance, wor
         client.with_options(timeout=3.0).chat.completions.create(**long_request, max_tokens=1000)
     job = wait_until(lambda: Job.objects.exclude(pk__in=before).first(), timeout_s=10, message="the job")
     wait_until(lambda: Job.objects.get(pk=job.pk).state == Job.State.CANCELLED, timeout_s=30, message="the cancel")
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_held_to_a_json_schema_for_the_openai_client(alice, live_appliance, workers, engine_host):
+    """``response_format`` as an extraction tool sends it: the engine's guided decoding lets the
+    model write only JSON that matches the schema (a model this small does not write such JSON
+    by itself: the same request without the format is checked to be no such answer)."""
+    token, raw = token_create(user=alice, name="extraction tool", scopes=["read", "write"])
+    client = openai.OpenAI(base_url=f"{live_appliance}/v1", api_key=raw, max_retries=0, timeout=120)
+    served = engine_host.stats()["model"]
+    schema = {
+        "type": "object",
+        "properties": {
+            "party": {"type": "string", "enum": ["landlord", "tenant"]},
+            "notice_days": {"type": "integer", "minimum": 1, "maximum": 365},
+        },
+        "required": ["party", "notice_days"],
+        "additionalProperties": False,
+    }
+    ask = {
+        "model": served,
+        "messages": [
+            {"role": "user", "content": "The tenant may end this lease by giving 30 days' notice. Who gives notice?"}
+        ],
+        "max_tokens": 40,
+        "temperature": 0,
+    }
+    held = {"type": "json_schema", "json_schema": {"name": "notice", "strict": True, "schema": schema}}
+
+    def parsed(text: str):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return None
+
+    def matches(value) -> bool:
+        return (
+            isinstance(value, dict)
+            and set(value) == {"party", "notice_days"}
+            and value["party"] in ("landlord", "tenant")
+            and isinstance(value["notice_days"], int)
+            and 1 <= value["notice_days"] <= 365
+        )
+
+    free = client.chat.completions.create(**ask).choices[0].message.content
+    assert not matches(parsed(free))
+    completion = client.chat.completions.create(**ask, response_format=held)
+    assert completion.choices[0].finish_reason == "stop"
+    answer = parsed(completion.choices[0].message.content)
+    assert matches(answer), completion.choices[0].message.content
+    job = _job_of(completion.id)
+    assert job.options["json_schema"] == schema and job.api_token == token
+    # Streamed, the chunks join into the same answer.
+    chunks, _ = _streamed_chunks(client.chat.completions.create(**ask, response_format=held, stream=True))
+    assert parsed("".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)) == answer
+    # Any JSON object.
+    loose = client.chat.completions.create(**{**ask, "max_tokens": 200}, response_format={"type": "json_object"})
+    text = loose.choices[0].message.content
+    assert text.startswith("{") and (loose.choices[0].finish_reason == "length" or isinstance(parsed(text), dict))
+
+    # A schema the grammar compiler cannot read: 400 naming the field, no job.
+    before = Job.objects.count()
+    broken = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(a"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(**ask, response_format=broken)
+    assert refused.value.param == "response_format.json_schema.schema" and "parenthesis" in refused.value.message
+    assert Job.objects.count() == before
+    # A keyword vLLM refuses where xgrammar would ignore it: the engine refuses the request in
+    # vLLM's words, and the job fails alone (502), the engine serving on.
+    ignored = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 3}}}
+    with pytest.raises(openai.InternalServerError, match="the engine refused this request") as failed:
+        client.chat.completions.create(**ask, response_format=ignored)
+    assert failed.value.status_code == 502 and "xgrammar" in failed.value.message
+    assert matches(parsed(client.chat.completions.create(**ask, response_format=held).choices[0].message.content))
 
 
 @pytest.mark.integration
