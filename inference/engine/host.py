@@ -754,7 +754,10 @@ class EngineHost:
             stop=request.stop or None,
             ignore_eos=request.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
-            structured_outputs=StructuredOutputsParams(json=request.json_schema) if request.json_schema else None,
+            # An empty schema ({}) is one too: any JSON value, as vLLM reads it.
+            structured_outputs=(
+                StructuredOutputsParams(json=request.json_schema) if request.json_schema is not None else None
+            ),
             extra_args={"appliance": {"id": request.request_id, "user": request.user}},
             **request.extras.sampling_params(),
         )
@@ -771,13 +774,23 @@ class EngineHost:
                         run.first_token_at = time.time()
                     completion = output.outputs[0]
                     output_tokens += len(completion.token_ids)
-                    if completion.text or completion.token_ids:
+                    failed = output.finished and completion.finish_reason == "error"
+                    if (completion.text or completion.token_ids) and not failed:
                         delta = {"type": "delta", "text": completion.text, "tokens": len(completion.token_ids)}
                         if output.finished:  # the last text says why it is the last, as vLLM's server does
                             delta["finish_reason"] = completion.finish_reason
                         writer.write(encode(delta))
                         await writer.drain()
-                    if output.finished:
+                    if failed:
+                        # vLLM ended it in error and lives on: a grammar that could not be compiled
+                        # against the vocabulary, or one the model's tokens broke. Not an answer.
+                        finished = True
+                        detail = (
+                            "the engine ended this request in error (with a JSON schema: its grammar could not be "
+                            "compiled for this model's vocabulary, or the answer broke it; the engine's log says which)"
+                        )
+                        writer.write(encode({"type": "error", "code": ErrorCode.ENGINE, "detail": detail}))
+                    elif output.finished:
                         finished = True
                         self.requests_served += 1
                         writer.write(encode(self._done_message(run, output, completion, output_tokens)))
