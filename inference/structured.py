@@ -6,14 +6,19 @@ A tool that extracts fields from a document asks for ``{"type": "json_schema", "
 the answer. The engine's guided decoding (xgrammar, the backend the engine host configures)
 then lets the model write only text that matches the schema, as the clause job's answers do.
 
-The schema is checked before a job is written, so that a schema the engine cannot compile is a
-400 naming the field, not a failed job: bounded in size and nesting (vLLM's own nesting limit)
-as the request is read (``response_schema``, cheap, on the web server's event loop), then
-compiled by xgrammar itself when the job is created (``schema_problem``, in
-``services.job_create_chat``, off the loop: xgrammar's first import takes seconds). vLLM refuses
-a few keywords xgrammar would compile but ignore (``multipleOf``, ``uniqueItems``, a string
-``format`` it does not know, ...); those are refused by the engine host with vLLM's message, and
-the job fails with it.
+The schema is checked before a job is written, so that a schema the engine cannot read is a 400
+naming the field, not a failed job: bounded in size and nesting (vLLM's own nesting limit) as
+the request is read (``response_schema``, cheap, on the web server's event loop), then converted
+to a grammar by xgrammar itself when the job is created (``schema_problem``, in
+``services.job_create_chat``, off the loop: xgrammar's first import takes seconds; the engine
+compiles that grammar against the model's vocabulary later, as vLLM does). vLLM refuses a few
+keywords xgrammar would convert but ignore (``multipleOf``, ``uniqueItems``, a string ``format``
+it does not know, ...); those are refused by the engine host with vLLM's message, and the job
+fails with it (``vllm serve`` with its default ``auto`` backend would hand such a schema to
+another grammar library instead; the appliance's engine uses xgrammar alone).
+
+vLLM's own ``structured_outputs`` field is refused (400), not ignored: JSON is asked for with
+``response_format``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import json
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from inference.job_options import storable
 
 SCHEMA_MAX_BYTES = 32 * 1024  # serialised; a schema is a few hundred bytes to a few KiB
 SCHEMA_MAX_NESTING = 64  # objects and arrays inside each other: vLLM's MAX_STRUCTURED_OUTPUT_JSON_NESTING
@@ -68,7 +75,7 @@ def response_schema(response_format: Mapping[str, Any] | None) -> dict[str, Any]
 
 def schema_problem(schema: Any) -> str | None:
     """Why the engine could not hold an answer to ``schema``, in words a person understands;
-    None when it can. Compiles it: not on an event loop."""
+    None when it can. Converts it to a grammar: not on an event loop."""
     problem = _bounds_problem(schema)
     if problem:
         return problem
@@ -92,8 +99,8 @@ def _converter_message(exc: Exception) -> str:
 
 
 def _bounds_problem(schema: Any) -> str | None:
-    """What is wrong with ``schema`` before it is compiled: not an object, too deep, not JSON,
-    too large."""
+    """What is wrong with ``schema`` before it is converted: not an object, too deep, not JSON,
+    not storable, too large."""
     if not isinstance(schema, dict):
         return "a JSON schema must be an object."
     if _nesting(schema) > SCHEMA_MAX_NESTING:
@@ -102,6 +109,9 @@ def _bounds_problem(schema: Any) -> str | None:
         size = len(json.dumps(schema, allow_nan=False).encode())
     except (TypeError, ValueError):
         return "the schema is not plain JSON."
+    if storable(schema) != schema:
+        # Stored, it would become U+FFFD and the answer be held to another schema than was asked.
+        return "a schema may not hold a NUL character or a lone surrogate."
     if size > SCHEMA_MAX_BYTES:
         return f"the schema is {size} bytes; at most {SCHEMA_MAX_BYTES} are accepted."
     return None

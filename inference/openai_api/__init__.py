@@ -11,7 +11,7 @@ with a raw prompt: no chat template around it, its answer kept and sent exactly 
 (``text_completion``). A client that goes away cancels its job, which frees the engine.
 
 What the engine cannot do is refused with a 400 that names the field (tools, images, ``n`` > 1,
-a JSON schema it cannot follow), never ignored: a client must not believe it got what it did
+a JSON schema xgrammar cannot read), never ignored: a client must not believe it got what it did
 not. A ``response_format`` of ``json_object`` or ``json_schema`` holds the answer to it by the
 engine's guided decoding (``inference.structured``). Fields the appliance has no use for
 (``user``, ``metadata``, ``store``, unknown ones) are ignored.

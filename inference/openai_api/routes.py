@@ -81,11 +81,12 @@ def models_get(request: HttpRequest, model: str):
 async def chat_completions(request: HttpRequest, response: HttpResponse, payload: ChatCompletionRequest):
     """OpenAI's chat completion, answered by the appliance's model as a chat job on the decode
     queue. Not supported, and refused with 400 naming the field: `n` > 1, tools and function
-    calling, non-text content parts, log probabilities, `logit_bias`. Besides OpenAI's sampling
-    options, vLLM's `top_k`, `min_p`, `repetition_penalty`, `min_tokens` and `ignore_eos` are
-    read as `vllm serve` reads them. `response_format` `json_object` or `json_schema` holds the
-    answer to JSON (to the schema) by guided decoding; a schema the engine cannot follow is a
-    400 naming `response_format.json_schema.schema`.
+    calling, non-text content parts, log probabilities. Besides OpenAI's sampling options
+    (`logit_bias` too), vLLM's `top_k`, `min_p`, `repetition_penalty`, `min_tokens` and
+    `ignore_eos` are read as `vllm serve` reads them. `response_format` `json_object` or
+    `json_schema` holds the answer to JSON (to the schema) by guided decoding; a schema xgrammar
+    cannot read is a 400 naming `response_format.json_schema.schema`, one with a keyword vLLM
+    refuses (`multipleOf`, ...) a failed job (502). vLLM's `structured_outputs` is refused.
     404: an unknown `model`; 409: the job was cancelled; 502: the job failed; 429: the decode
     queue is full, or you have as many jobs waiting as one person may (see `Retry-After`); 503:
     the broker does not answer, nothing was queued (see `Retry-After`). The body carries the
@@ -109,9 +110,9 @@ async def completions(request: HttpRequest, response: HttpResponse, payload: Com
     endpoint vLLM's own `vllm bench serve` calls by default). The text comes back exactly as
     the model wrote it, leading space included. `max_tokens` defaults to 16, as OpenAI's. Not
     supported, and refused with 400 naming the field: more than one prompt, prompts as token ids,
-    `n` or `best_of` > 1, `echo`, `suffix`, `logprobs` (0 too), `logit_bias`. The sampling
-    options, the other answers, the measurements in `appliance`, the job's header and a client
-    that disconnects are as for a chat completion."""
+    `n` or `best_of` > 1, `echo`, `suffix`, `logprobs` (0 too). The sampling options,
+    `response_format`, the other answers, the measurements in `appliance`, the job's header and a
+    client that disconnects are as for a chat completion."""
     return await _answer(request, response, model_or_404(payload.model)["id"], completion_request(payload))
 
 

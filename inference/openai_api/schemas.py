@@ -85,7 +85,11 @@ class GenerationRequest(Schema):
         None, ge=-2, le=2, description="Default 0; > 0 discourages any token the answer already has."
     )
     n: int | None = Field(None, description="Only 1.")
-    logit_bias: dict[str, Any] | None = Field(None, description="Not supported.")
+    logit_bias: dict[str, float] | None = Field(
+        None,
+        description="Token id (as a string) to a bias from -100 to 100 added to its logit; at most 300 tokens. "
+        "An id outside the model's vocabulary fails the job with the engine's message.",
+    )
     stream: bool | None = Field(False, description="Answer with server-sent events.")
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, description="Accepted and ignored.")
@@ -111,6 +115,15 @@ class GenerationRequest(Schema):
         le=services.CHAT_MAX_TOKENS_LIMIT,
         description="vLLM's extension: the answer does not end (the model's end or a stop) before this many tokens.",
     )
+    response_format: dict[str, Any] | None = Field(
+        None,
+        description='{"type": "text"} (the default); {"type": "json_object"}: the answer is a JSON object; '
+        '{"type": "json_schema", "json_schema": {"name": "...", "schema": {...}}}: the answer matches the schema '
+        "(the engine's guided decoding, as `vllm serve`'s). At most 32 KiB of schema.",
+    )
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM's extension: not supported (ask for JSON with `response_format`)."
+    )
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -130,12 +143,6 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: ToolChoice = Field(None, description='Only "none".')
     functions: list[dict[str, Any]] | None = Field(None, description="Not supported.")
     function_call: ToolChoice = Field(None, description='Only "none".')
-    response_format: dict[str, Any] | None = Field(
-        None,
-        description='{"type": "text"} (the default); {"type": "json_object"}: the answer is a JSON object; '
-        '{"type": "json_schema", "json_schema": {"name": "...", "schema": {...}}}: the answer matches the schema '
-        "(the engine's guided decoding, as `vllm serve`'s). At most 32 KiB of schema.",
-    )
     logprobs: bool | None = Field(None, description="Not supported.")
     top_logprobs: int | None = Field(None, description="Not supported.")
 

@@ -20,7 +20,7 @@ from inference.openai_api.schemas import (
     CompletionRequest,
     GenerationRequest,
 )
-from inference.sampling import NO_EXTRAS, SamplingExtras
+from inference.sampling import LOGIT_BIAS_KEYS, NO_EXTRAS, SamplingExtras
 from inference.structured import SchemaRefused, response_schema
 
 EXTRAS = tuple(f.name for f in fields(SamplingExtras))
@@ -55,12 +55,6 @@ def chat_request(payload: ChatCompletionRequest) -> ChatRequest:
     max_tokens = payload.max_completion_tokens if payload.max_completion_tokens is not None else payload.max_tokens
     if max_tokens is not None:
         options["max_tokens"] = max_tokens  # else job_create_chat's default
-    try:
-        schema = response_schema(payload.response_format)
-    except SchemaRefused as exc:
-        raise bad_field(exc.field, str(exc)) from None
-    if schema is not None:
-        options["json_schema"] = schema
     return _with_sampling(options, payload)
 
 
@@ -85,8 +79,10 @@ def _refuse_unsupported(payload: GenerationRequest) -> None:
     """What neither endpoint does, refused with a 400 naming the field."""
     if payload.n not in (None, 1):
         raise bad_field("n", "only n=1 is supported: the appliance writes one choice per request.")
-    if payload.logit_bias:
-        raise bad_field("logit_bias", "logit_bias is not supported.")
+    if payload.structured_outputs is not None:
+        raise bad_field(
+            "structured_outputs", "vLLM's structured_outputs is not supported; ask for JSON with response_format."
+        )
 
 
 def prompt_text(prompt: Any) -> str:
@@ -118,11 +114,20 @@ def _with_sampling(options: dict[str, Any], payload: GenerationRequest, *, raw: 
         options["ignore_eos"] = True
     # OpenAI's presence_penalty and vLLM's extensions, as ``vllm serve`` reads them (a value out
     # of range is refused by the schema or, against max_tokens, by ``job_create_chat``).
-    extras = SamplingExtras.from_json(
-        {name: getattr(payload, name) for name in EXTRAS if getattr(payload, name) is not None}
-    )
+    try:
+        extras = SamplingExtras.from_json(
+            {name: getattr(payload, name) for name in EXTRAS if getattr(payload, name) is not None}
+        )
+    except ValueError:  # the only option read from text: logit_bias's keys
+        raise bad_field("logit_bias", LOGIT_BIAS_KEYS) from None
     if extras != NO_EXTRAS:
         options["extras"] = extras
+    try:
+        schema = response_schema(payload.response_format)
+    except SchemaRefused as exc:
+        raise bad_field(exc.field, str(exc)) from None
+    if schema is not None:
+        options["json_schema"] = schema
     stream_options = payload.stream_options if payload.stream else None
     return ChatRequest(
         job_options=options,

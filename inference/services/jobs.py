@@ -139,9 +139,10 @@ def job_create_chat(
     ``messages`` are read in the model's chat template; a ``prompt`` instead (``/v1/completions``)
     is continued as written, and its answer kept verbatim, whitespace and all. ``top_p``,
     ``seed``, ``stop`` and ``frequency_penalty`` go to the engine as OpenAI defines them
-    (``running.engine_request``), and ``extras`` (OpenAI's ``presence_penalty``, vLLM's
-    ``top_k``, ``min_p``, ``repetition_penalty`` and ``min_tokens``) as vLLM does. With a
-    ``json_schema`` the engine lets the model write only an answer that matches it.
+    (``running.engine_request``), and ``extras`` (OpenAI's ``presence_penalty`` and
+    ``logit_bias``, vLLM's ``top_k``, ``min_p``, ``repetition_penalty`` and ``min_tokens``) as
+    vLLM does. With a ``json_schema`` the engine lets the model write only an answer that
+    matches it.
     ``claim_for``: an engine's key (``lifecycle.this_engine``) when the caller would run the job
     itself on that engine: if the queue would start it now anyway, it is created claimed
     (running, attempt 1, no message sent) and the caller runs it (``lifecycle.job_run_claimed``);

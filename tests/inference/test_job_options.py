@@ -26,7 +26,10 @@ EXAMPLES = [
     ChatOptions(
         messages=({"role": "user", "content": "Hello"},),
         max_tokens=16,
-        extras=SamplingExtras(presence_penalty=0.3, repetition_penalty=1.1, top_k=5, min_p=0.1, min_tokens=2),
+        extras=SamplingExtras(
+            presence_penalty=0.3, repetition_penalty=1.1, top_k=5, min_p=0.1, min_tokens=2, logit_bias=((9, -1.0),)
+        ),
+        json_schema={"type": "object", "properties": {"days": {"type": "integer"}}},
     ),
     DraftOptions(
         message="Dear Sir", document_ids=(3, 5), tone="formal", length="short", temperature=0.7, regenerated_from="41"

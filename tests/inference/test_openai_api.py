@@ -112,6 +112,7 @@ def test_sampling_options_are_translated_with_openais_defaults():
             "response_format.json_schema.schema",
         ),
         ({"logprobs": True}, "logprobs"),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured_outputs"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": ["ok", ""]}, "stop"),
         (
@@ -144,6 +145,10 @@ def test_presence_penalty_and_vllms_sampling_extensions_reach_the_job_as_vllm_re
     for body in ({"top_k": -1}, {"top_k": 0}, {"min_p": 0}, {"min_tokens": 0}, {"repetition_penalty": 1.0}, {}):
         assert "extras" not in _translate(**body).job_options
     assert _translate_completion(top_k=1, min_tokens=2).job_options["extras"] == SamplingExtras(top_k=1, min_tokens=2)
+    # OpenAI's logit_bias: token ids as text keys, kept by id.
+    biased = _translate(logit_bias={"50256": -100, "13": 2.5}).job_options["extras"]
+    assert biased == SamplingExtras(logit_bias=((13, 2.5), (50256, -100.0)))
+    assert "extras" not in _translate(logit_bias={}).job_options
 
 
 def test_a_response_format_of_json_holds_the_answer_to_a_schema_as_vllm_reads_it():
@@ -154,6 +159,8 @@ def test_a_response_format_of_json_holds_the_answer_to_a_schema_as_vllm_reads_it
     assert _translate(response_format={"type": "json_object"}).job_options["json_schema"] == {"type": "object"}
     assert "json_schema" not in _translate(response_format={"type": "text"}).job_options
     assert "json_schema" not in _translate().job_options
+    # The same on a completion, as vllm serve reads it there too.
+    assert _translate_completion(response_format=named).job_options["json_schema"] == schema
 
 
 def test_the_finish_reason_is_the_engines_and_older_rows_infer_it_from_the_count():
@@ -206,7 +213,6 @@ def test_a_completion_is_a_chat_job_of_the_raw_prompt_with_openais_defaults():
         ({"echo": True}, "echo"),
         ({"suffix": "The end."}, "suffix"),
         ({"logprobs": 2}, "logprobs"),
-        ({"logit_bias": {"50256": -100}}, "logit_bias"),
         ({"logprobs": 0}, "logprobs"),  # still the chosen token's log probability
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": "\x00"}, "stop"),  # stored it would be U+FFFD, and stop on that
@@ -720,6 +726,10 @@ def test_an_unknown_model_is_404_naming_it(api_client):
         ({"min_p": 1.5}, "min_p"),
         ({"min_tokens": -1}, "min_tokens"),
         ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"),  # the service's check: against max_tokens
+        ({"logit_bias": {"rent": 5}}, "logit_bias"),
+        ({"logit_bias": {"-4": 5}}, "logit_bias"),
+        ({"logit_bias": {"4": 150}}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
         ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages.0.content.0.type"),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}},
@@ -956,10 +966,20 @@ def test_an_answer_held_to_a_json_schema_for_the_openai_client(alice, live_appli
     # Streamed, the chunks join into the same answer.
     chunks, _ = _streamed_chunks(client.chat.completions.create(**ask, response_format=held, stream=True))
     assert parsed("".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)) == answer
-    # Any JSON object.
+    # Any JSON object; and with an empty schema, any JSON value (free, the answer is none).
     loose = client.chat.completions.create(**{**ask, "max_tokens": 200}, response_format={"type": "json_object"})
     text = loose.choices[0].message.content
     assert text.startswith("{") and (loose.choices[0].finish_reason == "length" or isinstance(parsed(text), dict))
+    assert parsed(free) is None
+    anything = {"type": "json_schema", "json_schema": {"name": "any", "schema": {}}}
+    value = client.chat.completions.create(**{**ask, "max_tokens": 200}, response_format=anything).choices[0]
+    assert value.finish_reason == "length" or parsed(value.message.content) is not None, value.message.content
+    # A completion is held the same way (the openai client's completions take it in extra_body).
+    raw_prompt = ask["messages"][0]["content"] + "\nAnswer in JSON:"
+    text_answer = client.completions.create(
+        model=served, prompt=raw_prompt, max_tokens=40, temperature=0, extra_body={"response_format": held}
+    )
+    assert matches(parsed(text_answer.choices[0].text)), text_answer.choices[0].text
 
     # A schema the grammar compiler cannot read: 400 naming the field, no job.
     before = Job.objects.count()
@@ -974,6 +994,16 @@ def test_an_answer_held_to_a_json_schema_for_the_openai_client(alice, live_appli
     with pytest.raises(openai.InternalServerError, match="the engine refused this request") as failed:
         client.chat.completions.create(**ask, response_format=ignored)
     assert failed.value.status_code == 502 and "xgrammar" in failed.value.message
+    # A schema xgrammar reads but cannot compile against this model's vocabulary (its compiler
+    # fails on this bounded repeat): vLLM ends the request in error and lives on; the job fails
+    # (before, it "succeeded" with an empty answer).
+    uncompilable = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a{0,5000}$"}},
+    }
+    with pytest.raises(openai.InternalServerError, match="ended this request in error") as failed:
+        client.chat.completions.create(**ask, response_format=uncompilable)
+    assert failed.value.status_code == 502
     assert matches(parsed(client.chat.completions.create(**ask, response_format=held).choices[0].message.content))
 
 
@@ -1048,6 +1078,14 @@ def test_a_raw_prompt_completion_for_the_openai_client_and_vllms_bench_client(
     assert written(extra_body={"top_k": 1})[0] != sampled and written(extra_body={"min_p": 1.0})[0] != sampled
     assert written(temperature=0, presence_penalty=2.0)[0] != greedy
     assert written(temperature=0, extra_body={"repetition_penalty": 2.0})[0] != greedy
+    # logit_bias, as OpenAI defines it: a bias of 100 on one token makes greedy decoding write
+    # nothing else; an id outside the vocabulary is refused by vLLM as the request enters the
+    # engine, and the job fails alone with its message.
+    (rent,) = AutoTokenizer.from_pretrained(settings.APPLIANCE_MODEL).encode(" rent")
+    assert written(temperature=0, max_tokens=5, logit_bias={str(rent): 100})[0] == " rent" * 5
+    with pytest.raises(openai.InternalServerError, match="out-of-vocab") as failed:
+        written(logit_bias={"999999": 5})
+    assert failed.value.status_code == 502 and "the engine refused this request" in failed.value.message
     _, short = written(prompt=SHORT_ANSWER, temperature=0, max_tokens=60)
     _, held = written(prompt=SHORT_ANSWER, temperature=0, max_tokens=60, extra_body={"min_tokens": short + 10})
     assert short < 50 and held >= short + 10

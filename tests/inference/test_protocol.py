@@ -149,16 +149,28 @@ def test_a_raw_prompt_goes_instead_of_messages_and_is_left_out_when_unused():
 
 
 def test_sampling_extras_cross_flat_and_only_when_they_change_something():
-    extras = SamplingExtras(presence_penalty=0.4, repetition_penalty=1.1, top_k=30, min_p=0.05, min_tokens=8)
+    extras = SamplingExtras(
+        presence_penalty=0.4,
+        repetition_penalty=1.1,
+        top_k=30,
+        min_p=0.05,
+        min_tokens=8,
+        logit_bias=((7, -2.5), (42, 5.0)),
+    )
     request = _request(extras=extras)
     message = decode(encode(request.to_message()))
-    assert {k: message[k] for k in ("presence_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens")} == {
+    names = ("presence_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "logit_bias")
+    assert {k: message[k] for k in names} == {
         "presence_penalty": 0.4,
         "repetition_penalty": 1.1,
         "top_k": 30,
         "min_p": 0.05,
         "min_tokens": 8,
+        "logit_bias": {"7": -2.5, "42": 5.0},  # as OpenAI sends it
     }
+    # vLLM's SamplingParams takes the bias by token id, and no bias as None.
+    assert extras.sampling_params()["logit_bias"] == {7: -2.5, 42: 5.0}
+    assert SamplingExtras().sampling_params()["logit_bias"] is None
     assert GenerateRequest.from_message(message) == request
     assert GenerateRequest.from_message({**message, "top_k": -1}).extras.top_k == 0  # vLLM's other "all"
     # A request without them is the message it always was (a summary's kept sections are found
@@ -179,6 +191,12 @@ def test_sampling_extras_cross_flat_and_only_when_they_change_something():
         ("min_p", 1.2, "min_p"),
         ("min_tokens", 257, "min_tokens"),  # more than the request's max_tokens
         ("top_k", "many", "bad generate request"),
+        ("logit_bias", {"-1": 5}, "token ids"),
+        ("logit_bias", {"5": 101}, "between -100 and 100"),
+        ("logit_bias", {"5": float("nan")}, "between -100 and 100"),
+        ("logit_bias", {str(i): 1 for i in range(301)}, "at most 300 tokens"),
+        ("logit_bias", {"five": 1}, "bad generate request"),
+        ("logit_bias", [5, 1], "bad generate request"),
     ],
 )
 def test_from_message_refuses_sampling_extras_vllm_would(field, value, says):

@@ -33,6 +33,8 @@ def test_each_response_format_asks_for_its_schema():
     assert response_schema({"type": "text"}) is None and response_schema({}) is None
     assert response_schema({"type": "json_object"}) == {"type": "object"}
     assert response_schema({"type": "json_schema", "json_schema": {"name": "notice", "schema": NOTICE}}) == NOTICE
+    # An empty schema is a schema (any JSON value), not "no schema".
+    assert response_schema({"type": "json_schema", "json_schema": {"schema": {}}}) == {}
 
 
 @pytest.mark.parametrize(
@@ -80,3 +82,6 @@ def test_a_schema_is_bounded_in_size_and_depth_before_it_is_compiled():
     big = {"type": "string", "enum": ["x" * 1000 for _ in range(40)]}
     assert f"at most {SCHEMA_MAX_BYTES} are accepted" in schema_problem(big)
     assert schema_problem({"type": "number", "maximum": float("nan")}) == "the schema is not plain JSON."
+    # Stored, these would become U+FFFD: the answer would be held to another schema than was asked.
+    for unstorable in ("\x00", "\ud800"):
+        assert "NUL character or a lone surrogate" in schema_problem({"enum": [f"a{unstorable}b"]})
