@@ -362,10 +362,14 @@ APPLIANCE_DRAFTING_ITL_TARGET_MS = env_float("APPLIANCE_DRAFTING_ITL_TARGET_MS",
 # whole budget always.
 APPLIANCE_IDLE_THROUGHPUT_LOSS = env_float("APPLIANCE_IDLE_THROUGHPUT_LOSS", 0.02, minimum=0.0, maximum=0.4)
 # For this many seconds after a drafting request was last in the engine, a step of documents
-# alone is no longer than a drafter's first step, so that one arriving in a gap between drafters
-# waits little (0: off; then only APPLIANCE_IDLE_THROUGHPUT_LOSS bounds such a step).
+# alone is no longer than the gap step (or a drafter's first step, if longer), so that one
+# arriving in a gap between drafters waits little (0: off; then only
+# APPLIANCE_IDLE_THROUGHPUT_LOSS bounds such a step). The gap step: APPLIANCE_DRAFTING_GAP_STEP_MS
+# when set, else (0) what keeps such a drafter's TTFT within APPLIANCE_DRAFTING_TTFT_SLOWDOWN of
+# one arriving beside drafting alone, from the step costs (step_policy.Planner.gap_step_s).
 APPLIANCE_DRAFTING_RECENT_S = env_float("APPLIANCE_DRAFTING_RECENT_S", 30.0, minimum=0.0)
-APPLIANCE_DRAFTING_GAP_STEP_MS = env_float("APPLIANCE_DRAFTING_GAP_STEP_MS", 250.0, minimum=0.0)
+APPLIANCE_DRAFTING_GAP_STEP_MS = env_float("APPLIANCE_DRAFTING_GAP_STEP_MS", 0.0, minimum=0.0)
+APPLIANCE_DRAFTING_TTFT_SLOWDOWN = env_float("APPLIANCE_DRAFTING_TTFT_SLOWDOWN", 2.0, minimum=1.0, maximum=10.0)
 # A backlog that arrives at an empty engine starts with steps as short as a drafter's first one,
 # each documents-only step then this many times the one before, up to the size above (a slow
 # start: a drafter arriving t seconds after the engine got busy waits for a step of about t at

@@ -916,9 +916,14 @@ class _Bench:
         fifo_tokens_per_s = result["modes"]["fifo"]["documents"]["prompt_tokens_per_s"]
         while_drafting = _ratio(bound_tokens_per_s, fifo_tokens_per_s)
         # Bursts leave time with nobody drafting, where documents may go at FIFO's speed less
-        # the 2 % rule's loss: the bound is the mix, weighted by how long drafting was present.
+        # the 2 % rule's loss, or, drafting being recent, in steps no longer than the gap step
+        # the TTFT target allows (``Planner.gap_step_s``), whose fixed cost is paid more often:
+        # the bound is the mix, weighted by how long drafting was present.
         share = min(1.0, (drafting.get("busy_s") or episodes_s) / max(episodes_s, 1e-9))
         idle_speed = 1.0 - float(config.get("idle_throughput_loss", 0.02))
+        gap = self._gap_speed(model, config, scheduler, position)
+        if gap is not None:
+            idle_speed = min(idle_speed, gap)
         mixed = None if while_drafting is None else _round((1 - share) * idle_speed + share * while_drafting, 4)
         return {
             "available": True,
@@ -928,9 +933,30 @@ class _Bench:
             "document_tokens_per_step": per_step,
             "document_tokens_per_s": _round(bound_tokens_per_s),
             "drafting_share": round(share, 3),
+            "idle_vs_fifo": _round(idle_speed, 4),
             "vs_fifo_while_drafting": while_drafting,
             "vs_fifo": mixed,
         }
+
+    def _gap_speed(self, model, config: dict, scheduler: dict, position: int) -> float | None:
+        """Documents' speed in steps of the gap step between drafters (``Planner.gap_step_s``, on
+        the measured step costs) against steps of the engine's whole budget, as FIFO's are; None
+        when there is no gap step (``drafting_recent_s`` 0) or the model cannot tell."""
+        from inference.engine.step_policy import Planner, PolicyConfig, StepShape
+
+        known = set(PolicyConfig().to_dict())
+        policy = PolicyConfig.from_dict({k: v for k, v in config.items() if k in known})
+        if not policy.drafting_recent_s:
+            return None
+        budget = int(self.engine_stats().get("max_num_batched_tokens") or 0)
+        planner = Planner(config=policy, max_budget_tokens=budget or 2048, cost=model,
+                          default_draft_prompt_tokens=int(scheduler.get("draft_prompt_tokens") or 64))  # fmt: skip
+        gap_s = planner.gap_step_s()
+        tokens = model.prefill_budget(StepShape(), position=position, target_s=gap_s) if gap_s else None
+        full_s = model.predict(StepShape.of([], [(position, planner.max_budget_tokens)]))
+        if not tokens or not full_s:
+            return None
+        return min(1.0, (tokens / gap_s) / (planner.max_budget_tokens / full_s))
 
     def beside_ingest(self, seed: int) -> dict:
         """Steady drafting (Poisson at ``--steady-rate``) in ``--ingest-pairs`` pairs of windows,

@@ -85,7 +85,8 @@ class EngineConfig:
     itl_target_ms: float = 0.0
     idle_throughput_loss: float = 0.02
     drafting_recent_s: float = 30.0
-    gap_step_ms: float = 250.0
+    gap_step_ms: float = 0.0
+    ttft_slowdown: float = 2.0
     idle_ramp_factor: float = 2.0
     chunk_fixed_cost_share: float = 0.0
     document_min_share: float = 0.2
@@ -130,6 +131,7 @@ class EngineConfig:
             idle_throughput_loss=settings.APPLIANCE_IDLE_THROUGHPUT_LOSS,
             drafting_recent_s=settings.APPLIANCE_DRAFTING_RECENT_S,
             gap_step_ms=settings.APPLIANCE_DRAFTING_GAP_STEP_MS,
+            ttft_slowdown=settings.APPLIANCE_DRAFTING_TTFT_SLOWDOWN,
             idle_ramp_factor=settings.APPLIANCE_IDLE_RAMP_FACTOR,
             chunk_fixed_cost_share=settings.APPLIANCE_CHUNK_FIXED_COST_SHARE,
             document_min_share=settings.APPLIANCE_DOCUMENT_MIN_SHARE,
@@ -152,6 +154,7 @@ class EngineConfig:
             idle_throughput_loss=self.idle_throughput_loss,
             drafting_recent_s=self.drafting_recent_s,
             gap_step_ms=self.gap_step_ms,
+            ttft_slowdown=self.ttft_slowdown,
             idle_ramp_factor=self.idle_ramp_factor,
             chunk_fixed_cost_share=self.chunk_fixed_cost_share,
             document_min_share=self.document_min_share,

@@ -39,9 +39,11 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   is large, and of the smallest chunk that keeps them within ``idle_throughput_loss`` (2 %) of
   that speed where it is small (a CPU), so that a drafter who arrives waits for a short step.
   While drafting comes and goes (a drafter seen in the last ``drafting_recent_s``), such a step
-  is also no longer than ``gap_step_ms`` (250 ms), or a drafter's own first step (its prompt, as
-  recent drafters' were) when that is longer: one who arrives in the gap waits at most about
-  that long more, which keeps drafting TTFT within twice its time alone. (Held to a drafter's
+  is also no longer than the gap step (``Planner.gap_step_s``: what keeps a drafter who arrives
+  as it begins within ``ttft_slowdown``, 2x, of a drafter's TTFT alone; about 140 ms on a 2-core
+  CPU), or a drafter's own first step (its prompt, as recent drafters' were) when that is
+  longer. (A fixed 250 ms, the rule until 2026-12-06, put drafting's TTFT p95 at 2.3x alone
+  under steady arrivals: the slowest 5 % were those that arrived as a gap step began. Held to a drafter's
   first step alone, some 60 ms on this CPU, documents ran at half speed in those gaps: the burst
   benchmark's documents lost a third of their speed to it. Without such a bound, documents
   quickly ramping back to the 2 % rule's step, 0.7 s here, the first drafter of each burst
@@ -108,10 +110,14 @@ class PolicyConfig:
     # that a drafter who arrives waits less); 0: always vLLM's whole budget.
     idle_throughput_loss: float = 0.02
     # For this long after a drafter was last in the engine, a step with nobody drafting is no
-    # longer than ``gap_step_ms`` or a drafter's first step, whichever is longer (0: only
-    # ``idle_throughput_loss`` bounds it).
+    # longer than the gap step or a drafter's first step, whichever is longer (0: only
+    # ``idle_throughput_loss`` bounds it). The gap step is ``gap_step_ms`` when that is set; by
+    # default (0) it is derived from ``ttft_slowdown`` (``Planner.gap_step_s``): a drafter who
+    # arrives as such a step begins waits for it and then for its own first step, and that may
+    # take this many times as long as a drafter alone waits for a step of drafting and its own.
     drafting_recent_s: float = 30.0
-    gap_step_ms: float = 250.0
+    gap_step_ms: float = 0.0
+    ttft_slowdown: float = 2.0
     # A backlog arriving at an empty engine, or left alone by the last drafter, starts with a
     # drafter's first step of documents, and each documents-only step after it may be this many
     # times the one before (0: no slow start).
@@ -148,6 +154,8 @@ class PolicyConfig:
             raise ValueError("drafting_recent_s must not be negative")
         if self.gap_step_ms < 0:
             raise ValueError("gap_step_ms must not be negative")
+        if self.ttft_slowdown < 1.0:
+            raise ValueError("ttft_slowdown must be at least 1")
         if not 0.0 <= self.chunk_fixed_cost_share < 1.0:
             raise ValueError("chunk_fixed_cost_share must be in [0, 1)")
         if not 0.0 <= self.document_min_share <= 0.5:
@@ -768,9 +776,28 @@ class Planner:
                          base.prefill_attention + prompt * prompt / 2)  # fmt: skip
 
     def gap_budget(self, base: StepShape, position: int) -> int | None:
-        """Document prefill tokens for a step in a gap between drafters: what fits in
-        ``gap_step_ms`` or a drafter's first step, whichever is longer."""
-        return self.first_step_budget(base, position, at_least_s=self.config.gap_step_ms / 1000.0)
+        """Document prefill tokens for a step in a gap between drafters: what fits in the gap
+        step (``gap_step_s``) or a drafter's first step, whichever is longer."""
+        return self.first_step_budget(base, position, at_least_s=self.gap_step_s() or 0.0)
+
+    def gap_step_s(self) -> float | None:
+        """The longest documents-only step between drafters: ``gap_step_ms`` when set, else the
+        longest that keeps a drafter who arrives as it begins within ``ttft_slowdown`` of one who
+        arrives beside drafting alone. That one waits, at worst, for a step of one drafter's
+        decode and then for its own first step (``d`` and ``f``); the other for the gap step and
+        its first step: ``gap + f <= s * (d + f)``, so ``gap = s * d + (s - 1) * f``, less what
+        steps have lately overrun the cost model by. About 140 ms on a 2-core CPU with the small
+        model (d 41 ms, f 68 ms); on a GPU, whose steps take milliseconds, tens of milliseconds.
+        None while the cost model cannot tell."""
+        if self.config.gap_step_ms > 0:
+            return self.config.gap_step_ms / 1000.0
+        alone = StepShape()
+        decode = self.cost.predict(alone.with_decodes([self.draft_prompt_tokens()]))
+        first = self._first_step_s(alone)
+        if decode is None or first is None:
+            return None
+        s = self.config.ttft_slowdown
+        return max(0.0, s * decode + (s - 1.0) * first) / self.cost.overrun(relative=True)
 
     def _note_drafting(self, running: Sequence[RunningRequest], waiting: Sequence[WaitingRequest], now: float) -> bool:
         """Remember when drafting was last seen and how long drafters' prompts are; True while

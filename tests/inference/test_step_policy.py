@@ -15,6 +15,7 @@ from inference.engine.step_policy import (
     Reservation,
     RunningRequest,
     StepCostModel,
+    StepPlan,
     StepShape,
     WaitingRequest,
     admit,
@@ -277,10 +278,14 @@ def test_documents_arriving_at_an_idle_engine_start_slowly_then_reach_the_2_perc
     # Off: the first step is the 2 % rule's.
     off = Planner(config=PolicyConfig(idle_ramp_factor=0), max_budget_tokens=2048, cost=cpu_like_model())
     assert off.plan([], backlog, [w.request_id for w in backlog], set(), now=0.0).token_budget == full
-    # Drafters seen lately: the first step is as short as the gap rule makes any other.
+    # Drafters seen lately: the first step is a drafter's first step again, then the ramp goes
+    # up to the gap step (on this slow machine, longer than a drafter's first step).
     p.plan([draft("d")], [], [], set(), now=20.0)
-    gap = p.plan([], backlog, [], set(), now=21.0)
-    assert gap.reason == "drafting_gap" and gap.token_budget <= budgets[0]
+    gaps = [p.plan([], backlog, [], set(), now=21.0)]
+    for step in range(1, 4):
+        gaps.append(p.plan([document("doc0", left=8000, done=step * 100)], backlog[1:], [], set(), now=21.0 + step))
+    assert gaps[0].reason == "slow_start" and gaps[0].token_budget <= budgets[0]
+    assert gaps[-1].reason == "drafting_gap" and budgets[0] < gaps[-1].token_budget < full
     # Nothing to prefill (only decodes, or documents deferred): vLLM's own budget.
     assert p.plan([], backlog, [], {w.request_id for w in backlog}, now=100.0).token_budget is None
 
@@ -362,8 +367,10 @@ def test_when_the_last_drafter_leaves_documents_start_slowly_again():
     assert off.plan([document("doc0", left=8000)], [], [], set(), now=1.0).token_budget == full
 
 
-def test_between_drafters_a_documents_step_is_no_longer_than_a_drafters_first_step():
-    p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=cpu_like_model())
+def test_between_drafters_a_documents_step_is_no_longer_than_a_drafters_first_step_under_a_ttft_bound_of_1x():
+    # ttft_slowdown 1: a drafter arriving in a gap may wait no longer than one arriving beside
+    # drafting alone, so the gap step is a decode step, and a drafter's first step is longer.
+    p = Planner(config=PolicyConfig(ttft_slowdown=1.0), max_budget_tokens=2048, cost=cpu_like_model())
     alone = [document("d1", left=8000)]
     quiet = p.plan(alone, [], [], set(), now=0.0)  # no drafter seen yet: the 2 % rule
     assert quiet.reason == "no_drafting" and quiet.token_budget > 200  # ~270 tokens: a 1.8 s step
@@ -401,34 +408,47 @@ def this_cpu_model() -> StepCostModel:
     return model
 
 
-def test_between_drafters_a_documents_step_may_take_the_gap_step_when_a_drafters_first_step_is_short():
-    # A drafter's first step is short here (~57 ms for 40 tokens): holding documents to it would
-    # halve their speed in every gap. A step may take gap_step_ms (250 ms), reached by a slow start
-    # from a drafter's first step once the drafters have left; never the 2 % rule's 0.7 s step.
-    def cost(tokens: int) -> float:
-        return 0.031 + 0.00065 * tokens
-
-    p = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=this_cpu_model())
+def _gap_plans(config: PolicyConfig) -> list[StepPlan]:
+    """A planner that has seen three drafters of 40-token prompts, then documents alone: its next
+    ten plans."""
+    p = Planner(config=config, max_budget_tokens=2048, cost=this_cpu_model())
     alone = [document("d1", left=50000)]
-    full = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=this_cpu_model()).plan(
-        alone, [], [], set(), now=0.0
-    )
-    assert cost(full.token_budget) > 0.6  # the 2 % rule's step, with nobody drafting lately
     for i in range(3):
         drafter = RunningRequest(f"draft{i}", drafting=True, user="u2", arrival=float(i), need_tokens=40,
                                  prefill_left=40, context_tokens=0)  # fmt: skip
         p.plan([drafter, *alone], [], [], set(), now=float(i))
-    plans = [p.plan(alone, [], [], set(), now=5.0 + i) for i in range(10)]
-    assert plans[0].reason == "slow_start" and cost(plans[0].token_budget) <= cost(40) * 1.05  # a drafter's first step
+    return [p.plan(alone, [], [], set(), now=5.0 + i) for i in range(10)]
+
+
+def test_between_drafters_a_documents_step_takes_the_gap_step_the_ttft_target_allows():
+    # A drafter's first step is short here (~57 ms for 40 tokens): holding documents to it would
+    # halve their speed in every gap. A step may take the gap step, reached by a slow start from
+    # a drafter's first step once the drafters have left; never the 2 % rule's 0.7 s step.
+    def cost(tokens: int) -> float:
+        return 0.031 + 0.00065 * tokens
+
+    full = Planner(config=PolicyConfig(), max_budget_tokens=2048, cost=this_cpu_model()).plan(
+        [document("d1", left=50000)], [], [], set(), now=0.0
+    )
+    assert cost(full.token_budget) > 0.6  # the 2 % rule's step, with nobody drafting lately
+    # The default: a drafter arriving as a gap step begins waits for it and its own first step
+    # (f), one arriving beside drafting alone for a decode step (d) and its first step; the gap
+    # step keeps the first within 2x the second: gap = 2 d + f.
+    decode, first = 0.031 + 0.002, cost(40)
+    plans = _gap_plans(PolicyConfig())
+    assert plans[0].reason == "slow_start" and cost(plans[0].token_budget) <= first * 1.05  # a drafter's first step
     assert plans[1].token_budget == 2 * plans[0].token_budget
     assert plans[-1].reason == "drafting_gap"
-    assert 0.24 <= cost(plans[-1].token_budget) <= 0.25 * 1.02
-    # gap_step_ms 0: held to a drafter's first step (the older rule)
-    off = Planner(config=PolicyConfig(gap_step_ms=0), max_budget_tokens=2048, cost=this_cpu_model())
-    off.plan([RunningRequest("d", drafting=True, user="u2", arrival=0.0, need_tokens=40, prefill_left=40,
-                             context_tokens=0), *alone], [], [], set(), now=0.0)  # fmt: skip
-    held = [off.plan(alone, [], [], set(), now=1.0 + i) for i in range(10)][-1]
-    assert held.reason == "drafting_gap" and cost(held.token_budget) <= cost(40) * 1.05
+    assert (2 * decode + first) * 0.99 <= cost(plans[-1].token_budget) <= 2 * decode + first
+    # A looser TTFT bound allows a longer step: 3 d + 2 f.
+    looser = _gap_plans(PolicyConfig(ttft_slowdown=3.0))[-1]
+    assert (3 * decode + 2 * first) * 0.99 <= cost(looser.token_budget) <= 3 * decode + 2 * first
+    # gap_step_ms, when set, is the gap step
+    fixed = _gap_plans(PolicyConfig(gap_step_ms=250))[-1]
+    assert fixed.reason == "drafting_gap" and 0.25 * 0.99 <= cost(fixed.token_budget) <= 0.25
+    # ttft_slowdown 1: held to a drafter's first step (longer than a decode step)
+    held = _gap_plans(PolicyConfig(ttft_slowdown=1.0))[-1]
+    assert held.reason == "drafting_gap" and cost(held.token_budget) <= first * 1.05
 
 
 def test_with_no_fixed_step_cost_in_the_model_documents_keep_vllms_whole_budget():
