@@ -921,7 +921,7 @@ class _Bench:
         # the bound is the mix, weighted by how long drafting was present.
         share = min(1.0, (drafting.get("busy_s") or episodes_s) / max(episodes_s, 1e-9))
         idle_speed = 1.0 - float(config.get("idle_throughput_loss", 0.02))
-        gap = self._gap_speed(model, config, scheduler, position)
+        gap = _ratio(self._gap_tokens_per_s(model, config, scheduler, position), fifo_tokens_per_s)
         if gap is not None:
             idle_speed = min(idle_speed, gap)
         mixed = None if while_drafting is None else _round((1 - share) * idle_speed + share * while_drafting, 4)
@@ -938,10 +938,12 @@ class _Bench:
             "vs_fifo": mixed,
         }
 
-    def _gap_speed(self, model, config: dict, scheduler: dict, position: int) -> float | None:
-        """Documents' speed in steps of the gap step between drafters (``Planner.gap_step_s``, on
-        the measured step costs) against steps of the engine's whole budget, as FIFO's are; None
-        when there is no gap step (``drafting_recent_s`` 0) or the model cannot tell."""
+    def _gap_tokens_per_s(self, model, config: dict, scheduler: dict, position: int) -> float | None:
+        """Documents' prompt tokens a second in steps of the gap step between drafters
+        (``Planner.gap_step_s``, on the measured step costs), to set beside FIFO's measured speed
+        (the cost model, fitted on the short steps the scheduler plans, is not read for FIFO's
+        steps of the whole budget); None when there is no gap step (``drafting_recent_s`` 0) or
+        the model cannot tell."""
         from inference.engine.step_policy import Planner, PolicyConfig, StepShape
 
         known = set(PolicyConfig().to_dict())
@@ -953,10 +955,7 @@ class _Bench:
                           default_draft_prompt_tokens=int(scheduler.get("draft_prompt_tokens") or 64))  # fmt: skip
         gap_s = planner.gap_step_s()
         tokens = model.prefill_budget(StepShape(), position=position, target_s=gap_s) if gap_s else None
-        full_s = model.predict(StepShape.of([], [(position, planner.max_budget_tokens)]))
-        if not tokens or not full_s:
-            return None
-        return min(1.0, (tokens / gap_s) / (planner.max_budget_tokens / full_s))
+        return tokens / gap_s if tokens and gap_s else None
 
     def beside_ingest(self, seed: int) -> dict:
         """Steady drafting (Poisson at ``--steady-rate``) in ``--ingest-pairs`` pairs of windows,
