@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +16,7 @@ from django.conf import settings
 from appliance.processes import start
 from inference import services, streaming
 from inference.models import Job, Queue
+from inference.tasks import EMBEDDER_WARM_LOG
 from tests.conftest import BASE_DIR, _child_env, _stop, _test_database_url, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -75,6 +77,16 @@ def victim_decode_worker(workers):
     finally:
         _stop(process)  # already dead after the test, or stopped here if it failed early
         app.control.add_consumer("decode", destination=session_decode, reply=True)
+
+
+def test_the_inference_workers_load_their_embedder_as_they_start_not_on_the_first_job(workers):
+    # Each of them logs it once loaded; a job that needs the embedder first would only load it.
+    logs = {name: Path(settings.VAR_DIR) / "logs" / f"{name}.log" for name in ("prefill-worker", "decode-worker")}
+
+    def warmed() -> bool:
+        return all(path.is_file() and EMBEDDER_WARM_LOG in path.read_text(errors="replace") for path in logs.values())
+
+    wait_until(warmed, timeout_s=180, interval_s=1, message=f"'{EMBEDDER_WARM_LOG}' in {sorted(logs)}")
 
 
 def test_a_job_whose_worker_is_killed_is_handed_on_and_finished(alice, victim_decode_worker, engine_host):
