@@ -87,9 +87,12 @@ _watchdog = Watchdog("document-watchdog", _sweep)
 @worker_ready.connect
 def start_watchdog(sender=None, **kwargs) -> None:
     """The ingest worker sends, every half grace period, the ingestion of uploads whose message
-    was never sent."""
+    was never sent, and loads its passages' embedder ahead of the first upload."""
     if worker_pool(str(getattr(sender, "hostname", ""))) == "ingest":
         _watchdog.start(services.DISPATCH_GRACE_S / 2)
+        from documents.embeddings import load_ahead, passage_embedder
+
+        load_ahead(passage_embedder)
 
 
 @worker_shutdown.connect

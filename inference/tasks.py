@@ -12,8 +12,6 @@ went with a broker that lost its queues (``lifecycle.jobs_recover_stale``,
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
 from celery import shared_task
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
@@ -83,36 +81,9 @@ def consume_this_engines_turns(sender=None, instance=None, **kwargs) -> None:
 def start_watchdog(sender=None, **kwargs) -> None:
     if is_inference_worker(str(getattr(sender, "hostname", ""))):
         _watchdog.start(max(1.0, settings.APPLIANCE_JOB_HEARTBEAT_TIMEOUT_S / 4))
-        warm_embedder()
+        from documents.embeddings import get_embedder, load_ahead
 
-
-EMBEDDER_WARM_LOG = "embedder ready for the first job"
-
-
-def warm_embedder() -> threading.Thread:
-    """Load the process's embedder on a thread of its own as the worker starts, not on the first
-    job that needs it: a draft's retrieval and support checks and a summary's page checks all do,
-    and loading it (importing torch and sentence-transformers, then the model: some 10 s on a
-    2-core CPU beside the engine) on the first draft after a start put all of that into the
-    first drafts' time to first token (on `make run`, four drafts sent beside a summary right
-    after the start waited 5-14 s for their first token, against 0.2-1.2 s once it was loaded).
-    A job that needs it meanwhile waits for the same load (``get_embedder`` loads once). A
-    failure here is logged; the first job that needs the embedder tries again and reports it."""
-
-    def load() -> None:
-        from documents.embeddings import get_embedder
-
-        started = time.monotonic()
-        try:
-            get_embedder()
-        except Exception:
-            logger.exception("the embedder could not be loaded ahead of the first job")
-            return
-        logger.info("%s (%.1f s after the worker was ready)", EMBEDDER_WARM_LOG, time.monotonic() - started)
-
-    thread = threading.Thread(target=load, name="embedder-warm-up", daemon=True)
-    thread.start()
-    return thread
+        load_ahead(get_embedder)
 
 
 @worker_shutdown.connect

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from documents.chunking import ChunkSpan
-from documents.embeddings import embed_spans, get_embedder
+from documents.embeddings import EMBEDDER_WARM_LOG, embed_spans, get_embedder, load_ahead
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +68,25 @@ def test_loads_once_per_process(embedder):
     assert embedder.model_name == "all-MiniLM-L6-v2"
     assert embedder.dimensions == 384
     assert embedder.max_seq_tokens == 256
+
+
+def test_loading_ahead_logs_when_ready_and_a_failure_is_logged_not_raised(caplog):
+    # Fakes of the loader: the real one is the workers' (tests/inference/test_jobs.py).
+    loaded = []
+    with caplog.at_level("INFO", logger="documents.embeddings"):
+        load_ahead(lambda: loaded.append("embedder")).join(timeout=10)
+    assert loaded == ["embedder"] and EMBEDDER_WARM_LOG in caplog.text
+    caplog.clear()
+
+    def broken():
+        raise FileNotFoundError("the embedding model directory /nowhere does not exist")
+
+    with caplog.at_level("INFO", logger="documents.embeddings"):
+        thread = load_ahead(broken)
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert "could not be loaded ahead of the first job" in caplog.text and "/nowhere" in caplog.text
+    assert EMBEDDER_WARM_LOG not in caplog.text
 
 
 def test_vectors_are_unit_length_float32(embedder):

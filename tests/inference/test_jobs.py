@@ -14,9 +14,9 @@ import pytest
 from django.conf import settings
 
 from appliance.processes import start
+from documents.embeddings import EMBEDDER_WARM_LOG
 from inference import services, streaming
 from inference.models import Job, Queue
-from inference.tasks import EMBEDDER_WARM_LOG
 from tests.conftest import BASE_DIR, _child_env, _stop, _test_database_url, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -79,9 +79,11 @@ def victim_decode_worker(workers):
         app.control.add_consumer("decode", destination=session_decode, reply=True)
 
 
-def test_the_inference_workers_load_their_embedder_as_they_start_not_on_the_first_job(workers):
-    # Each of them logs it once loaded; a job that needs the embedder first would only load it.
-    logs = {name: Path(settings.VAR_DIR) / "logs" / f"{name}.log" for name in ("prefill-worker", "decode-worker")}
+def test_the_workers_load_their_embedder_as_they_start_not_on_the_first_job(workers):
+    # Each of them logs it once loaded; a job (or an upload) that needs the embedder first would
+    # only load it.
+    names = ("prefill-worker", "decode-worker", "ingest-worker")
+    logs = {name: Path(settings.VAR_DIR) / "logs" / f"{name}.log" for name in names}
 
     def warmed() -> bool:
         return all(path.is_file() and EMBEDDER_WARM_LOG in path.read_text(errors="replace") for path in logs.values())
