@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+import re
+import uuid
+from pathlib import Path, PurePath, PurePosixPath
 
 from django.conf import settings
 from django.contrib.auth.models import Group
@@ -8,6 +10,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
 from pgvector.django import HnswIndex, VectorField
 
 # all-MiniLM-L6-v2 writes 384 numbers per passage. Another embedding model with another size
@@ -192,6 +195,18 @@ class SourceItem(models.Model):
         return f"{self.source}: {self.key}"
 
 
+_PLAIN_SUFFIX = re.compile(r"\.[a-z0-9]{1,10}")
+
+
+def stored_file_name(instance: models.Model, filename: str) -> str:
+    """Where a document's file is kept: a random name in the month's folder, with the upload's
+    suffix when it is a plain one. The name a person gave is ``Document.filename``, shown and
+    downloaded as given; as the name on disk it failed past the file system's 255 bytes (100
+    Chinese characters are 300) and Django refused one with no letter or digit ("€.pdf")."""
+    suffix = PurePath(filename).suffix.lower()
+    return f"documents/{timezone.now():%Y/%m}/{uuid.uuid4().hex}{suffix if _PLAIN_SUFFIX.fullmatch(suffix) else ''}"
+
+
 class Document(models.Model):
     class State(models.TextChoices):
         UPLOADED = "uploaded", "Uploaded"
@@ -220,7 +235,7 @@ class Document(models.Model):
     content_type = models.CharField(max_length=127, blank=True)
     size_bytes = models.BigIntegerField()
     sha256 = models.CharField(max_length=64)
-    file = models.FileField(upload_to="documents/%Y/%m/", max_length=500)
+    file = models.FileField(upload_to=stored_file_name, max_length=500)
     state = models.CharField(max_length=16, choices=State.choices, default=State.UPLOADED)
     failure_reason = models.TextField(blank=True)
     pages_total = models.PositiveIntegerField(null=True, blank=True)
