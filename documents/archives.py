@@ -5,8 +5,10 @@ An archive someone else made can be hostile, and the web process opens it, so no
 trusts what the archive says about itself:
 
 - the whole archive is refused (``ArchiveRefused``, with a reason a person understands) when it
-  is not a readable zip, holds more than ``max_members`` files, or declares more than
-  ``max_total_bytes`` uncompressed;
+  is not a readable zip (whatever the zip reader raises on it), its table of contents (the
+  central directory, which the zip reader holds in memory entire) is larger than
+  ``max_members`` files can need, it holds more than ``max_members`` files, or it declares more
+  than ``max_total_bytes`` uncompressed;
 - a member is skipped, with its reason, when its name leads outside the folder (``../``, an
   absolute path, a drive letter), it is a link, encrypted, an archive itself (nested archives
   are not opened), not a supported document type, over the per-file limit, compressed more than
@@ -21,9 +23,10 @@ then checked like any upload's, in the extraction sandbox.
 
 from __future__ import annotations
 
+import os
 import stat
+import struct
 import zipfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -39,6 +42,14 @@ SUPPORTED_WORDS = "PDF, Word .docx, text, Markdown and e-mail .eml"
 # Below this size a high compression ratio is harmless (a page of spaces compresses 1000 times).
 RATIO_FLOOR_BYTES = 1024 * 1024
 READ_CHUNK_BYTES = 1024 * 1024
+# What one entry of the table of contents may take, for the check before the zip reader loads
+# it: the fixed 46 bytes and room for a long path and its extra fields. Entries per file
+# allowed: folders, and the "._" companions a Mac's zip adds, are entries too.
+CENTRAL_ENTRY_BYTES = 46 + 1024
+CENTRAL_ENTRIES_PER_FILE = 4
+_END = struct.Struct("<4s4H2LH")  # the end of central directory record
+_END64_LOCATOR = struct.Struct("<4sLQL")
+_END64 = struct.Struct("<4sQ2H2L4Q")
 
 
 @dataclass(frozen=True)
@@ -117,9 +128,18 @@ def read_zip(file: IO[bytes], *, limits: ArchiveLimits) -> Iterator[Member | Ski
     """The archive's files in order, each a ``Member`` to ingest or a ``Skipped`` with its
     reason. Raises ``ArchiveRefused`` before yielding anything when the archive as a whole is
     refused. Folders themselves are not listed."""
+    table = _central_directory_bytes(file)
+    if table is not None and table > limits.max_members * CENTRAL_ENTRIES_PER_FILE * CENTRAL_ENTRY_BYTES:
+        raise ArchiveRefused(
+            f"The archive's table of contents is {_mb(table)}, more than {limits.max_members} files need; one "
+            f"archive may hold at most {limits.max_members}. Split it into smaller archives."
+        )
     try:
+        file.seek(0)
         archive = zipfile.ZipFile(file)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+    except MemoryError:
+        raise
+    except Exception as exc:  # the zip reader raises many kinds on hostile input (LZMAError, a negative seek, ...)
         raise ArchiveRefused(f"This is not a zip archive the appliance can read ({exc}).") from None
     with archive:
         infos = [info for info in archive.infolist() if not info.is_dir()]
@@ -143,7 +163,9 @@ def read_zip(file: IO[bytes], *, limits: ArchiveLimits) -> Iterator[Member | Ski
                 continue
             try:
                 data = _read_member(archive, info)
-            except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
+            except MemoryError:
+                raise
+            except Exception as exc:  # a damaged stream of any method: zlib, bz2 and lzma errors, bad offsets
                 yield Skipped(name, f"It is damaged and could not be unpacked ({exc}).")
                 continue
             if len(data) > info.file_size:
@@ -154,6 +176,34 @@ def read_zip(file: IO[bytes], *, limits: ArchiveLimits) -> Iterator[Member | Ski
                 yield Skipped(name, f"The archive's files passed {_mb(limits.max_total_bytes)} in all here.")
                 continue
             yield Member(name, data)
+
+
+def _central_directory_bytes(file: IO[bytes]) -> int | None:
+    """The size of the archive's table of contents as its end record declares it (the zip64
+    record's, when there is one), read before the zip reader loads the table; None when there is
+    no end record (the zip reader then refuses the archive)."""
+    try:
+        size = file.seek(0, os.SEEK_END)
+        tail_bytes = min(size, _END.size + 0xFFFF)  # the record, and a comment of at most 64 KiB
+        file.seek(size - tail_bytes)
+        tail = file.read(tail_bytes)
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or at + _END.size > len(tail):
+            return None
+        fields = _END.unpack_from(tail, at)
+        entries, table = int(fields[4]), int(fields[5])
+        if table != 0xFFFFFFFF and entries != 0xFFFF:
+            return table
+        locator = at - _END64_LOCATOR.size
+        if locator < 0 or tail[locator : locator + 4] != b"PK\x06\x07":
+            return table
+        file.seek(_END64_LOCATOR.unpack_from(tail, locator)[2])
+        record = file.read(_END64.size)
+        if len(record) < _END64.size or record[:4] != b"PK\x06\x06":
+            return table
+        return int(_END64.unpack(record)[8])
+    except (OSError, ValueError, struct.error):
+        return None
 
 
 def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:

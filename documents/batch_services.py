@@ -79,6 +79,10 @@ class _Collector:
             self.broker_down = exc
             self.skip(name, f"Not stored: {exc} Upload it again.")
             return
+        except Exception:  # one file that breaks something unforeseen fails alone, not the batch
+            logger.exception("batch %s: %s could not be stored", self.batch.pk, name)
+            self.skip(name, "Not stored: an internal error, logged for the administrator. Upload it again later.")
+            return
         if not created:
             self.skip(name, f"Already in your library as “{document.title}”: not read again.", document_id=document.pk)
             return
@@ -123,15 +127,17 @@ def batch_create(
     name = uploads[0].name if len(uploads) == 1 else f"{len(uploads)} files"
     batch = Batch.objects.create(owner=owner, name=(name or "upload")[:255])
     found = _Collector(owner=owner, batch=batch, groups=list(groups))
-    for upload in uploads:
-        if is_archive(upload):
-            found.add_archive(upload)
-        else:
-            found.add(upload.name or "upload", upload)
-    Batch.objects.filter(pk=batch.pk).update(
-        files_total=found.files, files_skipped=found.files - len(found.created), skipped=found.skipped
-    )
-    batch_settle(batch_id=batch.pk, filled=True)  # all read already, or nothing to read (all skipped)
+    try:
+        for upload in uploads:
+            if is_archive(upload):
+                found.add_archive(upload)
+            else:
+                found.add(upload.name or "upload", upload)
+    finally:  # what was stored is counted, whatever stopped the rest
+        Batch.objects.filter(pk=batch.pk).update(
+            files_total=found.files, files_skipped=found.files - len(found.created), skipped=found.skipped
+        )
+        batch_settle(batch_id=batch.pk, filled=True)  # all read already, or nothing to read (all skipped)
     batch.refresh_from_db()
     return batch, found.created
 

@@ -110,3 +110,33 @@ def test_too_many_members_or_too_much_unpacked_refuses_the_whole_archive():
 )
 def test_unsafe_names(name, safe):
     assert (unsafe_name_reason(name) == "") is safe
+
+
+def test_a_damaged_member_of_any_compression_method_is_skipped_alone():
+    gpl = (LICENCES / "GPL-3").read_bytes()
+    raw = bytearray(zip_of([("a.txt", gpl), ("b.txt", gpl[:5000])], compression=zipfile.ZIP_LZMA).getvalue())
+    # a.txt's LZMA properties (after the 30-byte local header, its name and LZMA's 4-byte header)
+    # made nonsense: the lzma module raises its own error, which stopped the whole batch (a 500).
+    start = 30 + len("a.txt") + 4
+    raw[start : start + 5] = b"\xff" * 5
+    taken, skipped = outcome(io.BytesIO(bytes(raw)))
+    assert taken == {"b.txt": gpl[:5000]}
+    assert "damaged" in skipped["a.txt"]
+
+
+def test_an_archive_the_zip_reader_cannot_open_for_any_reason_is_refused_with_a_reason():
+    raw = bytearray(zip_of([("a.txt", b"some text")]).getvalue())
+    central = raw.rfind(b"PK\x01\x02")
+    raw[central + 6 : central + 8] = (228).to_bytes(2, "little")  # "needs zip version 22.8": NotImplementedError
+    with pytest.raises(ArchiveRefused, match="not a zip archive the appliance can read"):
+        list(read_zip(io.BytesIO(bytes(raw)), limits=LIMITS))
+
+
+def test_a_table_of_contents_larger_than_the_file_limit_needs_is_refused_before_it_is_loaded():
+    # 300 entries with long names: a table of some 90 KB, where 10 files need at most 43 KB.
+    archive = zip_of([(f"{'n' * 250}{i}.txt", b"x") for i in range(300)])
+    with pytest.raises(ArchiveRefused, match="table of contents is 0.1 MB, more than 10 files need"):
+        list(read_zip(archive, limits=ArchiveLimits(max_members=10)))
+    # The same count of short names is refused by the count, after the table is read.
+    with pytest.raises(ArchiveRefused, match="holds 300 files"):
+        list(read_zip(zip_of([(f"{i}.txt", b"x") for i in range(300)]), limits=ArchiveLimits(max_members=10)))

@@ -204,3 +204,33 @@ def test_a_batch_whose_upload_died_while_filling_it_settles_after_the_fill_timeo
     Batch.objects.filter(pk=batch.pk).update(created_at=timezone.now() - timedelta(seconds=BATCH_FILL_TIMEOUT_S + 1))
     batch_settle(batch_id=batch.pk)
     assert Batch.objects.get(pk=batch.pk).state == Batch.State.FINISHED
+
+
+def test_names_the_disk_would_refuse_and_a_damaged_member_fail_or_pass_alone(browser, alice, workers):
+    """A name is kept as given and the file stored under a name of the appliance's own: 100
+    Chinese characters are 300 bytes, past the file system's 255, and a name with no letter or
+    digit ("€.txt") Django refused, each a 500 that left the batch half made. A member whose
+    compressed stream is damaged (LZMA, whose error the zip reader does not wrap) is skipped
+    with its reason, the others taken."""
+    long_name = "合同" * 50 + ".txt"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_LZMA) as archive:
+        archive.writestr("damaged.txt", (LICENCES / "GPL-3").read_bytes())
+        archive.writestr(f"folder/{long_name}", (LICENCES / "MPL-2.0").read_bytes())
+        archive.writestr("folder/€.txt", (LICENCES / "CC0-1.0").read_bytes())
+    raw = bytearray(buffer.getvalue())
+    start = 30 + len("damaged.txt") + 4  # the first member's LZMA properties, made nonsense
+    raw[start : start + 5] = b"\xff" * 5
+    alone = SimpleUploadedFile("ü" * 200 + ".txt", (LICENCES / "BSD").read_bytes(), "text/plain")
+    batch = settled(upload_batch(browser, [SimpleUploadedFile("folder.zip", bytes(raw), "application/zip"), alone]))
+    documents = {d.filename: d for d in selectors.batch_documents(batch)}
+    assert set(documents) == {long_name, "€.txt", "ü" * 200 + ".txt"}
+    for document in documents.values():
+        assert document.state == Document.State.READY, (document.filename, document.failure_reason)
+        stored = Path(document.file.name).name
+        assert len(stored) == len("0123456789abcdef0123456789abcdef.txt") and stored.endswith(".txt")
+    assert batch.files_total == 4 and [entry["name"] for entry in batch.skipped] == ["damaged.txt"]
+    assert "damaged" in batch.skipped[0]["reason"]
+    response = browser.get(reverse("documents:download", args=[documents[long_name].pk]))
+    assert response.status_code == 200 and b"".join(response.streaming_content) == (LICENCES / "MPL-2.0").read_bytes()
+    assert "filename*=utf-8''" + "%E5%90%88%E5%90%8C" * 50 in response["Content-Disposition"]
