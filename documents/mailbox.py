@@ -179,11 +179,13 @@ class Mailbox:
                 sizes[int(uid)] = int(size)
         return sizes
 
-    def fetch(self, uid: int) -> bytes | None:
-        """The whole message (RFC 822 bytes), without setting its \\Seen flag; None if it was
-        deleted on the server since it was listed."""
+    def fetch(self, uid: int, *, at_most: int) -> bytes | None:
+        """The message (RFC 822 bytes), without setting its \\Seen flag: at most ``at_most`` + 1
+        bytes of it, so a message larger than its listed size (or listed with none) is seen to
+        be too large, not read whole into memory; None if it was deleted on the server since it
+        was listed."""
         with self._explained("reading a message of"):
-            kind, data = self.imap.uid("FETCH", str(uid), "(BODY.PEEK[])")
+            kind, data = self.imap.uid("FETCH", str(uid), f"(BODY.PEEK[]<0.{at_most + 1}>)")
             if kind != "OK":
                 raise MailboxError(f"The mail server {self.access.where} did not give message UID {uid}.")
         for part in data:

@@ -41,6 +41,7 @@ class Listed:
 
     size_bytes: int
     mtime_ns: int
+    path: str = ""  # where it is opened, when that is not its key (a name that is not UTF-8)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from django.utils import timezone
 
 from appliance.broker import BrokerUnavailable
 from documents.archives import DOCUMENT_SUFFIXES
+from documents.extraction.base import undo_surrogate_escapes
 from documents.mailbox import Mailbox, MailboxAccess, MailboxError
 from documents.models import Batch, Document, Source, SourceItem
 from documents.services import UploadRejected, batch_settle, document_create, max_upload_bytes
@@ -249,7 +250,16 @@ def _poll_folder(poll: _Poll) -> None:
         if taken >= limit or poll.out_of_time():
             poll.counts["waiting"] += len(to_read) - taken
             break
-        _take_file(poll, root, key, listed[key], items.get(key))
+        try:
+            _take_file(poll, root, key, listed[key], items.get(key))
+        except (SourceUnavailable, _OwnerFull):
+            raise
+        except Exception:  # one file that breaks something unforeseen fails alone; the poll goes on
+            logger.exception("source %s: %s could not be taken", source.pk, key)
+            error = "An internal error stopped this file; the administrator can find it in the logs."
+            _record(source, key, state=SourceItem.State.FAILED, error=error,
+                    size_bytes=listed[key].size_bytes, mtime_ns=listed[key].mtime_ns)  # fmt: skip
+            poll.counts["failed"] += 1
     if unlisted:
         raise SourceUnavailable(
             f"{len(unlisted)} subfolder(s) could not be read, so nothing under them was marked removed: "
@@ -274,6 +284,9 @@ def _list_folder(root: Path, *, patterns: list[str]) -> tuple[dict[str, Listed],
             relative = full.relative_to(root).as_posix()
             if not wanted(relative, patterns=patterns, suffixes=DOCUMENT_SUFFIXES):
                 continue
+            # Recorded (and shown) by a name Postgres can store: a name that is not UTF-8 (Latin-1
+            # on an old share) is listed by Python with surrogate escapes, and stalled every poll.
+            key = undo_surrogate_escapes(relative).encode("utf-8", errors="replace").decode("utf-8")
             try:
                 info = full.stat()
                 if full.is_symlink() and not full.resolve().is_relative_to(real_root):
@@ -281,8 +294,32 @@ def _list_folder(root: Path, *, patterns: list[str]) -> tuple[dict[str, Listed],
             except OSError:
                 continue  # a dangling link, or a file deleted while listed
             if stat.S_ISREG(info.st_mode):
-                listed[relative] = Listed(size_bytes=info.st_size, mtime_ns=info.st_mtime_ns)
+                path = "" if key == relative else relative
+                listed[key] = Listed(size_bytes=info.st_size, mtime_ns=info.st_mtime_ns, path=path)
     return listed, unlisted
+
+
+class _NotTaken(Exception):
+    """A listed file that is not read after all; the message says why."""
+
+
+def _read_listed(root: Path, relative: str, *, limit: int) -> bytes:
+    """The bytes of a file the listing found, checked again as it is opened: the file, or a
+    folder above it, may have been swapped since (a listing is minutes old by the time its
+    last files are read) for a link to a file outside the folder, a FIFO (whose open would
+    wait for a writer for ever) or a much larger file. At most ``limit`` + 1 bytes are read."""
+    fd = os.open(root / relative, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _NotTaken("It is no longer a regular file (a pipe or device put in its place): not read.")
+        if not Path(os.readlink(f"/proc/self/fd/{fd}")).is_relative_to(root.resolve()):
+            raise _NotTaken("It now leads outside the folder (a link put in its place): not read.")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit + 1)
+    finally:
+        os.close(fd)
 
 
 def _take_file(poll: _Poll, root: Path, key: str, now: Listed, item: SourceItem | None) -> None:
@@ -293,11 +330,20 @@ def _take_file(poll: _Poll, root: Path, key: str, now: Listed, item: SourceItem 
         poll.counts["failed"] += 1
         return
     try:
-        data = (root / key).read_bytes()
+        data = _read_listed(root, now.path or key, limit=max_upload_bytes())
+        if len(data) > max_upload_bytes():
+            raise _NotTaken(
+                f"It grew past {settings.APPLIANCE_MAX_UPLOAD_MB} MB since it was listed; documents may be at most "
+                f"that (APPLIANCE_MAX_UPLOAD_MB)."
+            )
     except OSError as exc:
         _record(
             source, key, state=SourceItem.State.FAILED, error=f"The file could not be read: {exc.strerror}.", **record
         )
+        poll.counts["failed"] += 1
+        return
+    except _NotTaken as exc:
+        _record(source, key, state=SourceItem.State.FAILED, error=str(exc), **record)
         poll.counts["failed"] += 1
         return
     sha256 = hashlib.sha256(data).hexdigest()
@@ -403,7 +449,7 @@ def _poll_mailbox(poll: _Poll) -> None:
                 if poll.out_of_time():
                     poll.counts["waiting"] += len(plan.uids) - position
                     break
-                _take_message(poll, mailbox, uid, sizes.get(uid, 0), access.mailbox)
+                _take_message(poll, mailbox, uid, sizes.get(uid), access.mailbox)
     except MailboxError as exc:
         raise SourceUnavailable(str(exc)) from exc
 
@@ -424,30 +470,38 @@ def _mark_messages_removed(source: Source, uidvalidity: int, found: set[int]) ->
     return len(gone)
 
 
-def _take_message(poll: _Poll, mailbox: Mailbox, uid: int, size_bytes: int, folder: str) -> None:
+def _take_message(poll: _Poll, mailbox: Mailbox, uid: int, size_bytes: int | None, folder: str) -> None:
+    """``size_bytes``: the size the server listed (None: it gave none)."""
     source = poll.source
     key = item_key(mailbox.uidvalidity, uid)
     path = f"{folder}, UID {uid}"
-    if size_bytes > max_upload_bytes():
-        _record(
-            source, key, state=SourceItem.State.FAILED, error=_too_large(size_bytes, "message"), size_bytes=size_bytes
+    limit = max_upload_bytes()
+    error = _too_large(size_bytes, "message") if size_bytes is not None and size_bytes > limit else ""
+    data = None if error else mailbox.fetch(uid, at_most=limit)
+    if data is not None and len(data) > limit:  # larger than the server listed it, or listed with no size
+        size_bytes, error = (
+            len(data),
+            (
+                f"The message is over {settings.APPLIANCE_MAX_UPLOAD_MB} MB, more than the mail server listed; documents "
+                f"may be at most that (APPLIANCE_MAX_UPLOAD_MB)."
+            ),
         )
+    if error:
+        _record(source, key, state=SourceItem.State.FAILED, error=error, size_bytes=size_bytes or 0)
         poll.counts["failed"] += 1
-    else:
-        data = mailbox.fetch(uid)
-        if data:  # None: deleted on the server since it was listed
-            try:
-                document, created = poll.take(
-                    name=f"message-{uid}.eml", data=data, content_type="message/rfc822", path=path
-                )
-            except UploadRejected as exc:
-                _record(source, key, state=SourceItem.State.FAILED, error=str(exc), size_bytes=len(data))
-                poll.counts["failed"] += 1
-            else:
-                sha256 = hashlib.sha256(data).hexdigest()
-                _record(source, key, state=SourceItem.State.PRESENT, error="", sha256=sha256, document=document,
-                        size_bytes=len(data))  # fmt: skip
-                poll.counts["new" if created else "already in the library"] += 1
+    elif data:  # None: deleted on the server since it was listed
+        try:
+            document, created = poll.take(
+                name=f"message-{uid}.eml", data=data, content_type="message/rfc822", path=path
+            )
+        except UploadRejected as exc:
+            _record(source, key, state=SourceItem.State.FAILED, error=str(exc), size_bytes=len(data))
+            poll.counts["failed"] += 1
+        else:
+            sha256 = hashlib.sha256(data).hexdigest()
+            _record(source, key, state=SourceItem.State.PRESENT, error="", sha256=sha256, document=document,
+                    size_bytes=len(data))  # fmt: skip
+            poll.counts["new" if created else "already in the library"] += 1
     # Each message taken moves the mark, so a poll stopped half-way takes none of them twice.
     Source.objects.filter(pk=source.pk).update(imap_last_uid=uid)
 

@@ -67,6 +67,22 @@ _UNICODE_LINE_ENDS = re.compile("[\u2028\u2029]")
 _SURROGATES = re.compile(r"[\ud800-\udfff]")
 
 
+def undo_surrogate_escapes(value: str) -> str:
+    """Raw 8-bit bytes that arrive as surrogate escapes (an e-mail parser's 8-bit headers, a
+    file name that is not UTF-8 on an old share): decoded as UTF-8, else as Windows-1252.
+    Lone surrogates that are not escapes stay (``clean_text`` removes them)."""
+    if not _SURROGATES.search(value):
+        return value
+    try:
+        raw = value.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError:
+        return value
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("cp1252", errors="replace")
+
+
 _NOT_TEXT_CHARS = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f\ufffd]")
 
 

@@ -19,6 +19,7 @@ from documents.extraction.base import (
     ExtractionError,
     ExtractionLimits,
     _check_chars,
+    undo_surrogate_escapes,
 )
 from documents.extraction.text import clean_text, paginate
 
@@ -72,7 +73,7 @@ def _header(message: EmailMessage, name: str) -> str:
     raw = next((str(value) for key, value in message.raw_items() if key.lower() == name.lower()), "")
     if _SURROGATES.search(raw):
         # Raw 8-bit bytes (against the RFC, but common) that the parser would turn into "\ufffd".
-        value = _undo_surrogate_escapes(raw)
+        value = undo_surrogate_escapes(raw)
     else:
         try:
             value = message[name]
@@ -82,21 +83,6 @@ def _header(message: EmailMessage, name: str) -> str:
         except Exception:  # the stdlib header parser has bugs on hostile input
             value = raw
     return " ".join(clean_text(value).split())
-
-
-def _undo_surrogate_escapes(value: str) -> str:
-    """Raw 8-bit bytes arrive from the e-mail parser as surrogate escapes: decode them as UTF-8,
-    else as Windows-1252."""
-    if not _SURROGATES.search(value):
-        return value
-    try:
-        raw = value.encode("utf-8", errors="surrogateescape")
-    except UnicodeEncodeError:
-        return value  # not escapes: clean_text removes them
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw.decode("cp1252", errors="replace")
 
 
 def _email_body_part(message: EmailMessage) -> MIMEPart | None:
@@ -183,7 +169,7 @@ def _email_attachments(
 def _safe_filename(name: str, number: int) -> str:
     """A bare file name: no directories, no control characters, at most 255 characters."""
     name = PurePosixPath(
-        clean_text(_undo_surrogate_escapes(name)).replace("\n", " ").replace("\t", " ").replace("\\", "/")
+        clean_text(undo_surrogate_escapes(name)).replace("\n", " ").replace("\t", " ").replace("\\", "/")
     ).name
     name = name.strip().lstrip(".")
     return name[-255:] if name else f"attachment-{number}"

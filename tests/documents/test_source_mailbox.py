@@ -230,3 +230,36 @@ def test_a_message_over_the_size_limit_fails_alone_and_is_tried_again_when_asked
     source = source_poll(source_id=source.pk)
     assert source.last_result == "1 new, 1 already in the library", source.last_result
     assert emails(source).count() == 2 and not SourceItem.objects.filter(state=SourceItem.State.FAILED).exists()
+
+
+def test_a_message_listed_with_no_size_is_read_at_most_one_byte_past_the_limit(
+    queued, dovecot, alice, password_file, settings, monkeypatch
+):
+    """A server's listed sizes are not trusted: each message is fetched in part, at most one byte
+    past the limit, so one larger than listed (or listed with no size) fails alone instead of
+    being read whole into memory, and at every poll again."""
+    from documents.mailbox import Mailbox
+
+    settings.APPLIANCE_MAX_UPLOAD_MB = 1
+    big = dovecot.append(
+        letter("More scans", "The scans.", attachments=[("scans.txt", b"scan " * 250_000, "text/plain")]),
+        mailbox="Unsized",
+    )
+    small = dovecot.append(letter("A short note", "See you on Tuesday."), mailbox="Unsized")
+    fetched: list[int] = []
+    real_fetch = Mailbox.fetch
+
+    def fetch(self, uid, *, at_most):
+        data = real_fetch(self, uid, at_most=at_most)
+        fetched.append(len(data or b""))
+        return data
+
+    monkeypatch.setattr(Mailbox, "sizes", lambda self, uids: {})  # a fake answer: the server lists no sizes
+    monkeypatch.setattr(Mailbox, "fetch", fetch)
+    source = mailbox_source(dovecot, alice, password_file, imap_mailbox="Unsized")
+    source = source_poll(source_id=source.pk)
+    assert source.last_error == "" and source.last_result == "1 new, 1 failed", (source.last_error, source.last_result)
+    item = SourceItem.objects.get(source=source, state=SourceItem.State.FAILED)
+    assert item.key.endswith(f":{big}") and "more than the mail server listed" in item.error
+    assert max(fetched) == 1024 * 1024 + 1  # the big one: never more than one byte past the limit
+    assert emails(source).get().source_path == f"Unsized, UID {small}" and source.imap_last_uid == small

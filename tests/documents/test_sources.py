@@ -360,3 +360,54 @@ def test_metrics_say_which_source_is_failing_and_when_it_last_succeeded(queued, 
     samples = scrape()
     assert samples[("appliance_source_failing", "Contracts share")] == 1
     assert samples[("appliance_source_last_success_timestamp_seconds", "Contracts share")] == succeeded
+
+
+def test_files_swapped_after_the_listing_fail_alone_and_a_latin_1_name_is_taken(
+    queued, tmp_path, share, source, settings, monkeypatch
+):
+    """A poll of a large share reads its last files minutes after it listed them, so what the
+    listing saw is checked again as each file is opened: a file swapped since for a link out of
+    the folder, a FIFO (whose open would wait for a writer for ever) or a file grown past the
+    limit fails alone, as does one that breaks something unforeseen; and a name that is not
+    UTF-8 (Latin-1 on an old share), which Postgres could not store, no longer stops the poll."""
+    from documents import source_services
+
+    settings.APPLIANCE_MAX_UPLOAD_MB = 1
+    secret = tmp_path / "secret_key"
+    secret.write_bytes(b"the appliance's own secret, outside the share")
+    for name in ("a-link-later.txt", "b-pipe-later.txt", "c-grows-later.txt", "d-breaks.txt"):
+        put(share, name, f"An ordinary letter called {name}, for now.".encode())
+    latin_1 = os.fsdecode(b"r\xe9sum\xe9.txt")
+    put(share, latin_1, (LICENCES / "BSD").read_bytes())
+    put(share, "plain.txt", (LICENCES / "Apache-2.0").read_bytes())
+    list_folder, read_listed = source_services._list_folder, source_services._read_listed
+
+    def list_then_swap(root, *, patterns):
+        listed = list_folder(root, patterns=patterns)
+        (share / "a-link-later.txt").unlink()
+        (share / "a-link-later.txt").symlink_to(secret)
+        (share / "b-pipe-later.txt").unlink()
+        os.mkfifo(share / "b-pipe-later.txt")
+        (share / "c-grows-later.txt").write_bytes(b"a" * (1024 * 1024 + 1))
+        return listed
+
+    def read_or_break(root, relative, *, limit):
+        if relative == "d-breaks.txt":
+            raise RuntimeError("a fake fault: something unforeseen")
+        return read_listed(root, relative, limit=limit)
+
+    monkeypatch.setattr(source_services, "_list_folder", list_then_swap)
+    monkeypatch.setattr(source_services, "_read_listed", read_or_break)
+    source = poll(source)
+    assert source.last_error == "" and source.last_result == "2 new, 4 failed", (source.last_error, source.last_result)
+    errors = dict(SourceItem.objects.filter(source=source, state=SourceItem.State.FAILED).values_list("key", "error"))
+    assert "leads outside the folder" in errors["a-link-later.txt"]
+    assert "no longer a regular file" in errors["b-pipe-later.txt"]
+    assert "grew past 1 MB since it was listed" in errors["c-grows-later.txt"]
+    assert "internal error" in errors["d-breaks.txt"]
+    assert not Document.objects.filter(size_bytes=secret.stat().st_size).exists()  # the secret was not taken
+    resume = of_source(source).get(source_path="résumé.txt")
+    assert resume.filename == "résumé.txt" and resume.title == "résumé"
+    assert SourceItem.objects.get(source=source, key="résumé.txt").document == resume
+    monkeypatch.setattr(source_services, "_list_folder", list_folder)
+    assert "new" not in poll(source).last_result  # the Latin-1 file is known by its key: not taken twice
