@@ -256,10 +256,8 @@ def _poll_folder(poll: _Poll) -> None:
             raise
         except Exception:  # one file that breaks something unforeseen fails alone; the poll goes on
             logger.exception("source %s: %s could not be taken", source.pk, key)
-            error = "An internal error stopped this file; the administrator can find it in the logs."
-            _record(source, key, state=SourceItem.State.FAILED, error=error,
+            _failed(poll, key, "An internal error stopped this file; the administrator can find it in the logs.",
                     size_bytes=listed[key].size_bytes, mtime_ns=listed[key].mtime_ns)  # fmt: skip
-            poll.counts["failed"] += 1
     if unlisted:
         raise SourceUnavailable(
             f"{len(unlisted)} subfolder(s) could not be read, so nothing under them was marked removed: "
@@ -307,7 +305,8 @@ def _read_listed(root: Path, relative: str, *, limit: int) -> bytes:
     """The bytes of a file the listing found, checked again as it is opened: the file, or a
     folder above it, may have been swapped since (a listing is minutes old by the time its
     last files are read) for a link to a file outside the folder, a FIFO (whose open would
-    wait for a writer for ever) or a much larger file. At most ``limit`` + 1 bytes are read."""
+    wait for a writer for ever) or a much larger file: ``_NotTaken`` says which. At most ``limit``
+    + 1 bytes are read."""
     fd = os.open(root / relative, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
@@ -317,34 +316,29 @@ def _read_listed(root: Path, relative: str, *, limit: int) -> bytes:
             raise _NotTaken("It now leads outside the folder (a link put in its place): not read.")
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(limit + 1)
+            data = handle.read(limit + 1)
     finally:
         os.close(fd)
+    if len(data) > limit:
+        raise _NotTaken(
+            f"It grew past {settings.APPLIANCE_MAX_UPLOAD_MB} MB since it was listed; documents may be at most that "
+            f"(APPLIANCE_MAX_UPLOAD_MB)."
+        )
+    return data
 
 
 def _take_file(poll: _Poll, root: Path, key: str, now: Listed, item: SourceItem | None) -> None:
     source = poll.source
     record = {"size_bytes": now.size_bytes, "mtime_ns": now.mtime_ns}
-    if now.size_bytes > max_upload_bytes():
-        _record(source, key, state=SourceItem.State.FAILED, error=_too_large(now.size_bytes), **record)
-        poll.counts["failed"] += 1
-        return
     try:
+        if now.size_bytes > max_upload_bytes():
+            raise _NotTaken(_too_large(now.size_bytes))
         data = _read_listed(root, now.path or key, limit=max_upload_bytes())
-        if len(data) > max_upload_bytes():
-            raise _NotTaken(
-                f"It grew past {settings.APPLIANCE_MAX_UPLOAD_MB} MB since it was listed; documents may be at most "
-                f"that (APPLIANCE_MAX_UPLOAD_MB)."
-            )
     except OSError as exc:
-        _record(
-            source, key, state=SourceItem.State.FAILED, error=f"The file could not be read: {exc.strerror}.", **record
-        )
-        poll.counts["failed"] += 1
+        _failed(poll, key, f"The file could not be read: {exc.strerror}.", **record)
         return
     except _NotTaken as exc:
-        _record(source, key, state=SourceItem.State.FAILED, error=str(exc), **record)
-        poll.counts["failed"] += 1
+        _failed(poll, key, str(exc), **record)
         return
     sha256 = hashlib.sha256(data).hexdigest()
     previous = item.document_id if item is not None else None
@@ -358,8 +352,7 @@ def _take_file(poll: _Poll, root: Path, key: str, now: Listed, item: SourceItem 
     try:
         document, created = poll.take(name=Path(key).name, data=data, content_type="", path=key)
     except UploadRejected as exc:
-        _record(source, key, state=SourceItem.State.FAILED, error=str(exc), sha256=sha256, **record)
-        poll.counts["failed"] += 1
+        _failed(poll, key, str(exc), sha256=sha256, **record)
         return
     with transaction.atomic():
         _record(source, key, state=SourceItem.State.PRESENT, error="", sha256=sha256, document=document, **record)
@@ -381,6 +374,12 @@ def _too_large(size_bytes: int, what: str = "file") -> str:
 
 def _record(source: Source, key: str, **fields) -> None:
     SourceItem.objects.update_or_create(source=source, key=key[:1000], defaults=fields)
+
+
+def _failed(poll: _Poll, key: str, error: str, **fields) -> None:
+    """The file or message ``key`` could not be taken: recorded with the reason, and counted."""
+    _record(poll.source, key, state=SourceItem.State.FAILED, error=error, **fields)
+    poll.counts["failed"] += 1
 
 
 def _mark_back(item: SourceItem) -> None:
@@ -479,24 +478,20 @@ def _take_message(poll: _Poll, mailbox: Mailbox, uid: int, size_bytes: int | Non
     error = _too_large(size_bytes, "message") if size_bytes is not None and size_bytes > limit else ""
     data = None if error else mailbox.fetch(uid, at_most=limit)
     if data is not None and len(data) > limit:  # larger than the server listed it, or listed with no size
-        size_bytes, error = (
-            len(data),
-            (
-                f"The message is over {settings.APPLIANCE_MAX_UPLOAD_MB} MB, more than the mail server listed; documents "
-                f"may be at most that (APPLIANCE_MAX_UPLOAD_MB)."
-            ),
+        size_bytes = len(data)
+        error = (
+            f"The message is over {settings.APPLIANCE_MAX_UPLOAD_MB} MB, more than the mail server listed; documents "
+            f"may be at most that (APPLIANCE_MAX_UPLOAD_MB)."
         )
     if error:
-        _record(source, key, state=SourceItem.State.FAILED, error=error, size_bytes=size_bytes or 0)
-        poll.counts["failed"] += 1
+        _failed(poll, key, error, size_bytes=size_bytes or 0)
     elif data:  # None: deleted on the server since it was listed
         try:
             document, created = poll.take(
                 name=f"message-{uid}.eml", data=data, content_type="message/rfc822", path=path
             )
         except UploadRejected as exc:
-            _record(source, key, state=SourceItem.State.FAILED, error=str(exc), size_bytes=len(data))
-            poll.counts["failed"] += 1
+            _failed(poll, key, str(exc), size_bytes=len(data))
         else:
             sha256 = hashlib.sha256(data).hexdigest()
             _record(source, key, state=SourceItem.State.PRESENT, error="", sha256=sha256, document=document,
