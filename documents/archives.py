@@ -190,10 +190,9 @@ def _central_directory_bytes(file: IO[bytes]) -> int | None:
         at = tail.rfind(b"PK\x05\x06")
         if at < 0 or at + _END.size > len(tail):
             return None
-        fields = _END.unpack_from(tail, at)
-        entries, table = int(fields[4]), int(fields[5])
-        if table != 0xFFFFFFFF and entries != 0xFFFF:
-            return table
+        table = int(_END.unpack_from(tail, at)[5])
+        # A zip64 locator just before the record is read whatever the record says, as the zip
+        # reader reads it.
         locator = at - _END64_LOCATOR.size
         if locator < 0 or tail[locator : locator + 4] != b"PK\x06\x07":
             return table
