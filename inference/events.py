@@ -16,11 +16,18 @@ from inference import selectors, streaming
 from inference.models import Job
 
 QUEUE_REPORT_MS = 2_000  # while queued, the page is told its place this often
-STREAM_ID = re.compile(r"^(0|\d{1,20}-\d{1,20})$")  # a Redis stream entry id
+# A Redis stream entry id: ASCII digits only (``\d`` also matches "١"), nothing after it (``$``
+# also matches before a final newline), each part within 64 bits; Redis refused anything else
+# with an error after the stream's first bytes had gone, and the client reconnected with it
+# every 2 s.
+STREAM_ID = re.compile(r"(0|[0-9]{1,20}-[0-9]{1,20})")
+_STREAM_ID_PART_MAX = 2**64 - 1
 
 
 def valid_event_id(value: str | None) -> bool:
-    return value is None or bool(STREAM_ID.match(value))
+    if value is None:
+        return True
+    return bool(STREAM_ID.fullmatch(value)) and all(int(part) <= _STREAM_ID_PART_MAX for part in value.split("-"))
 
 
 def final_event(job: Job) -> str:
