@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from appliance.broker import PUBLISH_ERRORS
 from inference.drafting import MESSAGE_MAX_CHARS, SentenceCheck, check_support, support_summary
-from inference.grounding import ScopeRejected, draft_scope
+from inference.grounding import ScopeRejected, draft_scope, readable_ids
 from inference.job_options import DraftOptions, storable_text
 from inference.job_results import DraftResult, Support
 from inference.lifecycle import celery_queue_for
@@ -166,7 +166,11 @@ def draft_check_edit(*, job_id, version: int) -> bool:
     draft = None if job is None else DraftResult.from_json(job.result_data)
     if draft is None or draft.edited_text is None or draft.edit_version != version:
         return False
-    passages = [passage.numbered() for passage in draft.passages]
+    # A passage whose document the author may no longer read (its share withdrawn since) is not
+    # checked against: a citation of it is then one of a passage the draft does not have, rather
+    # than a verdict and missing facts that would tell, edit after edit, what it says.
+    readable = readable_ids(job.owner, [passage.document_id for passage in draft.passages])
+    passages = [passage.numbered() for passage in draft.passages if passage.document_id in readable]
     checks = check_support(draft.edited_text, passages, embed=get_embedder().encode)
     return _store_edit_check(
         job_id, version, sentences=tuple(checks), support=Support.from_json(support_summary(checks))

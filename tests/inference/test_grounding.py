@@ -147,3 +147,31 @@ def test_only_the_author_edits_or_regenerates_a_draft(people, library):
     for name in ("job", "draft_edit", "draft_regenerate"):
         method = client.get if name == "job" else client.post
         assert method(reverse(f"inference:{name}", args=[job.pk])).status_code == 404, name
+
+
+def test_an_edit_is_not_checked_against_a_passage_whose_share_was_withdrawn(people, library):
+    """The check of an edited draft says whether each sentence is supported and which of its
+    facts the cited passage lacks: against a passage its author may no longer read, edit after
+    edit, that would tell what the passage says. Such a citation is checked as one of a passage
+    the draft does not have."""
+    from inference.job_results import DraftResult, PassageRecord
+
+    alice, bob, finance = people
+    secret, shared, lease = library
+    draft = DraftResult(
+        message="When are invoices payable, and how much notice ends the lease?",
+        passages=(
+            PassageRecord(number=1, document_id=shared.pk, document_title="payment-terms", text=PAYMENT),
+            PassageRecord(number=2, document_id=lease.pk, document_title="lease", text=LEASE),
+        ),
+    )
+    job = Job.objects.create(owner=bob, kind=JobKind.DRAFT, queue=Queue.DECODE, state=Job.State.SUCCEEDED,
+                             result_text="Drafted.", result_data=draft.to_json())  # fmt: skip
+    shared.shared_with.remove(finance)  # alice withdraws the share after bob's draft
+    edit = "Invoices are payable within sixty days [1]. The tenant may end the lease with three months' notice [2]."
+    job = services.draft_edit(job=job, text=edit)
+    assert services.draft_check_edit(job_id=job.pk, version=1)
+    withdrawn, readable = DraftResult.from_json(Job.objects.get(pk=job.pk).result_data).edited_sentences
+    assert (withdrawn.citations, withdrawn.unknown_citations, withdrawn.similarity) == ([], [1], None)
+    assert not withdrawn.supported and withdrawn.missing_facts == []  # nothing said about "sixty days"
+    assert readable.citations == [2] and readable.similarity is not None  # bob's own lease is checked as ever
