@@ -699,11 +699,9 @@ def _attachments_allowed(document: Document, found: int) -> tuple[int, str]:
     each other's (call inside a transaction)."""
     if not found:
         return 0, ""
-    depth, root = 1, document
-    while root.parent_id is not None:
-        root = Document.objects.select_for_update().get(pk=root.parent_id)
-        depth += 1
-    Document.objects.select_for_update().filter(pk=root.pk).first()
+    ancestors = list(_ancestors(document))
+    root, depth = (ancestors[-1] if ancestors else document), 1 + len(ancestors)
+    Document.objects.select_for_update().filter(pk=root.pk).first()  # the upload's alone: one lock order
     max_depth = settings.APPLIANCE_MAX_ATTACHMENT_DEPTH
     if depth > max_depth:
         return 0, (
@@ -719,6 +717,19 @@ def _attachments_allowed(document: Document, found: int) -> tuple[int, str]:
         f"{found - kept} of its {found} attachment(s) were not kept: one upload keeps at most {limit} attachments "
         f"in all (APPLIANCE_MAX_ATTACHMENTS_PER_UPLOAD)."
     )
+
+
+def _ancestors(document: Document) -> Iterator[Document]:
+    """The e-mail ``document`` is attached to, the one that is attached to, ... up to the upload."""
+    while document.parent_id is not None:
+        document = Document.objects.get(pk=document.parent_id)
+        yield document
+
+
+def _upload_of(document: Document) -> Document:
+    """The document uploaded (or taken from a source) that ``document`` is, or is attached to."""
+    ancestors = list(_ancestors(document))
+    return ancestors[-1] if ancestors else document
 
 
 def _create_child(parent: Document, attachment) -> Document:
@@ -851,6 +862,11 @@ def document_share(*, document: Document, user: User, groups: Iterable[Group]) -
     if any(group.pk not in mine for group in groups):
         raise NotAllowed("You can only share with groups you belong to.")
     with transaction.atomic():
+        # The upload's row lock, which the worker holds while it makes an e-mail's attachments
+        # (``_attachments_allowed``): an attachment made meanwhile is either in the tree below or
+        # takes the e-mail's shares as they are after this (without it, one made while its
+        # e-mail was made private kept the old groups).
+        Document.objects.select_for_update().filter(pk=_upload_of(document).pk).first()
         for each in _document_tree(document):  # attachments, and theirs, follow their e-mail
             each.shared_with.set(groups)
 

@@ -126,3 +126,55 @@ def test_an_owner_cannot_share_with_a_group_they_are_not_in(people):
     with pytest.raises(services.NotAllowed):
         services.document_share(document=notes, user=bob, groups=[legal])
     assert not notes.shared_with.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_attachment_made_while_its_e_mail_is_made_private_is_private_too(people, queued):
+    """The worker makes an e-mail's attachments, each shared like the e-mail, in a transaction
+    under the upload's row lock; sharing takes that lock first. Without it, an attachment made
+    (not yet committed) while its owner made the e-mail private was not in the tree the share
+    changed, and kept the group."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    from documents.extraction.base import Attachment
+
+    alice, _, carol, legal = people
+    mail = Document.objects.create(owner=alice, title="mail", filename="mail.eml", size_bytes=1, sha256="m" * 64)
+    mail.shared_with.set([legal])
+    made, commit = threading.Event(), threading.Event()
+
+    def worker():  # what the ingest worker's _store_pages does with an e-mail's attachments
+        try:
+            with transaction.atomic():
+                assert services._attachments_allowed(mail, 1) == (1, "")
+                services._create_child(mail, Attachment("minutes.txt", SECRET.encode(), "text/plain"))
+                made.set()
+                commit.wait(30)
+        finally:
+            connection.close()
+
+    def make_private():
+        try:
+            services.document_share(document=mail, user=alice, groups=[])
+        finally:
+            connection.close()
+
+    reading = threading.Thread(target=worker)
+    reading.start()
+    assert made.wait(30)
+    sharing = threading.Thread(target=make_private)
+    sharing.start()
+    time.sleep(0.5)
+    waited = sharing.is_alive()  # held by the upload's lock until the attachments are committed
+    commit.set()
+    reading.join(30)
+    sharing.join(30)
+    assert waited
+    attachment = Document.objects.get(parent=mail)
+    assert list(attachment.shared_with.all()) == [] and list(mail.shared_with.all()) == []
+    from inference.grounding import readable_ids
+
+    assert readable_ids(carol, [mail.pk, attachment.pk]) == set()
