@@ -163,8 +163,10 @@ def draft_check_edit(*, job_id, version: int) -> bool:
     from documents.embeddings import get_embedder  # heavy: loaded by the workers that check
 
     job = Job.objects.filter(pk=job_id).first()
-    draft = None if job is None else DraftResult.from_json(job.result_data)
-    if draft is None or draft.edited_text is None or draft.edit_version != version:
+    if job is None:
+        return False
+    draft = DraftResult.from_json(job.result_data)
+    if draft.edited_text is None or draft.edit_version != version:
         return False
     # A passage whose document the author may no longer read (its share withdrawn since) is not
     # checked against: a citation of it is then one of a passage the draft does not have, rather
