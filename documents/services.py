@@ -699,8 +699,8 @@ def _attachments_allowed(document: Document, found: int) -> tuple[int, str]:
     each other's (call inside a transaction)."""
     if not found:
         return 0, ""
-    ancestors = list(_ancestors(document))
-    root, depth = (ancestors[-1] if ancestors else document), 1 + len(ancestors)
+    lineage = _lineage(document)
+    root, depth = lineage[-1], len(lineage)
     Document.objects.select_for_update().filter(pk=root.pk).first()  # the upload's alone: one lock order
     max_depth = settings.APPLIANCE_MAX_ATTACHMENT_DEPTH
     if depth > max_depth:
@@ -719,17 +719,13 @@ def _attachments_allowed(document: Document, found: int) -> tuple[int, str]:
     )
 
 
-def _ancestors(document: Document) -> Iterator[Document]:
-    """The e-mail ``document`` is attached to, the one that is attached to, ... up to the upload."""
-    while document.parent_id is not None:
-        document = Document.objects.get(pk=document.parent_id)
-        yield document
-
-
-def _upload_of(document: Document) -> Document:
-    """The document uploaded (or taken from a source) that ``document`` is, or is attached to."""
-    ancestors = list(_ancestors(document))
-    return ancestors[-1] if ancestors else document
+def _lineage(document: Document) -> list[Document]:
+    """``document``, the e-mail it is attached to, the one that is attached to, ... up to the
+    upload (or the document taken from a source), which is last."""
+    lineage = [document]
+    while lineage[-1].parent_id is not None:
+        lineage.append(Document.objects.get(pk=lineage[-1].parent_id))
+    return lineage
 
 
 def _create_child(parent: Document, attachment) -> Document:
@@ -866,7 +862,7 @@ def document_share(*, document: Document, user: User, groups: Iterable[Group]) -
         # (``_attachments_allowed``): an attachment made meanwhile is either in the tree below or
         # takes the e-mail's shares as they are after this (without it, one made while its
         # e-mail was made private kept the old groups).
-        Document.objects.select_for_update().filter(pk=_upload_of(document).pk).first()
+        Document.objects.select_for_update().filter(pk=_lineage(document)[-1].pk).first()
         for each in _document_tree(document):  # attachments, and theirs, follow their e-mail
             each.shared_with.set(groups)
 
