@@ -31,6 +31,35 @@ class MailboxError(Exception):
     """The mailbox could not be read; the message is for the administrator."""
 
 
+class _TooMuchAnnounced(Exception):
+    """The server announced a literal larger than what was asked for."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(size, limit)
+        self.size, self.limit = size, limit
+
+
+class _IMAP4(imaplib.IMAP4):
+    """``imaplib`` reads a literal (``{N}`` and then N bytes) in one read of the N the server
+    announced: a server that announced a terabyte would have the worker allocate it. Here a
+    literal larger than ``literal_limit`` closes the connection unread."""
+
+    literal_limit = 1 << 20  # no answer but a message's text holds a literal this large
+
+    def read(self, size: int) -> bytes:
+        if size > self.literal_limit:
+            try:
+                self.shutdown()  # the rest of the answer is never read, and nothing more is said
+            except OSError:
+                pass
+            raise _TooMuchAnnounced(size, self.literal_limit)
+        return super().read(size)
+
+
+class _IMAP4_SSL(_IMAP4, imaplib.IMAP4_SSL):  # noqa: N801 (imaplib's name)
+    pass
+
+
 @dataclass(frozen=True)
 class MailboxAccess:
     host: str
@@ -74,7 +103,7 @@ class Mailbox:
         self.access = access
         self.uidvalidity = 0
         self.messages: int | None = None  # how many the folder holds, as the server said on opening it
-        self._imap: imaplib.IMAP4 | None = None
+        self._imap: _IMAP4 | None = None
 
     def __enter__(self) -> Mailbox:
         password = read_password(self.access.password_file)
@@ -116,16 +145,14 @@ class Mailbox:
                 pass  # the session ends with the connection either way
             self._imap = None
 
-    def _connect(self) -> imaplib.IMAP4:
+    def _connect(self) -> _IMAP4:
         context = ssl.create_default_context(cafile=self.access.ca_file or None)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.access.tls == IMPLICIT_TLS:
-            return imaplib.IMAP4_SSL(
-                self.access.host, self.access.port, ssl_context=context, timeout=self.access.timeout_s
-            )
+            return _IMAP4_SSL(self.access.host, self.access.port, ssl_context=context, timeout=self.access.timeout_s)
         if self.access.tls != STARTTLS:
             raise MailboxError(f"Unknown TLS mode {self.access.tls!r}: a mailbox is read over TLS only.")
-        imap = imaplib.IMAP4(self.access.host, self.access.port, timeout=self.access.timeout_s)
+        imap = _IMAP4(self.access.host, self.access.port, timeout=self.access.timeout_s)
         if "STARTTLS" not in imap.capabilities:
             imap.shutdown()
             raise MailboxError(
@@ -139,7 +166,7 @@ class Mailbox:
         return _Explained(self.access, doing)
 
     @property
-    def imap(self) -> imaplib.IMAP4:
+    def imap(self) -> _IMAP4:
         if self._imap is None:
             raise MailboxError("The mailbox is not open.")
         return self._imap
@@ -184,10 +211,15 @@ class Mailbox:
         bytes of it, so a message larger than its listed size (or listed with none) is seen to
         be too large, not read whole into memory; None if it was deleted on the server since it
         was listed."""
-        with self._explained("reading a message of"):
-            kind, data = self.imap.uid("FETCH", str(uid), f"(BODY.PEEK[]<0.{at_most + 1}>)")
-            if kind != "OK":
-                raise MailboxError(f"The mail server {self.access.where} did not give message UID {uid}.")
+        imap = self.imap
+        imap.literal_limit = max(_IMAP4.literal_limit, at_most + 1)
+        try:
+            with self._explained("reading a message of"):
+                kind, data = imap.uid("FETCH", str(uid), f"(BODY.PEEK[]<0.{at_most + 1}>)")
+        finally:
+            imap.literal_limit = _IMAP4.literal_limit
+        if kind != "OK":
+            raise MailboxError(f"The mail server {self.access.where} did not give message UID {uid}.")
         for part in data:
             if isinstance(part, tuple) and len(part) == 2:
                 return bytes(part[1])
@@ -210,7 +242,12 @@ class _Explained:
             return
         where = self.access.where
         message: str | None = None
-        if isinstance(exc, TimeoutError | socket.timeout):
+        if isinstance(exc, _TooMuchAnnounced):
+            message = (
+                f"The mail server {where} announced {exc.size:,} bytes while {self.doing} it, more than the "
+                f"{exc.limit:,} asked for: the appliance closed the connection without reading them."
+            )
+        elif isinstance(exc, TimeoutError | socket.timeout):
             message = f"The mail server {where} did not answer within {self.access.timeout_s:g} s ({self.doing} it)."
         elif isinstance(exc, ssl.SSLCertVerificationError):
             message = (

@@ -9,6 +9,8 @@ a person understands on the source, and nothing else breaks."""
 from __future__ import annotations
 
 import socket
+import ssl
+import threading
 from pathlib import Path
 
 import pytest
@@ -263,3 +265,57 @@ def test_a_message_listed_with_no_size_is_read_at_most_one_byte_past_the_limit(
     assert item.key.endswith(f":{big}") and "more than the mail server listed" in item.error
     assert max(fetched) == 1024 * 1024 + 1  # the big one: never more than one byte past the limit
     assert emails(source).get().source_path == f"Unsized, UID {small}" and source.imap_last_uid == small
+
+
+class HostileImapServer(threading.Thread):
+    """A fake IMAP server over TLS, for one connection: it answers as a mailbox of one message
+    would, until the message is fetched; then it announces ``announced`` bytes of it, sends a
+    few and waits. Records whether the client hung up."""
+
+    def __init__(self, certificates, announced: int) -> None:
+        super().__init__(daemon=True)
+        self.announced = announced
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(certificates.cert, certificates.key)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.client_hung_up = threading.Event()
+
+    def run(self) -> None:
+        connection, _ = self.listener.accept()
+        with self.context.wrap_socket(connection, server_side=True) as tls, tls.makefile("rwb") as stream:
+            stream.write(b"* OK [CAPABILITY IMAP4rev1] ready\r\n")
+            stream.flush()
+            for line in stream:
+                tag, command = line.split(b" ", 1)
+                if b"BODY.PEEK" in command:
+                    stream.write(b"* 1 FETCH (UID 1 BODY[]<0> {%d}\r\nFrom: a\r\n" % self.announced)
+                elif b"RFC822.SIZE" in command:
+                    stream.write(b"* 1 FETCH (UID 1 RFC822.SIZE 100)\r\n" + tag + b" OK done\r\n")
+                elif command.startswith(b"UID FETCH"):
+                    stream.write(b"* 1 FETCH (UID 1)\r\n" + tag + b" OK done\r\n")
+                elif command.startswith(b"EXAMINE"):
+                    stream.write(b"* 1 EXISTS\r\n* OK [UIDVALIDITY 7] ok\r\n" + tag + b" OK [READ-ONLY] done\r\n")
+                else:  # LOGIN, LOGOUT
+                    stream.write(tag + b" OK done\r\n")
+                stream.flush()
+            self.client_hung_up.set()  # the stream ended: the client closed the connection
+
+
+def test_a_server_that_announces_more_than_was_asked_for_is_cut_off_unread(alice, password_file, tmp_path):
+    """imaplib reads a literal in one read of the size the server announces: a server that
+    announces a terabyte for a message fetched "at most N bytes" would have the worker allocate
+    it. The connection is closed instead, and the source says why."""
+    from tests.tls import make_certificates
+
+    certificates = make_certificates(tmp_path / "tls", name="hostile")
+    server = HostileImapServer(certificates, announced=10**12)
+    server.start()
+    source = Source.objects.create(name="Hostile", kind=Source.Kind.IMAP, owner=alice, imap_host="127.0.0.1",
+                                   imap_port=server.port, imap_tls=Source.Tls.IMPLICIT,
+                                   imap_ca_file=str(certificates.ca), imap_username="x",
+                                   imap_password_file=str(password_file))  # fmt: skip
+    source = source_poll(source_id=source.pk)
+    assert "announced 1,000,000,000,000 bytes while reading a message of it" in source.last_error, source.last_error
+    assert server.client_hung_up.wait(10)  # at once, not after a terabyte
+    assert source.imap_last_uid == 0 and not emails(source).exists()
