@@ -213,6 +213,8 @@ def _poll_folder(poll: _Poll) -> None:
     root = Path(source.folder_path)
     if not root.is_dir():
         raise SourceUnavailable(f"The folder {root} does not exist or is not a folder: is the share mounted?")
+    # Resolved once: every file is listed and then opened inside the folder as it was at the start.
+    root = root.resolve()
     listed, unlisted = _list_folder(root, patterns=source.include_patterns.split())
     fields = ("key", "state", "size_bytes", "mtime_ns", "sha256", "document_id")
     items = {item.key: item for item in SourceItem.objects.filter(source=source).only(*fields)}
@@ -266,11 +268,11 @@ def _poll_folder(poll: _Poll) -> None:
 
 
 def _list_folder(root: Path, *, patterns: list[str]) -> tuple[dict[str, Listed], list[str]]:
-    """The files of the folder to take, by path inside it, and the subfolders that could not be
-    listed (with the reason). Links are followed only to files inside the folder."""
+    """The files of the folder ``root`` (a resolved path) to take, by path inside it, and the
+    subfolders that could not be listed (with the reason). Links are followed only to files
+    inside the folder."""
     listed: dict[str, Listed] = {}
     unlisted: list[str] = []
-    real_root = root.resolve()
 
     def note(error: OSError) -> None:
         unlisted.append(f"{error.filename}: {error.strerror}")
@@ -287,7 +289,7 @@ def _list_folder(root: Path, *, patterns: list[str]) -> tuple[dict[str, Listed],
             key = undo_surrogate_escapes(relative).encode("utf-8", errors="replace").decode("utf-8")
             try:
                 info = full.stat()
-                if full.is_symlink() and not full.resolve().is_relative_to(real_root):
+                if full.is_symlink() and not full.resolve().is_relative_to(root):
                     continue
             except OSError:
                 continue  # a dangling link, or a file deleted while listed
@@ -302,17 +304,17 @@ class _NotTaken(Exception):
 
 
 def _read_listed(root: Path, relative: str, *, limit: int) -> bytes:
-    """The bytes of a file the listing found, checked again as it is opened: the file, or a
-    folder above it, may have been swapped since (a listing is minutes old by the time its
-    last files are read) for a link to a file outside the folder, a FIFO (whose open would
-    wait for a writer for ever) or a much larger file: ``_NotTaken`` says which. At most ``limit``
-    + 1 bytes are read."""
+    """The bytes of a file the listing found in ``root`` (resolved), checked again as it is
+    opened: the file, or a folder above it, may have been swapped since (a listing is minutes
+    old by the time its last files are read) for a link to a file outside the folder, a FIFO
+    (whose open would wait for a writer for ever) or a much larger file: ``_NotTaken`` says
+    which. At most ``limit`` + 1 bytes are read."""
     fd = os.open(root / relative, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise _NotTaken("It is no longer a regular file (a pipe or device put in its place): not read.")
-        if not Path(os.readlink(f"/proc/self/fd/{fd}")).is_relative_to(root.resolve()):
+        if not Path(os.readlink(f"/proc/self/fd/{fd}")).is_relative_to(root):
             raise _NotTaken("It now leads outside the folder (a link put in its place): not read.")
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=False) as handle:

@@ -411,3 +411,32 @@ def test_files_swapped_after_the_listing_fail_alone_and_a_latin_1_name_is_taken(
     assert SourceItem.objects.get(source=source, key="résumé.txt").document == resume
     monkeypatch.setattr(source_services, "_list_folder", list_folder)
     assert "new" not in poll(source).last_result  # the Latin-1 file is known by its key: not taken twice
+
+
+def test_a_folder_given_by_a_link_is_read_where_the_link_led_when_the_poll_began(
+    queued, tmp_path, share, source, monkeypatch
+):
+    """An administrator may give the share by a link (``/srv/records`` to the mount): it is
+    polled as the folder it leads to, resolved once per poll, so a link pointed elsewhere while
+    a poll runs cannot have it read another folder's files under the share's names."""
+    from documents import source_services
+
+    licence = (LICENCES / "BSD").read_bytes()
+    put(share, "terms.txt", licence)
+    elsewhere = tmp_path / "elsewhere"
+    put(elsewhere, "terms.txt", b"Another folder's terms, which nobody shared with the appliance.")
+    link = tmp_path / "records"
+    link.symlink_to(share)
+    Source.objects.filter(pk=source.pk).update(folder_path=str(link))
+    list_folder = source_services._list_folder
+
+    def list_then_repoint(root, *, patterns):
+        listed = list_folder(root, patterns=patterns)
+        link.unlink()
+        link.symlink_to(elsewhere)
+        return listed
+
+    monkeypatch.setattr(source_services, "_list_folder", list_then_repoint)
+    source = poll(source)
+    assert source.last_error == "" and source.last_result == "1 new", (source.last_error, source.last_result)
+    assert of_source(source).get().size_bytes == len(licence)  # the share's file, not the other folder's
