@@ -240,7 +240,7 @@ def request_fingerprint(request: GenerateRequest) -> str:
     request's id, attempt or scheduling hints. The same section of the same document, cut the
     same way and asked with the same options, has the same fingerprint."""
     message = request.to_message()
-    for name in ("request_id", "user", "suspect", "priority", "queue"):
+    for name in ("request_id", "user", "cache_salt", "suspect", "priority", "queue"):
         message.pop(name, None)
     return hashlib.sha256(json.dumps(message, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -280,9 +280,28 @@ def engine_request(
         json_schema=json_schema,
         extras=sampling.extras,
         user=str(job.owner_id),
+        cache_salt=cache_salt(job),
         suspect=job.engine_crashes >= 1,
         prompt=prompt,
     )
+
+
+def cache_salt(job: Job) -> str:
+    """Whose prefix cache the requests of ``job`` may share. A prompt found in the cache is read
+    faster, and a job's metrics say how many of its tokens were found: one cache for everyone
+    would let a person test guesses of text in prompts they cannot read (a clause of another
+    team's contract, another person's draft or chat) by sending the guess and timing it. So a
+    prompt shares the cache only with those who may read all of it: a document task whose prompt
+    is the document and the appliance's own instructions (a summary with no focus, a clause
+    extraction, whose categories are the taxonomy's) with every task on that document; anything
+    with text a person wrote (a focus, a draft's message and passages, a chat) with its owner's
+    own requests alone."""
+    if job.document_id is not None and (
+        job.kind == JobKind.EXTRACT_CLAUSES
+        or (job.kind == JobKind.SUMMARISE and not SummaryOptions.from_json(job.options or {}).focus.strip())
+    ):
+        return f"document-{job.document_id}"
+    return f"user-{job.owner_id}"
 
 
 def run_engine(

@@ -721,7 +721,7 @@ class EngineHost:
             await self._run(run, writer)
 
     async def _run(self, run: _Run, writer: asyncio.StreamWriter) -> None:
-        from vllm import SamplingParams
+        from vllm import SamplingParams, TokensPrompt
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -764,7 +764,10 @@ class EngineHost:
             extra_args={"appliance": {"id": request.request_id, "user": request.user}},
             **request.extras.sampling_params(),
         )
-        outputs = engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id, priority=priority)
+        prompt: TokensPrompt = {"prompt_token_ids": prompt_ids}
+        if request.cache_salt:
+            prompt["cache_salt"] = request.cache_salt
+        outputs = engine.generate(prompt, params, request.request_id, priority=priority)
         output_tokens = 0
         finished = False
         run.in_engine = True

@@ -194,6 +194,9 @@ class GenerateRequest:
     json_schema: dict[str, Any] | None = None  # guided decoding: the output must match this schema
     # Who the request is for (the job's owner): the engine's scheduler takes turns between users.
     user: str = ""
+    # Whose prefix cache the request may share (vLLM's ``cache_salt``: requests with different
+    # salts never share a cached block). "" shares with every other request without one.
+    cache_salt: str = ""
     # The job was in the engine when its engine core died: the host runs such requests one at a
     # time, so that a request that kills the engine takes no other suspect with it.
     suspect: bool = False
@@ -215,6 +218,8 @@ class GenerateRequest:
         message = {"op": "generate", **asdict(self)}
         del message["extras"]
         message.update(self.extras.to_json())
+        if not self.cache_salt:
+            del message["cache_salt"]  # as before salts, for an engine host of the version before
         if not self.prompt:
             # Left out when unused: a request's fingerprint (``running.request_fingerprint``, which
             # a summary's finished sections are kept under) stays what it was before raw prompts.
@@ -238,6 +243,7 @@ class GenerateRequest:
                 ignore_eos=bool(message.get("ignore_eos", False)),
                 json_schema=message.get("json_schema"),
                 user=str(message.get("user", "")),
+                cache_salt=str(message.get("cache_salt") or ""),
                 suspect=bool(message.get("suspect", False)),
                 prompt=str(message.get("prompt") or ""),
                 extras=SamplingExtras.from_json(message),

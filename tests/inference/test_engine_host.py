@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -197,6 +198,19 @@ def test_a_document_is_one_engine_request_and_a_second_read_hits_the_prefix_cach
     second = _done(list(engine_host.generate(again)))
     # The same document again: all of it but the last, partly filled block is in the cache.
     assert second.data["cached_prompt_tokens"] >= second.data["prompt_tokens"] - block
+
+
+def test_requests_with_different_cache_salts_share_no_cached_block(engine_host):
+    block = engine_host.stats()["kv_block_size"]
+    request = _document_request(cache_salt="user-1")
+    assert _done(list(engine_host.generate(request))).data["cached_prompt_tokens"] == 0
+    other = replace(request, request_id=f"test-{uuid.uuid4()}", cache_salt="user-2")
+    assert _done(list(engine_host.generate(other))).data["cached_prompt_tokens"] == 0  # the same text, salted
+    unsalted = replace(request, request_id=f"test-{uuid.uuid4()}", cache_salt="")
+    assert _done(list(engine_host.generate(unsalted))).data["cached_prompt_tokens"] == 0
+    same = replace(request, request_id=f"test-{uuid.uuid4()}")
+    done = _done(list(engine_host.generate(same)))
+    assert done.data["cached_prompt_tokens"] >= done.data["prompt_tokens"] - block
 
 
 def test_with_nobody_drafting_a_document_is_read_at_full_speed(engine_host):

@@ -607,7 +607,12 @@ def test_the_fingerprint_changes_with_anything_that_shapes_the_answer_but_not_th
 
     base = GenerateRequest(request_id="j-1-s0", messages=[{"role": "user", "content": "pages 1-3"}], max_tokens=320)
     same = GenerateRequest(
-        request_id="j-2-s0", messages=[{"role": "user", "content": "pages 1-3"}], max_tokens=320, suspect=True, user="9"
+        request_id="j-2-s0",
+        messages=[{"role": "user", "content": "pages 1-3"}],
+        max_tokens=320,
+        suspect=True,
+        user="9",
+        cache_salt="user-9",
     )
     other_pages = GenerateRequest(
         request_id="j-1-s0", messages=[{"role": "user", "content": "pages 1-4"}], max_tokens=320
@@ -618,6 +623,29 @@ def test_the_fingerprint_changes_with_anything_that_shapes_the_answer_but_not_th
     assert request_fingerprint(base) == request_fingerprint(same)
     assert request_fingerprint(base) != request_fingerprint(other_pages)
     assert request_fingerprint(base) != request_fingerprint(other_options)
+
+
+def test_a_prompt_shares_the_prefix_cache_only_with_those_who_may_read_all_of_it(alice, django_user_model):
+    """A document task of the document and the appliance's own words is shared with every task
+    on that document; a focus, a draft, a chat (text a person wrote) only with its owner."""
+    from inference.running import cache_salt
+
+    bob = django_user_model.objects.create_user(username="bob", password="another long password")
+    document = Document(pk=41, owner=alice, title="Lease")  # not saved: only its id is read
+
+    def job(owner, kind, **options) -> Job:
+        return Job(owner=owner, kind=kind, document=document if kind != JobKind.CHAT else None, options=options)
+
+    summary, clauses = job(alice, JobKind.SUMMARISE), job(alice, JobKind.EXTRACT_CLAUSES, categories=["Governing Law"])
+    assert cache_salt(summary) == cache_salt(job(bob, JobKind.SUMMARISE)) == cache_salt(clauses)
+    assert cache_salt(job(bob, JobKind.SUMMARISE, focus="  ")) == cache_salt(summary)  # no focus written
+    focused = job(alice, JobKind.SUMMARISE, focus="the rent review")
+    assert cache_salt(focused) != cache_salt(job(bob, JobKind.SUMMARISE, focus="the rent review"))
+    assert cache_salt(focused) != cache_salt(summary)
+    chats = {cache_salt(job(owner, JobKind.CHAT)) for owner in (alice, bob)}
+    drafts = {cache_salt(job(owner, JobKind.DRAFT)) for owner in (alice, bob)}
+    assert len(chats) == len(drafts) == 2 and not chats & {cache_salt(summary)}
+    assert cache_salt(focused) in chats  # a person's own requests share their own cache
 
 
 # --- the watchdog ----------------------------------------------------------------------------

@@ -800,6 +800,35 @@ def _first_token_at(job: Job) -> float:
 
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
+def test_one_persons_prompts_are_not_found_in_the_prefix_cache_by_another(
+    alice, django_user_model, live_appliance, workers, engine_host
+):
+    """The prefix cache is not a side channel: a person who sends another's prompt (a guess of
+    a clause, a draft, a chat) finds none of it in the cache, in the metrics or in the time to
+    the first token, while the owner's own second request does."""
+    import uuid
+
+    bob = django_user_model.objects.create_user(username="bob", password="another long password")
+    served = engine_host.stats()["model"]
+    block = engine_host.stats()["kv_block_size"]
+    secret = " ".join(f"Clause {i}: the price of order {uuid.uuid4().hex} is 7,300 euros." for i in range(40))
+    messages = [{"role": "user", "content": f"{secret}\nIs the price above 7,000 euros?"}]
+
+    def cached(user) -> tuple[int, int]:
+        _, raw = token_create(user=user, name="cache", scopes=["read", "write"])
+        client = openai.OpenAI(base_url=f"{live_appliance}/v1", api_key=raw, max_retries=0, timeout=120)
+        completion = client.chat.completions.create(model=served, messages=messages, max_tokens=1, temperature=0)
+        job = _job_of(completion.id)
+        assert job.state == Job.State.SUCCEEDED, job.error
+        return job.metrics.cached_prompt_tokens, job.metrics.prompt_tokens
+
+    assert cached(alice)[0] == 0  # nobody sent this text before
+    found, prompt_tokens = cached(bob)
+    assert prompt_tokens > 4 * block and found == 0  # alice's prompt, in the cache, is not bob's
+    found, prompt_tokens = cached(alice)
+    assert found >= prompt_tokens - block  # her own, again: all of it but the last partial block
+
+
 def test_the_openai_client_against_the_live_appliance(alice, live_appliance, workers, engine_host):
     token, raw = token_create(user=alice, name="openai client", scopes=["read", "write"])
     client = openai.OpenAI(base_url=f"{live_appliance}/v1", api_key=raw, max_retries=0, timeout=120)
