@@ -146,6 +146,11 @@ def _check_owner_limits(owner: User, upload: UploadedFile) -> None:
                 status=413,
                 code="storage-quota",
             )
+    _check_waiting(owner, upload)
+
+
+def _check_waiting(owner: User, upload: UploadedFile) -> None:
+    """The documents one person has waiting to be read (``APPLIANCE_MAX_INGESTING_PER_USER``)."""
     cap = settings.APPLIANCE_MAX_INGESTING_PER_USER
     if cap:
         waiting = Document.objects.filter(
@@ -187,9 +192,11 @@ def document_create(
     upload.seek(0)
     existing = Document.objects.filter(owner=owner, sha256=sha256, parent__isnull=True).first()
     if existing is not None:
-        if existing.state == Document.State.CANCELLED and not ingest_here and _requeue_cancelled(existing, batch):
-            existing.refresh_from_db()
-            return existing, True
+        if existing.state == Document.State.CANCELLED and not ingest_here:
+            _check_waiting(owner, upload)  # stored already, but it will wait to be read again
+            if _requeue_cancelled(existing, batch):
+                existing.refresh_from_db()
+                return existing, True
         return existing, False  # a file already kept costs nothing more: no limit refuses it
     _check_owner_limits(owner, upload)
     fields = _new_document_fields(upload.name or "upload", upload.content_type or "", upload.size or 0, sha256)

@@ -78,6 +78,15 @@ def test_documents_waiting_to_be_read_are_capped_per_person_with_429(alice, sett
     assert int(response["Retry-After"]) >= 30
     Document.objects.filter(owner=alice, filename="one.txt").update(state=Document.State.READY)
     assert _upload(client, auth, "three.txt", b"three").status_code == 201  # room again
+    # A cancelled document uploaded again waits again: it counts, and the cap holds for it too
+    # (else cancelling a batch and sending it again would queue any number).
+    Document.objects.filter(owner=alice, filename="two.txt").update(state=Document.State.CANCELLED)
+    assert _upload(client, auth, "four.txt", b"four").status_code == 201
+    assert problem(_upload(client, auth, "two.txt", b"two"), 429)["type"] == "/api/problems/ingest-queue-full"
+    assert Document.objects.get(owner=alice, filename="two.txt").state == Document.State.CANCELLED
+    Document.objects.filter(owner=alice, filename="four.txt").update(state=Document.State.READY)
+    assert _upload(client, auth, "two.txt", b"two").status_code == 201
+    assert Document.objects.get(owner=alice, filename="two.txt").state == Document.State.UPLOADED
 
 
 def test_api_calls_a_session_signs_are_rate_limited_per_person(alice, settings):
