@@ -11,7 +11,6 @@ from datetime import datetime
 from typing import Literal
 
 from django.conf import settings
-from django.contrib.auth.models import Group
 from django.db import transaction
 from ninja import File, Form, Query, Router, Schema, Status
 from ninja.files import UploadedFile
@@ -236,10 +235,13 @@ def cancel_document(request, document_id: int):
 def share_document(request, document_id: int, payload: ShareIn):
     """Share a document you own with exactly these groups of yours (its attachments follow)."""
     document = readable_document(request, document_id)
-    groups = list(Group.objects.filter(pk__in=payload.groups))
-    missing = sorted(set(payload.groups) - {g.pk for g in groups})
-    if missing:
-        raise bad_field("groups", f"no such group: {missing[0]}")
+    groups = list(request.user.groups.filter(pk__in=payload.groups))
+    others = sorted(set(payload.groups) - {g.pk for g in groups})
+    if others:
+        # The same answer whether such a group exists or not: it says nothing of groups one is not in.
+        raise bad_field(
+            "groups", f"{others[0]} is not one of your groups; you can share only with groups you belong to."
+        )
     with transaction.atomic():
         services.document_share(document=document, user=request.user, groups=groups)
     document.refresh_from_db()

@@ -137,16 +137,17 @@ def test_upload_list_filter_detail_share_and_delete(alice, bob):
     assert client.get(f"/api/v1/documents/{document.pk}", **bobs).json()["is_owner"] is False
     problem(client.delete(f"/api/v1/documents/{document.pk}", **bobs), 403)  # a reader, not the owner
     outsider = Group.objects.create(name="finance")
-    body = problem(
-        client.put(
-            f"/api/v1/documents/{document.pk}/sharing",
-            {"groups": [outsider.pk]},
-            content_type="application/json",
-            **auth,
-        ),
-        403,
-    )
-    assert "groups you belong to" in body["detail"]
+
+    def refused(group_id: int) -> str:
+        response = client.put(f"/api/v1/documents/{document.pk}/sharing", {"groups": [staff.pk, group_id]},
+                              content_type="application/json", **auth)  # fmt: skip
+        body = problem(response, 400)
+        assert [e["field"] for e in body["errors"]] == ["groups"] and "groups you belong to" in body["detail"]
+        return body["detail"].replace(str(group_id), "N")
+
+    # A group one is not in and a group that does not exist get the same answer: ids say nothing.
+    assert refused(outsider.pk) == refused(outsider.pk + 1000)
+    assert list(document.shared_with.all()) == [staff]  # nothing changed
 
     assert client.delete(f"/api/v1/documents/{document.pk}", **auth).status_code == 204
     problem(client.get(f"/api/v1/documents/{document.pk}", **auth), 404)
