@@ -44,8 +44,16 @@ def run_job(self, job_id: str, celery_queue: str | None = None, hops: int = 0) -
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def check_drafts(owner_id: int) -> None:
+    """Check a person's edited drafts against their passages, one after another (the decode
+    worker has the embedder)."""
+    services.draft_checks_run(owner_id=owner_id)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def check_draft(job_id: str, version: int) -> None:
-    """Check an edited draft against its passages (the decode worker has the embedder)."""
+    """Check one edited draft: what the version before ``check_drafts`` queued, still taken after
+    an upgrade from the broker."""
     try:
         services.draft_check_edit(job_id=job_id, version=version)
     except Exception:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from uuid import UUID
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -143,18 +144,67 @@ def draft_edit(*, job: Job, text: str) -> Job:
             edited_support=None,
         ).to_json()
         job.save(update_fields=["result_data"])
-        transaction.on_commit(lambda: _enqueue_draft_check(job.pk, version))
+        transaction.on_commit(lambda: _enqueue_draft_check(job.owner_id, job.pk, version))
     return job
 
 
-def _enqueue_draft_check(job_id, version: int) -> None:
-    from inference.tasks import check_draft
+# Held while a check of one person's edits is queued or running: however many drafts they save
+# edits of, one worker thread checks them, one after another, and nobody else's job waits behind
+# them (each check embeds up to 20,000 characters and every passage).
+EDIT_CHECKS_KEY = "appliance:draft-checks:{owner}"
+EDIT_CHECKS_HOLD_S = 600  # a worker lost mid-run (its message is then delivered again) holds no longer
 
+
+def _enqueue_draft_check(owner_id: int, job_id, version: int) -> None:
+    from inference.streaming import sync_client
+    from inference.tasks import check_drafts
+
+    key = EDIT_CHECKS_KEY.format(owner=owner_id)
     try:
-        check_draft.apply_async(args=[str(job_id), version], queue=celery_queue_for(Queue.DECODE))
+        if not sync_client().set(key, "queued", nx=True, ex=EDIT_CHECKS_HOLD_S):
+            return  # a check of this person's edits is queued or running: it takes this edit too
+        check_drafts.apply_async(args=[owner_id], queue=celery_queue_for(Queue.DECODE))
     except PUBLISH_ERRORS:  # the edit is kept; the page says it could not be checked
         logger.warning("job %s: the broker did not take the check of edit %s", job_id, version)
         draft_check_failed(job_id=job_id, version=version)
+
+
+def edits_to_check(owner_id: int) -> list[tuple[UUID, int]]:
+    """(job id, edit version) of the person's edited drafts whose check is not stored yet,
+    the oldest edit first."""
+    waiting = Job.objects.filter(
+        owner_id=owner_id, kind=JobKind.DRAFT, result_data__has_key="edited_text", result_data__edited_sentences=None
+    )
+    return [
+        (pk, int(version))
+        for pk, version in waiting.order_by("result_data__edited_at").values_list("pk", "result_data__edit_version")
+    ]
+
+
+def draft_checks_run(*, owner_id: int) -> int:
+    """Check the person's edits that wait for their check, one after another (each once), then
+    let their next edit queue a check again. Returns how many were checked."""
+    from inference.streaming import sync_client
+
+    key = EDIT_CHECKS_KEY.format(owner=owner_id)
+    done: set[tuple[UUID, int]] = set()
+    try:
+        while waiting := [edit for edit in edits_to_check(owner_id) if edit not in done]:
+            for job_id, version in waiting:
+                done.add((job_id, version))
+                sync_client().expire(key, EDIT_CHECKS_HOLD_S)
+                try:
+                    draft_check_edit(job_id=job_id, version=version)
+                except Exception:
+                    logger.exception("job %s: the edited draft could not be checked", job_id)
+                    draft_check_failed(job_id=job_id, version=version)
+    finally:
+        sync_client().delete(key)
+    # An edit saved after the last look and before the release queued nothing: queue it now.
+    late = [edit for edit in edits_to_check(owner_id) if edit not in done]
+    if late:
+        _enqueue_draft_check(owner_id, *late[-1])
+    return len(done)
 
 
 def draft_check_edit(*, job_id, version: int) -> bool:

@@ -284,6 +284,53 @@ def test_an_edit_and_its_check_keep_the_rows_keys_and_the_api_serves_the_same_ke
 
 
 @pytest.mark.django_db
+def test_one_persons_edits_are_checked_one_after_another_by_one_queued_check(
+    alice, django_user_model, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Each check embeds up to 20,000 characters in a decode worker: a person saving edits of
+    many drafts queues one check of their edits, which takes them one after another (and those
+    saved while it runs), so their edits cannot take every worker thread from other people's
+    jobs; the next edit after it queues a check again."""
+    from inference import tasks
+    from inference.services import drafts
+
+    bob = django_user_model.objects.create_user(username="bob", password="another long password")
+    stored = _json(_draft().to_json())
+    mine = [_stored(alice, JobKind.DRAFT, stored) for _ in range(3)]
+    bobs = _stored(bob, JobKind.DRAFT, stored)
+    from inference.streaming import sync_client
+
+    sync_client().delete(*(drafts.EDIT_CHECKS_KEY.format(owner=user.pk) for user in (alice, bob)))  # earlier runs'
+    queued: list[int] = []
+    monkeypatch.setattr(tasks.check_drafts, "apply_async", lambda args, queue: queued.append(args[0]))
+    checked: list[tuple[int, int]] = []
+
+    def fake_check(*, job_id, version):  # a fake of the embedding check: records, and stores a verdict
+        checked.append((job_id, version))
+        if len(checked) == 1:  # an edit saved while the check runs is taken by the same run
+            services.draft_edit(job=mine[2], text="Edited while the others were checked.")
+        return drafts._store_edit_check(job_id, version, sentences=(), support=Support())
+
+    monkeypatch.setattr(drafts, "draft_check_edit", fake_check)
+
+    def edit(job: Job, text: str) -> None:
+        with django_capture_on_commit_callbacks(execute=True):
+            services.draft_edit(job=job, text=text)
+
+    for job in mine:
+        edit(job, "Give notice [1].")
+    edit(mine[0], "Give three months' notice [1].")
+    edit(bobs, "Bob's notice [1].")
+    assert queued == [alice.pk, bob.pk]  # one check for all of alice's edits, one for bob's
+    assert services.draft_checks_run(owner_id=alice.pk) == 4
+    # The oldest edit first; a superseded one (mine[2]'s first) is passed over by the real check.
+    assert checked == [(mine[1].pk, 1), (mine[2].pk, 1), (mine[0].pk, 2), (mine[2].pk, 2)]
+    assert drafts.edits_to_check(alice.pk) == [] and drafts.edits_to_check(bob.pk) == [(bobs.pk, 1)]
+    edit(mine[1], "Another edit, after the check.")
+    assert queued == [alice.pk, bob.pk, alice.pk]  # the check is over: the next edit queues one
+
+
+@pytest.mark.django_db
 def test_the_clause_export_serves_the_row_as_stored(alice):
     lease = ready_document(alice, "Lease", PAGES[1])
     stored = _json(_clause_result()[0].to_json())
