@@ -42,8 +42,13 @@ class TokenAuth(HttpBearer):
             raise ApiProblem(
                 429,
                 "rate-limited",
-                f"The token “{api_token.name}” may make {ratelimit.limit_of(api_token)} requests a minute; "
-                f"try again in {retry_after_s} s.",
+                (
+                    f"The token “{api_token.name}” may make {ratelimit.limit_of(api_token)} requests a minute; "
+                    if api_token.rate_limit_per_minute is not None
+                    else f"Your tokens may make {ratelimit.limit_of(api_token)} requests a minute together "
+                    f"(APPLIANCE_API_RATE_LIMIT_PER_MINUTE); "
+                )
+                + f"try again in {retry_after_s} s.",
                 headers={"Retry-After": str(retry_after_s)},
             )
         services.token_mark_used(token=api_token)

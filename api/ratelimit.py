@@ -25,9 +25,15 @@ def limit_of(token: ApiToken) -> int:
 
 def hit(token: ApiToken, *, now: float | None = None) -> int | None:
     """Count one request of ``token``. Returns None when it is within the limit, or the seconds
-    until the window ends when it is not. Lets the request through if the broker is unreachable
+    until the window ends when it is not. A token given a limit of its own (by an administrator)
+    is counted alone; a person's tokens with the default limit share one count, so that making
+    more tokens buys no more requests. Lets the request through if the broker is unreachable
     (the job itself then fails to queue, with its own message)."""
-    return _count(f"appliance:ratelimit:{token.prefix}", limit_of(token), what=f"token {token.prefix}", now=now)
+    if token.rate_limit_per_minute is not None:
+        return _count(f"appliance:ratelimit:{token.prefix}", limit_of(token), what=f"token {token.prefix}", now=now)
+    return _count(
+        f"appliance:ratelimit:user:{token.user_id}", limit_of(token), what=f"user {token.user_id}'s tokens", now=now
+    )
 
 
 def session_limit() -> int:

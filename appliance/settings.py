@@ -432,7 +432,7 @@ APPLIANCE_SOURCE_MAX_ITEMS_PER_POLL = env_int("APPLIANCE_SOURCE_MAX_ITEMS_PER_PO
 APPLIANCE_SOURCE_SETTLE_S = env_int("APPLIANCE_SOURCE_SETTLE_S", 30, minimum=0)
 APPLIANCE_SOURCE_IMAP_TIMEOUT_S = env_float("APPLIANCE_SOURCE_IMAP_TIMEOUT_S", 30.0, minimum=1.0)
 # --- API ------------------------------------------------------------------------------------
-# Requests per minute for one API token unless the token sets its own limit.
+# Requests per minute of one person's API tokens together (a token given a limit of its own: counted alone).
 APPLIANCE_API_RATE_LIMIT_PER_MINUTE = env_int("APPLIANCE_API_RATE_LIMIT_PER_MINUTE", 300, minimum=1)
 # API calls a browser session signs, per user (the pages' own scripts make a few a minute).
 APPLIANCE_SESSION_API_RATE_LIMIT_PER_MINUTE = env_int("APPLIANCE_SESSION_API_RATE_LIMIT_PER_MINUTE", 300, minimum=1)

@@ -258,6 +258,24 @@ def test_a_tokens_rate_limit_gives_429_with_retry_after(alice):
     assert client.get("/api/v1/documents", **bearer(alice, "read")).status_code == 200  # another token is not limited
 
 
+def test_a_persons_tokens_share_one_rate_limit_unless_one_was_given_its_own(alice, django_user_model, settings):
+    """Making more tokens buys no more requests: a person's tokens with the default limit share
+    one count; a token an administrator gave a limit of its own keeps its own."""
+    import time
+
+    settings.APPLIANCE_API_RATE_LIMIT_PER_MINUTE = 3
+    if time.time() % 60 > 50:  # the count's window is a clock minute: start inside one
+        time.sleep(61 - time.time() % 60)
+    client = Client()
+    tokens = [bearer(alice, "read") for _ in range(3)]
+    assert [client.get("/api/v1/documents", **auth).status_code for auth in tokens] == [200, 200, 200]
+    body = problem(client.get("/api/v1/documents", **bearer(alice, "read")), 429)  # a fourth, new token
+    assert "Your tokens may make 3 requests a minute together" in body["detail"]
+    assert client.get("/api/v1/documents", **bearer(alice, "read", rate_limit_per_minute=5)).status_code == 200
+    bob = django_user_model.objects.create_user(username="bob", password="another long password")
+    assert client.get("/api/v1/documents", **bearer(bob, "read")).status_code == 200  # another person's count
+
+
 def test_a_full_queue_gives_429_with_retry_after(alice, settings):
     settings.APPLIANCE_MAX_QUEUE_DEPTH = 1
     document = ready_document(alice, "lease", "The rent is 900 pounds a month.")
