@@ -829,6 +829,8 @@ def test_one_persons_prompts_are_not_found_in_the_prefix_cache_by_another(
     assert found >= prompt_tokens - block  # her own, again: all of it but the last partial block
 
 
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
 def test_the_openai_client_against_the_live_appliance(alice, live_appliance, workers, engine_host):
     token, raw = token_create(user=alice, name="openai client", scopes=["read", "write"])
     client = openai.OpenAI(base_url=f"{live_appliance}/v1", api_key=raw, max_retries=0, timeout=120)
