@@ -54,11 +54,7 @@ def check_drafts(owner_id: int) -> None:
 def check_draft(job_id: str, version: int) -> None:
     """Check one edited draft: what the version before ``check_drafts`` queued, still taken after
     an upgrade from the broker."""
-    try:
-        services.draft_check_edit(job_id=job_id, version=version)
-    except Exception:
-        logger.exception("job %s: the edited draft could not be checked", job_id)
-        services.draft_check_failed(job_id=job_id, version=version)
+    services.draft_check_or_say_why_not(job_id=job_id, version=version)
 
 
 def _sweep() -> None:

@@ -193,11 +193,7 @@ def draft_checks_run(*, owner_id: int) -> int:
             for job_id, version in waiting:
                 done.add((job_id, version))
                 sync_client().expire(key, EDIT_CHECKS_HOLD_S)
-                try:
-                    draft_check_edit(job_id=job_id, version=version)
-                except Exception:
-                    logger.exception("job %s: the edited draft could not be checked", job_id)
-                    draft_check_failed(job_id=job_id, version=version)
+                draft_check_or_say_why_not(job_id=job_id, version=version)
     finally:
         sync_client().delete(key)
     # An edit saved after the last look and before the release queued nothing: queue it now.
@@ -227,6 +223,15 @@ def draft_check_edit(*, job_id, version: int) -> bool:
     return _store_edit_check(
         job_id, version, sentences=tuple(checks), support=Support.from_json(support_summary(checks))
     )
+
+
+def draft_check_or_say_why_not(*, job_id, version: int) -> None:
+    """``draft_check_edit``; if it breaks, the page says the check could not be made."""
+    try:
+        draft_check_edit(job_id=job_id, version=version)
+    except Exception:
+        logger.exception("job %s: the edited draft could not be checked", job_id)
+        draft_check_failed(job_id=job_id, version=version)
 
 
 def draft_check_failed(*, job_id, version: int) -> None:
