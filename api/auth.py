@@ -39,16 +39,16 @@ class TokenAuth(HttpBearer):
             raise _insufficient(self.scope, f"the token “{api_token.name}”")
         retry_after_s = ratelimit.hit(api_token)
         if retry_after_s is not None:
+            limit = ratelimit.limit_of(api_token)
+            whose = (
+                f"The token “{api_token.name}” may make {limit} requests a minute"
+                if api_token.rate_limit_per_minute is not None
+                else f"Your tokens may make {limit} requests a minute together (APPLIANCE_API_RATE_LIMIT_PER_MINUTE)"
+            )
             raise ApiProblem(
                 429,
                 "rate-limited",
-                (
-                    f"The token “{api_token.name}” may make {ratelimit.limit_of(api_token)} requests a minute; "
-                    if api_token.rate_limit_per_minute is not None
-                    else f"Your tokens may make {ratelimit.limit_of(api_token)} requests a minute together "
-                    f"(APPLIANCE_API_RATE_LIMIT_PER_MINUTE); "
-                )
-                + f"try again in {retry_after_s} s.",
+                f"{whose}; try again in {retry_after_s} s.",
                 headers={"Retry-After": str(retry_after_s)},
             )
         services.token_mark_used(token=api_token)

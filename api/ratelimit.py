@@ -30,10 +30,10 @@ def hit(token: ApiToken, *, now: float | None = None) -> int | None:
     more tokens buys no more requests. Lets the request through if the broker is unreachable
     (the job itself then fails to queue, with its own message)."""
     if token.rate_limit_per_minute is not None:
-        return _count(f"appliance:ratelimit:{token.prefix}", limit_of(token), what=f"token {token.prefix}", now=now)
-    return _count(
-        f"appliance:ratelimit:user:{token.user_id}", limit_of(token), what=f"user {token.user_id}'s tokens", now=now
-    )
+        key, what = f"appliance:ratelimit:{token.prefix}", f"token {token.prefix}"
+    else:
+        key, what = f"appliance:ratelimit:user:{token.user_id}", f"user {token.user_id}'s tokens"
+    return _count(key, limit_of(token), what=what, now=now)
 
 
 def session_limit() -> int:

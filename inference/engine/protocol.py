@@ -218,8 +218,6 @@ class GenerateRequest:
         message = {"op": "generate", **asdict(self)}
         del message["extras"]
         message.update(self.extras.to_json())
-        if not self.cache_salt:
-            del message["cache_salt"]  # as before salts, for an engine host of the version before
         if not self.prompt:
             # Left out when unused: a request's fingerprint (``running.request_fingerprint``, which
             # a summary's finished sections are kept under) stays what it was before raw prompts.
