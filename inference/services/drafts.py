@@ -3,6 +3,7 @@ the edit's support in a worker)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import replace
 from uuid import UUID
@@ -167,6 +168,8 @@ def _enqueue_draft_check(owner_id: int, job_id, version: int) -> None:
     except PUBLISH_ERRORS:  # the edit is kept; the page says it could not be checked
         logger.warning("job %s: the broker did not take the check of edit %s", job_id, version)
         draft_check_failed(job_id=job_id, version=version)
+        with contextlib.suppress(*PUBLISH_ERRORS):
+            sync_client().delete(key)  # no check was queued: the next edit may queue one
 
 
 def edits_to_check(owner_id: int) -> list[tuple[UUID, int]]:
