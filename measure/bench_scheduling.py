@@ -23,7 +23,11 @@ interval over the repeats:
    ``fifo``'s. Targets: TTFT <= 2x, ITL <= 1.5x, documents >= 0.9x FIFO.
 2. ``steady``: a longer backlog, with drafting arriving steadily (Poisson, ``--steady-rate`` per
    second) for the whole time the backlog runs; only drafts that arrived while documents were
-   still running count. The same drafting bounds; documents >= 0.35x FIFO and at least the
+   still running count. By default the rate is ``--steady-load`` (one half) of the drafting
+   capacity measured on this machine before the first repeat, and the backlog is sized from
+   the documents' measured speed (``_Bench.calibrate``): a fixed rate that is a busy office on
+   one machine overloads another (a float32 CPU engine), whose queue then grows for as long as
+   the backlog runs and measures the queue, not the scheduler. The same drafting bounds; documents >= 0.35x FIFO and at least the
    tuned ``engine``'s (when it meets the bounds). The bound documents could reach within the
    ITL target is worked out from the step costs the scheduler measured. Drafting alone here
    takes twice ``--min-drafts`` requests, and the p95 ratios are also given over every repeat's
@@ -60,9 +64,11 @@ command means the same workload on a GPU box with a real model (there, raise
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
 import statistics
@@ -137,8 +143,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--burst-drafts", type=int, default=8, help="drafting requests in one burst")
     parser.add_argument("--burst-interval", type=float, default=0.4, help="seconds between a burst's drafts")
     parser.add_argument("--min-drafts", type=int, default=60, help="drafting requests measured per point")
-    parser.add_argument("--steady-rate", type=float, default=1.5, help="drafting arrivals per second (Poisson)")
-    parser.add_argument("--steady-documents", type=int, default=48, help="documents in the steady backlog")
+    parser.add_argument("--steady-rate", type=_auto_or(float), default="auto",
+                        help="drafting arrivals per second (Poisson) of the steady, eos and ingest phases; 'auto': "
+                        "--steady-load times the drafting capacity measured on this machine before the first repeat")  # fmt: skip
+    parser.add_argument("--steady-load", type=float, default=0.5,
+                        help="with --steady-rate auto: the share of the measured drafting capacity the steady stream asks for")  # fmt: skip
+    parser.add_argument("--steady-documents", type=_auto_or(int), default="auto",
+                        help="documents in the steady backlog; 'auto': enough that, at the documents' measured speed "
+                        "alone, the backlog lasts while 1.25 x --min-drafts drafts arrive")  # fmt: skip
     parser.add_argument("--thresholds", default="0,256,512,1024",
                         help="vLLM long_prefill_token_threshold values tried for the engine baseline")  # fmt: skip
     parser.add_argument("--peak-factor", type=float, default=3.0, help="peak KV demand / KV capacity")
@@ -164,7 +176,8 @@ def add_arguments(parser) -> None:
 
 _PARAMETERS = (
     "repeats", "documents", "document_tokens", "document_output", "document_pool", "draft_tokens", "draft_output",
-    "draft_pool", "burst_drafts", "burst_interval", "min_drafts", "steady_rate", "steady_documents", "thresholds",
+    "draft_pool", "burst_drafts", "burst_interval", "min_drafts", "steady_rate", "steady_load", "steady_documents",
+    "thresholds",
     "peak_factor", "peak_prompt_tokens", "peak_output", "fair_batch", "prefix_tokens", "kv_capacity_tokens", "seed",
     "ingest_pages", "ingest_pairs",
 )  # fmt: skip
@@ -188,11 +201,14 @@ def run(command, **options) -> dict:
         bench = _Bench(progress, options)
         bench._delete_rows()  # what an interrupted run left (its documents would collide with these)
         bench.start_engine()
+        if {"steady", "eos", "ingest"} & set(phases):
+            bench.calibrate()  # --steady-rate and --steady-documents 'auto', from this machine's speed
         results: dict = {
             "machine": machine(),
             "ingest_worker": ingest_worker(),
             "engine": {k: v for k, v in bench.engine_stats().items() if not isinstance(v, dict | list)},
             "parameters": {**{k: v for k, v in options.items() if k in _PARAMETERS}, "scale": bench.scale},
+            "calibration": bench.calibration,
             "repeats": [],
         }
         for repeat in range(options["repeats"]):
@@ -222,6 +238,39 @@ def _choices(value: str, allowed: tuple[str, ...], flag: str) -> list[str]:
     if unknown or not chosen:
         raise CommandError(f"{flag}: choose from {', '.join(allowed)}")
     return chosen
+
+
+def _auto_or(kind: type) -> Callable[[str], object]:
+    """An option's value: ``auto`` or a positive number of ``kind``."""
+
+    def parse(value: str) -> object:
+        if value == "auto":
+            return value
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'auto' or a number, not {value!r}") from None
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, not {value}")
+        return number
+
+    parse.__name__ = f"auto or {kind.__name__}"
+    return parse
+
+
+def steady_sizes(*, capacity_per_s: float, documents_per_s: float, load: float, min_drafts: int,
+                 rate: float | str = "auto", documents: int | str = "auto", at_least: int = 1) -> dict:  # fmt: skip
+    """The steady stream's rate and backlog from what this machine was measured to do: the
+    rate ``load`` times the drafting capacity (drafts finished a second with every decode
+    thread busy), the backlog enough documents that, at their speed alone (the fastest they go:
+    beside drafting any policy is slower), it lasts while 1.25 x ``min_drafts`` drafts arrive.
+    A number given for either is kept."""
+    if rate == "auto":
+        rate = round(load * capacity_per_s, 3)
+    rate = float(rate)
+    if documents == "auto":
+        documents = max(at_least, math.ceil(round(1.25 * min_drafts / rate * documents_per_s, 6)))
+    return {"steady_rate": rate, "steady_documents": int(documents)}
 
 
 def _thresholds(value: str) -> list[int]:
@@ -434,6 +483,7 @@ class _Bench:
         self._documents = 0
         self.best_engine: dict[str, str] = {}  # workload -> the tuned engine mode its first repeat found
         self.ingest_worker: Any = None  # measure.ingest_throughput.Worker, started by the ingest phase
+        self.calibration: dict = {}  # what ``calibrate`` measured and chose
 
     # --- processes ------------------------------------------------------------------------
 
@@ -560,6 +610,48 @@ class _Bench:
         started = time.monotonic()
         self._submit_schedule(self._current_layout_mode(), [summary, *drafts])
         self.progress(f"  warmed up with {len(drafts)} drafts and a summary in {time.monotonic() - started:.1f} s")
+
+    def calibrate(self) -> None:
+        """``--steady-rate auto`` and ``--steady-documents auto``: a steady stream that asks the
+        same share of any machine (this CPU's float32 engine drafts at a fraction of a GPU's
+        speed, and a fixed rate that is a busy office on one is an overload on the other, whose
+        queue grows for as long as the backlog runs). Measured through the real path, under the
+        appliance policy: twice the decode pool's drafts at once (drafts finished a second with
+        every decode thread busy: the drafting capacity), then the prefill pool's documents at
+        once (documents a second alone). Not measured in any repeat; its own texts."""
+        if "auto" not in (self.options["steady_rate"], self.options["steady_documents"]):
+            return
+        self._workers("split")
+        self._set_mode("appliance")
+        rng = random.Random(self.options["seed"] - 1)  # noqa: S311 - seeded, apart from the repeats' texts
+        n = 2 * self.options["draft_pool"]
+        self.progress(f"calibrating the steady stream: {n} drafts at once")
+        drafts = self._submit_schedule(
+            "appliance", [(0.0, self._draft_factory(m)) for m in self._draft_messages(n, rng)]
+        )
+        capacity = n / max(drafts.finished - drafts.started, 1e-9)
+        self._quiet("calibrating")
+        k = self.options["document_pool"]
+        self.progress(f"calibrating the steady backlog: {k} documents at once")
+        backlog = [self._document(self._tokens(self.options["document_tokens"]), rng=rng) for _ in range(k)]
+        documents = self._submit_schedule("appliance", [(0.0, self._document_factory(d)) for d in backlog])
+        documents_per_s = k / max(documents.finished - documents.started, 1e-9)
+        sizes = steady_sizes(capacity_per_s=capacity, documents_per_s=documents_per_s, load=self.options["steady_load"],
+                             min_drafts=self.options["min_drafts"], rate=self.options["steady_rate"],
+                             documents=self.options["steady_documents"], at_least=k)  # fmt: skip
+        self.calibration = {
+            "drafting_capacity_per_s": round(capacity, 3),
+            "documents_alone_per_s": round(documents_per_s, 4),
+            "load": round(sizes["steady_rate"] / capacity, 3),
+            "auto": sorted(name for name in sizes if self.options[name] == "auto"),
+            **sizes,
+        }
+        self.options.update(sizes)
+        self.progress(
+            f"steady stream: {sizes['steady_rate']} drafts/s ({sizes['steady_rate'] / capacity:.2f} of the "
+            f"{capacity:.2f}/s drafting capacity measured), a backlog of {sizes['steady_documents']} documents "
+            f"({documents_per_s * 60:.2f}/min alone)"
+        )
 
     def _stop_workers(self) -> None:
         stop_groups(self.workers)

@@ -4,6 +4,7 @@ backlog poll that outlasts a database slow to take a connection (a fake query st
 from __future__ import annotations
 
 import pytest
+from django.core.management import CommandError
 from django.db import OperationalError
 
 from measure import bench_scheduling
@@ -228,3 +229,32 @@ def test_the_step_times_line_names_each_plan_with_enough_steps():
     }}  # fmt: skip
     assert bench_scheduling._step_times_line(scheduler) == "drafting_running 400: 61.0 / 88.5 (x1.31)"
     assert bench_scheduling._step_times_line({}) == ""  # an engine that reports none (an older one)
+
+
+def test_the_steady_stream_is_sized_from_what_the_machine_was_measured_to_do():
+    sizes = bench_scheduling.steady_sizes(capacity_per_s=0.9, documents_per_s=0.2, load=0.5, min_drafts=60)
+    # Half the capacity; 60 drafts at 0.45/s take 133 s; x1.25 at 0.2 documents/s is 33.3.
+    assert sizes == {"steady_rate": 0.45, "steady_documents": 34}
+    # A faster machine: a faster stream, and a backlog that lasts as long in seconds.
+    fast = bench_scheduling.steady_sizes(capacity_per_s=9.0, documents_per_s=2.0, load=0.5, min_drafts=60)
+    assert fast == {"steady_rate": 4.5, "steady_documents": 34}
+    # What is given is kept; the backlog follows a given rate; never fewer than asked.
+    given = bench_scheduling.steady_sizes(capacity_per_s=0.9, documents_per_s=0.2, load=0.5, min_drafts=60, rate=1.5)
+    assert given == {"steady_rate": 1.5, "steady_documents": 10}
+    assert bench_scheduling.steady_sizes(capacity_per_s=0.9, documents_per_s=0.2, load=0.5, min_drafts=60,
+                                         documents=7)["steady_documents"] == 7  # fmt: skip
+    assert bench_scheduling.steady_sizes(capacity_per_s=9.0, documents_per_s=0.01, load=0.5, min_drafts=60,
+                                         at_least=6)["steady_documents"] == 6  # fmt: skip
+
+
+def test_the_steady_options_take_auto_or_a_positive_number():
+    from measure.management.commands.bench import Command
+
+    parser = Command().create_parser("manage.py", "bench")
+    options = parser.parse_args(["scheduling"])
+    assert (options.steady_rate, options.steady_documents, options.steady_load) == ("auto", "auto", 0.5)
+    options = parser.parse_args(["scheduling", "--steady-rate", "0.8", "--steady-documents", "12"])
+    assert (options.steady_rate, options.steady_documents) == (0.8, 12)
+    for bad in (["--steady-rate", "fast"], ["--steady-rate", "0"], ["--steady-documents", "1.5"]):
+        with pytest.raises((SystemExit, CommandError)):
+            parser.parse_args(["scheduling", *bad])
