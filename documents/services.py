@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePath
 from typing import Any
 
+import redis
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth.models import Group, User
@@ -414,15 +416,63 @@ MESSAGE_UPLOAD_MAX_BYTES = 5 * 1024 * 1024
 MESSAGE_UPLOAD_MAX_PAGES = 10
 
 
-def text_of_message_upload(upload) -> str:
-    """The text of an incoming letter or e-mail uploaded to reply to (PDF, Word, text, .eml),
-    extracted in the sandbox like any document, but not stored: it is the job's input."""
-    from documents.sandbox import SandboxLimits, extract_in_sandbox
+MESSAGE_READING_TIMEOUT_S = 30.0
 
+
+def text_of_message_upload(upload, *, owner_id: int | None = None) -> str:
+    """The text of an incoming letter or e-mail uploaded to reply to (PDF, Word, text, .eml),
+    extracted in the sandbox like any document, but not stored: it is the job's input. It is
+    read in the web process's request, so one person's are read one at a time (``owner_id``):
+    a sandbox may take its time limit and ``APPLIANCE_EXTRACTION_MEMORY_MB``, and a few
+    requests sent at once would otherwise hold every thread of the web server and that much
+    memory each. A second while one is read is refused (429) and loses nothing."""
     if upload.size > MESSAGE_UPLOAD_MAX_BYTES:
         raise UploadRejected(
             f"{upload.name}: a message to reply to can be at most {MESSAGE_UPLOAD_MAX_BYTES // (1024 * 1024)} MB."
         )
+    if owner_id is None:
+        return _read_message_upload(upload)
+    with _one_reading_at_a_time(owner_id, upload.name):
+        return _read_message_upload(upload)
+
+
+@contextmanager
+def _one_reading_at_a_time(owner_id: int, name: str) -> Iterator[None]:
+    """Holds the person's turn (a Valkey key, for at most the sandbox's time limit and a margin,
+    so a web process that died holding it frees it); lets the reading through if the broker is
+    unreachable, as the rate limits do (the job then fails to queue with its own message)."""
+    from inference.streaming import sync_client
+
+    client, key, token = sync_client(), f"appliance:message-reading:{owner_id}", secrets.token_hex(8)
+    try:
+        taken = client.set(key, token, nx=True, ex=int(MESSAGE_READING_TIMEOUT_S) + 30)
+    except redis.RedisError:
+        logger.warning("message upload: the broker is unreachable; user %s's reading not held", owner_id)
+        yield
+        return
+    if not taken:
+        raise UploadRejected(
+            f"{name}: another message file of yours is being read; send this one again when it is done.",
+            status=429,
+            code="reading-in-progress",
+            retry_after_s=5,
+        )
+    try:
+        yield
+    finally:
+        with suppress(redis.RedisError):
+            _release_if_held(client, key, token)
+
+
+def _release_if_held(client: redis.Redis, key: str, token: str) -> None:
+    """Deletes ``key`` only if it still holds ``token`` (a turn that outlived its time is another's)."""
+    client.eval("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
+                1, key, token)  # fmt: skip
+
+
+def _read_message_upload(upload) -> str:
+    from documents.sandbox import SandboxLimits, extract_in_sandbox
+
     data = b"".join(upload.chunks())
     try:
         extracted = extract_in_sandbox(
@@ -431,7 +481,7 @@ def text_of_message_upload(upload) -> str:
             content_type=getattr(upload, "content_type", "") or "",
             limits=ExtractionLimits(max_pages=MESSAGE_UPLOAD_MAX_PAGES, max_chars=200_000, max_attachments=0),
             sandbox=SandboxLimits(
-                timeout_s=min(30.0, settings.APPLIANCE_EXTRACTION_TIMEOUT_S),
+                timeout_s=min(MESSAGE_READING_TIMEOUT_S, settings.APPLIANCE_EXTRACTION_TIMEOUT_S),
                 memory_bytes=settings.APPLIANCE_EXTRACTION_MEMORY_MB * 1024 * 1024,
             ),
             use_ocr=settings.APPLIANCE_OCR,

@@ -8,6 +8,7 @@ from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from api import ratelimit
 from appliance.broker import BrokerUnavailable
 from console.services import audit
 from documents import batch_services, selectors, services
@@ -265,5 +266,16 @@ def search(request):
     from documents.search import search_passages
 
     query = request.GET.get("q", "").strip()[:500]
+    if query and (retry_after_s := ratelimit.hit_session(request.user.pk)) is not None:
+        # Each search embeds the query and scans the index: counted with the API calls the
+        # person's session signs (``APPLIANCE_SESSION_API_RATE_LIMIT_PER_MINUTE``), so a script
+        # with a session cookie cannot search here without the limit it has at /api/v1/search.
+        limited = (
+            f"You may search or call the API {ratelimit.session_limit()} times a minute; "
+            f"try again in {retry_after_s} s."
+        )
+        response = render(request, "documents/search.html", {"query": query, "limited": limited}, status=429)
+        response["Retry-After"] = str(retry_after_s)
+        return response
     passages = search_passages(user=request.user, query=query, limit=20) if query else []
     return render(request, "documents/search.html", {"query": query, "passages": passages})

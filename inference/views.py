@@ -77,7 +77,7 @@ def draft_new(request):
         message, attachments = document_selectors.reply_context(user=request.user, document_id=reply_to)
         values["message"] = message[:MESSAGE_MAX_CHARS]
         values["document_ids"] = values["document_ids"] or attachments
-    status = 200
+    status, retry_after_s = 200, 0
     if request.method == "POST":
         values = {
             "message": request.POST.get("message", ""),
@@ -89,11 +89,14 @@ def draft_new(request):
         try:
             upload = request.FILES.get("message_file")
             if upload is not None and not values["message"].strip():
-                values["message"] = text_of_message_upload(upload)
+                values["message"] = text_of_message_upload(upload, owner_id=request.user.pk)
             job = services.job_create_draft(owner=request.user, **values)
         except (services.QueueFull, services.BrokerUnavailable) as exc:
             return busy_response(request, exc)
-        except (services.JobRejected, UploadRejected) as exc:
+        except UploadRejected as exc:
+            messages.error(request, str(exc))
+            status, retry_after_s = exc.status, exc.retry_after_s  # 429: another of theirs is being read
+        except services.JobRejected as exc:
             messages.error(request, str(exc))
             status = 400
         else:
@@ -102,7 +105,7 @@ def draft_new(request):
     documents = readable_documents(request.user, ready_only=True).filter(
         Q(parent=None) | Q(pk__in=values["document_ids"])
     )
-    return render(
+    response = render(
         request,
         "inference/draft_new.html",
         {
@@ -115,6 +118,9 @@ def draft_new(request):
         },
         status=status,
     )
+    if retry_after_s:
+        response["Retry-After"] = str(retry_after_s)
+    return response
 
 
 def _int(value) -> int | None:

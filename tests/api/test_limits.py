@@ -10,6 +10,7 @@ import asyncio
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
+from django.urls import reverse
 
 from documents import services as document_services
 from documents.models import Document
@@ -97,12 +98,47 @@ def test_api_calls_a_session_signs_are_rate_limited_per_person(alice, settings):
         time.sleep(61 - time.time() % 60)
     browser = Client()
     browser.force_login(alice)
-    statuses = [browser.get("/api/v1/documents").status_code for _ in range(4)]
-    assert statuses[:3] == [200, 200, 200]
+    statuses = [browser.get("/api/v1/documents").status_code for _ in range(2)]
+    # The search page (it embeds the query and scans the index) counts with the API calls.
+    statuses.append(browser.get(reverse("documents:search"), {"q": "notice period"}).status_code)
+    assert statuses == [200, 200, 200]
+    page = browser.get(reverse("documents:search"), {"q": "notice period"})
+    assert page.status_code == 429 and "3 times a minute" in page.content.decode()
+    assert 1 <= int(page["Retry-After"]) <= 60
+    assert (
+        browser.get(reverse("documents:search")).status_code == 200
+    )  # the empty form costs nothing and is not counted
     response = browser.get("/api/v1/documents")
     body = problem(response, 429)
     assert body["type"] == "/api/problems/rate-limited" and "session" in body["detail"]
     assert 1 <= int(response["Retry-After"]) <= 60
+
+
+def test_a_persons_message_files_are_read_one_at_a_time(alice, django_user_model):
+    """A message file to reply to is read in the web request (a sandbox of its own, up to its
+    time and memory limits): a second of the same person's while one is read is refused with
+    429 and what they typed kept; another person's is read."""
+    browser = Client()
+    browser.force_login(alice)
+    letter = b"Dear landlord, how much notice must I give?"
+    with document_services._one_reading_at_a_time(alice.pk, "first.txt"):  # alice's first, still being read
+        page = browser.post(reverse("inference:draft_new"), {"message": "", "message_file": SimpleUploadedFile("second.txt", letter),
+                                        "tone": "friendly"})  # fmt: skip
+        assert page.status_code == 429 and page["Retry-After"] == "5"
+        assert "another message file of yours is being read" in page.content.decode()
+        assert 'value="friendly" selected' in page.content.decode()
+        bob = django_user_model.objects.create_user("bob-reader", password="x" * 20)
+        assert (
+            document_services.text_of_message_upload(SimpleUploadedFile("b.txt", letter), owner_id=bob.pk)
+            == letter.decode()
+        )
+    # Her turn is given back when the reading ends, also when it fails.
+    with pytest.raises(document_services.UploadRejected, match="(?i)no text"):
+        document_services.text_of_message_upload(SimpleUploadedFile("empty.txt", b"  "), owner_id=alice.pk)
+    assert (
+        document_services.text_of_message_upload(SimpleUploadedFile("c.txt", letter), owner_id=alice.pk)
+        == letter.decode()
+    )
 
 
 def test_streams_open_at_once_are_capped_per_person(alice, django_user_model, settings):
