@@ -132,8 +132,12 @@ def test_jobs_spread_over_two_nodes_follow_their_document_and_survive_a_node_los
     assert here in engines and there in engines, engines
 
     # A document's second job goes to the engine that holds its prompt, and reads it from its cache.
-    for summary in (next(j for j in finished if j.engine == e) for e in (here, there)):
-        clauses = services.job_create_clauses(owner=alice, document=summary.document, taxonomy="office")
+    # Both at once: each runs on its own engine.
+    second_jobs = [
+        (summary, services.job_create_clauses(owner=alice, document=summary.document, taxonomy="office"))
+        for summary in (next(j for j in finished if j.engine == e) for e in (here, there))
+    ]
+    for summary, clauses in second_jobs:
         clauses = wait_until(lambda c=clauses: _finished(c.pk), timeout_s=900, message="the clause extraction")
         assert clauses.state == Job.State.SUCCEEDED, clauses.error
         assert clauses.engine == summary.engine

@@ -92,7 +92,7 @@ def test_the_workers_load_their_embedder_as_they_start_not_on_the_first_job(work
 
 
 def test_a_job_whose_worker_is_killed_is_handed_on_and_finished(alice, victim_decode_worker, engine_host):
-    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=400, ignore_eos=True)
+    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=160, ignore_eos=True)
     wait_until(lambda: "delta" in _events(job.pk), timeout_s=300, message="the victim to start streaming")
     os.killpg(victim_decode_worker.process.pid, signal.SIGKILL)  # no warm shutdown, no ack: a crash
     victim_decode_worker.process.wait()
@@ -103,7 +103,7 @@ def test_a_job_whose_worker_is_killed_is_handed_on_and_finished(alice, victim_de
     job = wait_until(lambda: _finished(job.pk), timeout_s=600, message="the job to be finished by another worker")
     assert job.state == Job.State.SUCCEEDED, job.error
     assert job.attempts == 2
-    assert job.metrics.output_tokens == 400
+    assert job.metrics.output_tokens == 160
     events = _events(job.pk)
     assert "restart" in events  # the browser drops the first attempt's text
     # What the browser shows after the restart is exactly the stored result.
@@ -116,7 +116,7 @@ def test_a_job_whose_worker_is_killed_is_handed_on_and_finished(alice, victim_de
 
 
 def test_jobs_in_flight_when_the_engine_host_crashes_finish_after_it_is_back(alice, workers, engine_hosts, engine_host):
-    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=300, ignore_eos=True)
+    job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=150, ignore_eos=True)
     wait_until(lambda: "delta" in _events(job.pk), timeout_s=300, message="the job to start streaming")
     engine_hosts.kill()
     wait_until(
@@ -128,7 +128,7 @@ def test_jobs_in_flight_when_the_engine_host_crashes_finish_after_it_is_back(ali
     engine_hosts.ensure_running()  # what make run's supervisor does
     job = wait_until(lambda: _finished(job.pk), timeout_s=600, message="the job to finish after the restart")
     assert job.state == Job.State.SUCCEEDED, job.error
-    assert job.metrics.output_tokens == 300
+    assert job.metrics.output_tokens == 150
     assert job.attempts == 1  # the engine's outage did not count against the job
 
 
@@ -163,7 +163,7 @@ def test_a_job_in_flight_when_the_engine_core_dies_succeeds_after_the_host_resta
     client = openai.OpenAI(base_url=f"{live_appliance}/v1", api_key=raw, max_retries=0, timeout=900)
     stream = iter(
         client.chat.completions.create(
-            model=engine_host.stats()["model"], messages=LETTER, max_tokens=200, temperature=0, stream=True,
+            model=engine_host.stats()["model"], messages=LETTER, max_tokens=100, temperature=0, stream=True,
             extra_body={"ignore_eos": True},
         )
     )  # fmt: skip
@@ -178,7 +178,7 @@ def test_a_job_in_flight_when_the_engine_core_dies_succeeds_after_the_host_resta
     chunks += list(stream)  # through the restart, to the end
     job = wait_until(lambda: _finished(job.pk), timeout_s=900, message="the job to finish after the restart")
     assert job.state == Job.State.SUCCEEDED, job.error
-    assert job.metrics.output_tokens == 200
+    assert job.metrics.output_tokens == 100
     assert job.engine_crashes == 1  # counted against it, in case it was the cause, but retried
     assert job.dispatched_at is not None  # put back to its queue, and a worker finished it
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == job.result_text

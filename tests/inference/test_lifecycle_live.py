@@ -86,7 +86,7 @@ def test_a_frozen_worker_whose_job_was_handed_on_never_writes_it_again(alice, wo
     from appliance.celery import app
 
     with solo_worker("decode", "frozen") as frozen:
-        job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=300, ignore_eos=True)
+        job = services.job_create_chat(owner=alice, messages=LETTER, max_tokens=150, ignore_eos=True)
         wait_until(lambda: "delta" in [e for e, _ in _entries(job.pk)], timeout_s=300, message="the first attempt")
         # It takes no other message, then stops: alive, but its heartbeats stop.
         app.control.cancel_consumer("decode", destination=[frozen.hostname], reply=True)
@@ -114,7 +114,7 @@ def test_a_frozen_worker_whose_job_was_handed_on_never_writes_it_again(alice, wo
     assert names[-1] == "done" and names.count("done") == 1
     after = "".join(data["text"] for event, data in seen[last_restart:] if event == "delta")
     assert after.strip() == job.result_text  # the stored result is the second attempt's
-    assert job.metrics.output_tokens == 300
+    assert job.metrics.output_tokens == 150
 
 
 def test_one_users_batch_does_not_hold_back_another_users_single_job(alice, bob, workers, engine_host):
