@@ -252,7 +252,7 @@ def test_the_steady_options_take_auto_or_a_positive_number():
 
     parser = Command().create_parser("manage.py", "bench")
     options = parser.parse_args(["scheduling"])
-    assert (options.steady_rate, options.steady_documents, options.steady_load) == ("auto", "auto", 0.5)
+    assert (options.steady_rate, options.steady_documents, options.steady_load) == ("auto", "auto", 0.25)
     options = parser.parse_args(["scheduling", "--steady-rate", "0.8", "--steady-documents", "12"])
     assert (options.steady_rate, options.steady_documents) == (0.8, 12)
     for bad in (["--steady-rate", "fast"], ["--steady-rate", "0"], ["--steady-documents", "1.5"]):
