@@ -60,8 +60,6 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    for hosts in _early_engine_hosts:  # the engine_hosts fixture stops it, if a test took it
-        hosts.stop()
     (_sessions_dir() / str(os.getpid())).unlink(missing_ok=True)
     if _other_sessions_alive():
         return
@@ -130,21 +128,8 @@ class EngineHosts:
         return True
 
     def ensure_running(self) -> None:
-        self.start()
-        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-        while not self.answers():
-            if self.process is None or self.process.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
-                code = None if self.process is None else self.process.returncode
-                pytest.fail(f"the engine host exited with code {code}:\n{tail}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the engine host did not become ready in {ENGINE_START_TIMEOUT_S} s; see {self.log_path}")
-            time.sleep(1)
-
-    def start(self) -> None:
-        """Starts one unless one answers or is starting; does not wait for it."""
-        if (self.process is not None and self.process.poll() is None) or self.answers():
-            return  # starting, or running already (a developer's earlier session, or started here)
+        if self.answers():
+            return  # one is running already (a developer's earlier session, or started here)
         # The declared engine host (as `make run` starts it); the suite's tests switch the
         # scheduling policy as the benchmarks do. Tied to this session: no stray engine if it is killed.
         (self.process,) = start_appliance_processes(
@@ -160,6 +145,14 @@ class EngineHosts:
             log_dir=self.log_path.parent,
             tie_to_parent=True,
         )
+        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+        while not self.answers():
+            if self.process.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-4000:]
+                pytest.fail(f"the engine host exited with code {self.process.returncode}:\n{tail}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"the engine host did not become ready in {ENGINE_START_TIMEOUT_S} s; see {self.log_path}")
+            time.sleep(1)
 
     def kill(self) -> None:
         """SIGKILL the engine host and everything it started: a crash, not a shutdown."""
@@ -174,24 +167,9 @@ class EngineHosts:
             _stop(self.process)
 
 
-_early_engine_hosts: list[EngineHosts] = []  # the one started as the run began, if any test wants it
-
-
-@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what will not run
-def pytest_collection_modifyitems(session, config, items):
-    """The engine host takes a minute to start: begun as soon as the run knows a test will use
-    it, it loads while the tests before that one run, instead of after them."""
-    if config.option.collectonly or _early_engine_hosts:
-        return
-    if any({"engine_host", "engine_hosts"} & set(getattr(item, "fixturenames", ())) for item in items):
-        hosts = EngineHosts()
-        hosts.start()
-        _early_engine_hosts.append(hosts)
-
-
 @pytest.fixture(scope="session")
 def engine_hosts():
-    hosts = _early_engine_hosts[0] if _early_engine_hosts else EngineHosts()
+    hosts = EngineHosts()
     try:
         yield hosts
     finally:
@@ -321,7 +299,7 @@ def live_appliance(django_db_setup):
         yield url
     finally:
         _stop(process)
-        if not _LIVE_WORKERS:
+        if not any(p.poll() is None for p in _LIVE_WORKERS):
             # With the session's workers still running, their connections would hold this wait
             # to its end; the workers' own teardown waits for every session, the web's too.
             _wait_for_other_sessions_to_close()
