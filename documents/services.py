@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import secrets
 import threading
 import time
@@ -451,11 +452,14 @@ def _one_reading_at_a_time(owner_id: int, name: str) -> Iterator[None]:
         yield
         return
     if not taken:
+        left_ms = 0  # the turn's time left (the key's), for Retry-After
+        with suppress(redis.RedisError):
+            left_ms = int(client.pttl(key))
         raise UploadRejected(
             f"{name}: another message file of yours is being read; send this one again when it is done.",
             status=429,
             code="reading-in-progress",
-            retry_after_s=5,
+            retry_after_s=max(1, math.ceil(left_ms / 1000)) if left_ms > 0 else 1,
         )
     try:
         yield

@@ -206,7 +206,7 @@ def run(command, **options) -> dict:
         bench._delete_rows()  # what an interrupted run left (its documents would collide with these)
         bench.start_engine()
         if {"steady", "eos", "ingest"} & set(phases):
-            bench.calibrate()  # --steady-rate and --steady-documents 'auto', from this machine's speed
+            bench.calibrate(phases)  # --steady-rate and --steady-documents 'auto', from this machine's speed
         results: dict = {
             "machine": machine(),
             "ingest_worker": ingest_worker(),
@@ -262,18 +262,20 @@ def _auto_or(kind: type) -> Callable[[str], object]:
     return parse
 
 
-def steady_sizes(*, capacity_per_s: float, documents_per_s: float, load: float, min_drafts: int,
+def steady_sizes(*, capacity_per_s: float | None, documents_per_s: float | None, load: float, min_drafts: int,
                  rate: float | str = "auto", documents: int | str = "auto", at_least: int = 1) -> dict:  # fmt: skip
     """The steady stream's rate and backlog from what this machine was measured to do: the
     rate ``load`` times the drafting capacity (drafts finished a second with every decode
     thread busy), the backlog enough documents that, at their speed alone (the fastest they go:
     beside drafting any policy is slower), it lasts while 1.25 x ``min_drafts`` drafts arrive.
-    A number given for either is kept."""
+    A number given for either is kept. ValueError when a rate would be zero."""
     if rate == "auto":
-        rate = round(load * capacity_per_s, 3)
+        rate = round(load * float(capacity_per_s or 0.0), 3)
     rate = float(rate)
+    if rate <= 0:
+        raise ValueError(f"a rate of {rate} drafts a second (--steady-load {load} x the capacity measured)")
     if documents == "auto":
-        documents = max(at_least, math.ceil(round(1.25 * min_drafts / rate * documents_per_s, 6)))
+        documents = max(at_least, math.ceil(round(1.25 * min_drafts / rate * float(documents_per_s or 0.0), 6)))
     return {"steady_rate": rate, "steady_documents": int(documents)}
 
 
@@ -615,46 +617,67 @@ class _Bench:
         self._submit_schedule(self._current_layout_mode(), [summary, *drafts])
         self.progress(f"  warmed up with {len(drafts)} drafts and a summary in {time.monotonic() - started:.1f} s")
 
-    def calibrate(self) -> None:
+    def calibrate(self, phases: list[str]) -> None:
         """``--steady-rate auto`` and ``--steady-documents auto``: a steady stream that asks the
         same share of any machine (this CPU's float32 engine drafts at a fraction of a GPU's
         speed, and a fixed rate that is a busy office on one is an overload on the other, whose
         queue grows for as long as the backlog runs). Measured through the real path, under the
-        appliance policy: twice the decode pool's drafts at once (drafts finished a second with
-        every decode thread busy: the drafting capacity), then the prefill pool's documents at
-        once (documents a second alone). Not measured in any repeat; its own texts."""
-        if "auto" not in (self.options["steady_rate"], self.options["steady_documents"]):
+        appliance policy, each only when it is wanted: twice the decode pool's drafts at once
+        (drafts finished a second with every decode thread busy: the drafting capacity), then
+        the prefill pool's documents at once (documents a second alone; the steady and eos
+        phases' backlog). Not measured in any repeat; its own texts."""
+        want_rate = self.options["steady_rate"] == "auto"
+        want_backlog = self.options["steady_documents"] == "auto" and bool({"steady", "eos"} & set(phases))
+        if not (want_rate or want_backlog):
             return
         self._workers("split")
         self._set_mode("appliance")
         rng = random.Random(self.options["seed"] - 1)  # noqa: S311 - seeded, apart from the repeats' texts
-        n = 2 * self.options["draft_pool"]
-        self.progress(f"calibrating the steady stream: {n} drafts at once")
-        drafts = self._submit_schedule(
-            "appliance", [(0.0, self._draft_factory(m)) for m in self._draft_messages(n, rng)]
-        )
-        capacity = n / max(drafts.finished - drafts.started, 1e-9)
-        self._quiet("calibrating")
+        measured: dict[str, float] = {}
+        if want_rate:
+            n = 2 * self.options["draft_pool"]
+            self.progress(f"calibrating the steady stream: {n} drafts at once")
+            schedule = [(0.0, self._draft_factory(m)) for m in self._draft_messages(n, rng)]
+            drafts = self._submit_schedule("appliance", schedule)
+            measured["drafting_capacity_per_s"] = n / max(drafts.finished - drafts.started, 1e-9)
         k = self.options["document_pool"]
-        self.progress(f"calibrating the steady backlog: {k} documents at once")
-        backlog = [self._document(self._tokens(self.options["document_tokens"]), rng=rng) for _ in range(k)]
-        documents = self._submit_schedule("appliance", [(0.0, self._document_factory(d)) for d in backlog])
-        documents_per_s = k / max(documents.finished - documents.started, 1e-9)
-        sizes = steady_sizes(capacity_per_s=capacity, documents_per_s=documents_per_s, load=self.options["steady_load"],
-                             min_drafts=self.options["min_drafts"], rate=self.options["steady_rate"],
-                             documents=self.options["steady_documents"], at_least=k)  # fmt: skip
+        if want_backlog:
+            self._quiet("calibrating")
+            self.progress(f"calibrating the steady backlog: {k} documents at once")
+            backlog = [self._document(self._tokens(self.options["document_tokens"]), rng=rng) for _ in range(k)]
+            documents = self._submit_schedule("appliance", [(0.0, self._document_factory(d)) for d in backlog])
+            measured["documents_alone_per_s"] = k / max(documents.finished - documents.started, 1e-9)
+        try:
+            sizes = steady_sizes(capacity_per_s=measured.get("drafting_capacity_per_s"),
+                                 documents_per_s=measured.get("documents_alone_per_s"),
+                                 load=self.options["steady_load"], min_drafts=self.options["min_drafts"],
+                                 rate=self.options["steady_rate"],
+                                 documents=self.options["steady_documents"] if want_backlog else 0, at_least=k)  # fmt: skip
+        except ValueError as exc:
+            raise CommandError(f"calibrating the steady stream: {exc}") from None
+        if not want_backlog:
+            del sizes["steady_documents"]  # given, or not used by the phases asked for
         self.calibration = {
-            "drafting_capacity_per_s": round(capacity, 3),
-            "documents_alone_per_s": round(documents_per_s, 4),
-            "load": round(sizes["steady_rate"] / capacity, 3),
+            **{name: round(value, 4) for name, value in measured.items()},
             "auto": sorted(name for name in sizes if self.options[name] == "auto"),
             **sizes,
         }
+        if capacity := measured.get("drafting_capacity_per_s"):
+            self.calibration["load"] = round(sizes["steady_rate"] / capacity, 3)
         self.options.update(sizes)
         self.progress(
-            f"steady stream: {sizes['steady_rate']} drafts/s ({sizes['steady_rate'] / capacity:.2f} of the "
-            f"{capacity:.2f}/s drafting capacity measured), a backlog of {sizes['steady_documents']} documents "
-            f"({documents_per_s * 60:.2f}/min alone)"
+            f"steady stream: {sizes['steady_rate']} drafts/s"
+            + (
+                f" ({sizes['steady_rate'] / capacity:.2f} of the {capacity:.2f}/s drafting capacity measured)"
+                if capacity
+                else ""
+            )
+            + (
+                f", a backlog of {sizes['steady_documents']} documents "
+                f"({measured['documents_alone_per_s'] * 60:.2f}/min alone)"
+                if want_backlog
+                else ""
+            )
         )
 
     def _stop_workers(self) -> None:

@@ -124,7 +124,7 @@ def test_a_persons_message_files_are_read_one_at_a_time(alice, django_user_model
     with document_services._one_reading_at_a_time(alice.pk, "first.txt"):  # alice's first, still being read
         page = browser.post(reverse("inference:draft_new"), {"message": "", "message_file": SimpleUploadedFile("second.txt", letter),
                                         "tone": "friendly"})  # fmt: skip
-        assert page.status_code == 429 and page["Retry-After"] == "5"
+        assert page.status_code == 429 and 30 <= int(page["Retry-After"]) <= 60  # the turn's time left
         assert "another message file of yours is being read" in page.content.decode()
         assert 'value="friendly" selected' in page.content.decode()
         bob = django_user_model.objects.create_user("bob-reader", password="x" * 20)

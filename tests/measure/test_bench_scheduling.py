@@ -245,6 +245,8 @@ def test_the_steady_stream_is_sized_from_what_the_machine_was_measured_to_do():
                                          documents=7)["steady_documents"] == 7  # fmt: skip
     assert bench_scheduling.steady_sizes(capacity_per_s=9.0, documents_per_s=0.01, load=0.5, min_drafts=60,
                                          at_least=6)["steady_documents"] == 6  # fmt: skip
+    with pytest.raises(ValueError, match="a rate of 0.0 drafts a second"):  # a machine too slow to measure
+        bench_scheduling.steady_sizes(capacity_per_s=0.001, documents_per_s=0.2, load=0.25, min_drafts=60)
 
 
 def test_the_steady_options_take_auto_or_a_positive_number():
