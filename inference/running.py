@@ -267,7 +267,7 @@ def engine_request(
         queue=job.queue,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
-        seed=sampling.seed,
+        seed=replay_seed(job, part) if sampling.seed is None and sampling.temperature > 0 else sampling.seed,
         stop=list(sampling.stop),
         frequency_penalty=(
             sampling.frequency_penalty
@@ -284,6 +284,17 @@ def engine_request(
         suspect=job.engine_crashes >= 1,
         prompt=prompt,
     )
+
+
+def replay_seed(job: Job, part: str) -> int:
+    """The seed of a sampled request that was sent without one: drawn from the job and the
+    request's part, the same on every attempt. An attempt started again (its worker or the
+    engine was lost) then writes the answer the first was writing, so a stream that had sent
+    part of it goes on to the stored answer instead of ending in an error (``StreamDiverged``:
+    "send the request again"); OpenAI's default temperature is 1, so that was most ``/v1``
+    requests. Each job still draws its own (job ids are random); a seed given is used as given."""
+    digest = hashlib.sha256(f"{job.pk}:{part}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 def cache_salt(job: Job) -> str:

@@ -610,6 +610,24 @@ def test_chat_jobs_keep_the_sampling_options_and_send_them_to_the_engine(alice):
 
 
 @pytest.mark.django_db
+def test_a_sampled_request_sent_without_a_seed_draws_the_same_one_on_every_attempt(alice):
+    """So that an attempt started again writes what the first was writing (a stream that sent
+    part of it goes on to the stored answer), while each job still samples its own."""
+    job = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, temperature=1.0)
+    first = engine_request(job, HELLO, 8, part="chat").seed
+    job.attempts, job.engine_crashes = 2, 1
+    again = engine_request(job, HELLO, 8, part="chat")
+    assert first is not None and again.seed == first and again.request_id != f"{job.pk}-1-chat"
+    assert engine_request(job, HELLO, 8, part="c1").seed != first  # each part of a job its own
+    other = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, temperature=1.0)
+    assert engine_request(other, HELLO, 8, part="chat").seed != first  # each job its own
+    given = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, temperature=1.0, seed=7)
+    assert engine_request(given, HELLO, 8, part="chat").seed == 7
+    greedy = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, temperature=0.0)
+    assert engine_request(greedy, HELLO, 8, part="chat").seed is None  # nothing to draw
+
+
+@pytest.mark.django_db
 def test_a_chat_jobs_json_schema_is_kept_and_sent_to_the_engine_and_tried_again(alice):
     schema = {"type": "object", "properties": {"days": {"type": "integer"}}, "required": ["days"]}
     job = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, json_schema=schema)
