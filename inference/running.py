@@ -267,7 +267,7 @@ def engine_request(
         queue=job.queue,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
-        seed=replay_seed(job, part) if sampling.seed is None and sampling.temperature > 0 else sampling.seed,
+        seed=replay_seed(job, part) if _replayable(sampling) else sampling.seed,
         stop=list(sampling.stop),
         frequency_penalty=(
             sampling.frequency_penalty
@@ -286,13 +286,23 @@ def engine_request(
     )
 
 
+def _replayable(sampling: Sampling) -> bool:
+    """Whether a request is given ``replay_seed``: sampled, sent with no seed, and with no top-p
+    or top-k filter. With a filter, one seeded request in a GPU's batch sends the whole batch's
+    sampling off FlashInfer's kernels to PyTorch's own (vLLM's ``TopKTopPSampler.forward_cuda``:
+    FlashInfer takes no per-request generator), a sort of every row's vocabulary each step;
+    without one, vLLM samples natively either way, and a seed costs a draw per request."""
+    return sampling.seed is None and sampling.temperature > 0 and sampling.top_p >= 1.0 and sampling.extras.top_k <= 0
+
+
 def replay_seed(job: Job, part: str) -> int:
     """The seed of a sampled request that was sent without one: drawn from the job and the
     request's part, the same on every attempt. An attempt started again (its worker or the
     engine was lost) then writes the answer the first was writing, so a stream that had sent
     part of it goes on to the stored answer instead of ending in an error (``StreamDiverged``:
     "send the request again"); OpenAI's default temperature is 1, so that was most ``/v1``
-    requests. Each job still draws its own (job ids are random); a seed given is used as given."""
+    requests. Each job still draws its own (job ids are random); a seed given is used as given.
+    Only where it costs no sampler speed (``_replayable``)."""
     digest = hashlib.sha256(f"{job.pk}:{part}".encode()).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 

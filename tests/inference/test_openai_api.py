@@ -625,6 +625,13 @@ def test_a_sampled_request_sent_without_a_seed_draws_the_same_one_on_every_attem
     assert engine_request(given, HELLO, 8, part="chat").seed == 7
     greedy = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, temperature=0.0)
     assert engine_request(greedy, HELLO, 8, part="chat").seed is None  # nothing to draw
+    # With a top-p or top-k filter a seeded request would send a GPU's whole batch off FlashInfer's
+    # sampling kernels: not seeded (such a stream, restarted, may still end asking to send again).
+    nucleus = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, temperature=1.0, top_p=0.9)
+    assert engine_request(nucleus, HELLO, 8, part="chat").seed is None
+    top_k = services.job_create_chat(owner=alice, messages=HELLO, max_tokens=8, temperature=1.0,
+                                     extras=SamplingExtras(top_k=20))  # fmt: skip
+    assert engine_request(top_k, HELLO, 8, part="chat").seed is None
 
 
 @pytest.mark.django_db
