@@ -442,7 +442,7 @@ def _one_reading_at_a_time(owner_id: int, name: str) -> Iterator[None]:
     """Holds the person's turn (a Valkey key, for at most the sandbox's time limit and a margin,
     so a web process that died holding it frees it); lets the reading through if the broker is
     unreachable, as the rate limits do (the job then fails to queue with its own message)."""
-    from inference.streaming import sync_client
+    from inference.streaming import delete_if_holds, sync_client
 
     client, key, token = sync_client(), f"appliance:message-reading:{owner_id}", secrets.token_hex(8)
     try:
@@ -465,13 +465,7 @@ def _one_reading_at_a_time(owner_id: int, name: str) -> Iterator[None]:
         yield
     finally:
         with suppress(redis.RedisError):
-            _release_if_held(client, key, token)
-
-
-def _release_if_held(client: redis.Redis, key: str, token: str) -> None:
-    """Deletes ``key`` only if it still holds ``token`` (a turn that outlived its time is another's)."""
-    client.eval("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
-                1, key, token)  # fmt: skip
+            delete_if_holds(key, token)  # a turn that outlived its time is another's
 
 
 def _read_message_upload(upload) -> str:

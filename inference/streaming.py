@@ -58,9 +58,10 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 return {1, id, redis.call('EXISTS', KEYS[3])}
 """
 
-# KEYS: fence. ARGV: attempt. Deletes the fence only if that attempt holds it, so that clearing
-# an old attempt's fence never clears the fence of a newer attempt that claimed the job since.
-_FENCE_RELEASE = """
+# KEYS: a key. ARGV: a value. Deletes the key only while it holds that value: clearing an old
+# attempt's fence never clears the fence of a newer attempt that claimed the job since, and a
+# turn that outlived its time is not taken from whoever holds it now.
+_DELETE_IF_HOLDS = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
@@ -84,7 +85,7 @@ def sync_client() -> redis.Redis:
 @lru_cache(maxsize=4)
 def _scripts(url: str) -> tuple[Any, Any]:
     client = _client(url)
-    return client.register_script(_FENCED_XADD), client.register_script(_FENCE_RELEASE)
+    return client.register_script(_FENCED_XADD), client.register_script(_DELETE_IF_HOLDS)
 
 
 def publish(job_id: Any, event: str, data: dict[str, Any]) -> str:
@@ -132,8 +133,13 @@ def fence_release(job_id: Any, attempt: int | None = None) -> None:
     if attempt is None:
         sync_client().delete(fence_key(job_id))
         return
-    _, release = _scripts(settings.REDIS_URL)
-    release(keys=[fence_key(job_id)], args=[str(attempt)])
+    delete_if_holds(fence_key(job_id), str(attempt))
+
+
+def delete_if_holds(key: str, value: str) -> None:
+    """Deletes ``key`` only while it holds ``value``, in one step in the broker."""
+    _, delete = _scripts(settings.REDIS_URL)
+    delete(keys=[key], args=[value])
 
 
 def request_cancel(job_id: Any) -> None:
