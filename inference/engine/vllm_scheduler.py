@@ -53,6 +53,7 @@ logger = logging.getLogger("vllm.appliance.scheduler")
 # The policy the engine host starts the engine core with (JSON of ``PolicyConfig``): the engine
 # core is a spawned process, so it comes through the environment.
 CONFIG_ENV = "APPLIANCE_SCHEDULER_CONFIG"
+_MODE_NAMES = frozenset(m.value for m in Mode)  # a step's reason outside the appliance's mode
 STEP_TIMES_KEPT = 2048  # steps of each plan's reason whose times the snapshot reads
 UTILITY_METHOD = "appliance_scheduler"
 
@@ -86,8 +87,9 @@ class ApplianceScheduling(_SchedulerBase):
         self.planner = Planner(config=config, max_budget_tokens=self.max_num_scheduled_tokens)
         self.output_lengths = OutputLengths()
         self._reserve_tokens: dict[str, int] = {}  # running request -> its reservation (prompt + output)
-        # step -> (when, shape, the plan's reason: a mode's name outside the appliance's mode)
-        self._pending: dict[int, tuple[float, StepShape, str]] = {}
+        # step -> (when, shape, the plan's reason: a mode's name outside the appliance's mode,
+        # whether it held drafting requests alone)
+        self._pending: dict[int, tuple[float, StepShape, str, bool]] = {}
         # The last steps' measured times and their ratio to the cost model's prediction, by the
         # plan's reason: which steps drafters wait for (``appliance_snapshot``, ``bench scheduling``).
         self._step_times: dict[str, deque[tuple[float, float | None]]] = {}
@@ -109,14 +111,18 @@ class ApplianceScheduling(_SchedulerBase):
         if output.total_num_scheduled_tokens:
             config = self.planner.config
             reason = self._last_plan.reason if config.mode is Mode.APPLIANCE else config.mode.value
-            self._pending[id(output)] = (time.monotonic(), self._shape_of(output), reason)
+            drafting_only = all(
+                (request := self.requests.get(rid)) is not None and self._drafting(request)
+                for rid in output.num_scheduled_tokens
+            )
+            self._pending[id(output)] = (time.monotonic(), self._shape_of(output), reason, drafting_only)
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
         now = time.monotonic()
         pending = self._pending.pop(id(scheduler_output), None)
         if pending is not None:
-            scheduled_at, shape, reason = pending
+            scheduled_at, shape, reason, drafting_only = pending
             # Steps may overlap (async scheduling): a step's own time starts when the one
             # before it ended, or when it was scheduled if the engine was idle.
             seconds = now - max(scheduled_at, self._last_update_at)
@@ -125,6 +131,8 @@ class ApplianceScheduling(_SchedulerBase):
                 (seconds, seconds / predicted if predicted else None)
             )
             self.planner.cost.observe(shape, seconds, beside_drafting=reason in SIZED_BESIDE_DRAFTING)
+            if reason not in _MODE_NAMES:  # under vLLM's own modes every request may look like drafting
+                self.planner.note_step(seconds, drafting_only=drafting_only)
             self._last_update_at = now
         return super().update_from_output(scheduler_output, model_runner_output)
 
@@ -273,6 +281,8 @@ class ApplianceScheduling(_SchedulerBase):
 
     def appliance_configure(self, values: dict) -> None:
         config = self.planner.config.updated(values)
+        if config.mode is not self.planner.config.mode:
+            self.planner.forget_drafting_steps()  # what drafters felt under another mode
         self.planner.config = config
         self._step_times.clear()  # they describe the policy in force
         logger.info("appliance scheduler: %s", config.to_dict())
@@ -313,6 +323,8 @@ class ApplianceScheduling(_SchedulerBase):
             # The engine's time spent on documents' prompts and decodes lately (None: none prefilling).
             "document_share": None if (share := planner.document_share()) is None else round(share, 4),
             "draft_prompt_tokens": planner.draft_prompt_tokens(),  # a drafter's first step, as the plan assumes
+            # What drafters lately felt at p95 in steps of drafting alone (bounds a saved-up chunk's step).
+            "drafting_step_p95_ms": None if (p95 := planner.drafting_step_p95_s()) is None else round(p95 * 1000, 2),
             "cost_model": planner.cost.snapshot(),
             "counters": dict(self._counters),
             "step_times": self._step_times_snapshot(),
