@@ -11,7 +11,10 @@ its policy is switched between runs, so that every policy is measured in one run
 - ``engine``: vLLM's priority scheduling alone, tuned: each ``--thresholds`` value of vLLM's
   ``long_prefill_token_threshold`` is tried on the first repeat, and the best one that meets the
   drafting bounds (else the one with the lowest drafting TTFT) is kept for the other repeats;
-- ``fifo``: one queue and one pool, every request at the same priority.
+- ``fifo``: one queue and one pool, every request at the same priority;
+- ``appliance:key=value+...`` (``--variants``): the appliance's scheduler with some of its
+  settings (``step_policy.PolicyConfig``) changed, beside its defaults in the same run: how a
+  change of the scheduler is shown to be better than what it replaces.
 
 Phases, each repeated ``--repeats`` times; every ratio is taken within one repeat (against a
 baseline measured minutes before on the same machine) and reported as a mean with a 95 %
@@ -157,6 +160,9 @@ def add_arguments(parser) -> None:
                         "alone, the backlog lasts while 1.25 x --min-drafts drafts arrive")  # fmt: skip
     parser.add_argument("--thresholds", default="0,256,512,1024",
                         help="vLLM long_prefill_token_threshold values tried for the engine baseline")  # fmt: skip
+    parser.add_argument("--variants", default="",
+                        help="appliance scheduler settings to measure beside its defaults in the burst and steady "
+                        "phases, comma-separated, each key=value[+key=value] (e.g. chunk_fixed_cost_share=0)")  # fmt: skip
     parser.add_argument("--peak-factor", type=float, default=3.0, help="peak KV demand / KV capacity")
     parser.add_argument("--peak-prompt-tokens", type=int, default=768)
     parser.add_argument("--peak-output", type=int, default=256)
@@ -181,7 +187,7 @@ def add_arguments(parser) -> None:
 _PARAMETERS = (
     "repeats", "documents", "document_tokens", "document_output", "document_pool", "draft_tokens", "draft_output",
     "draft_pool", "burst_drafts", "burst_interval", "min_drafts", "steady_rate", "steady_load", "steady_documents",
-    "thresholds",
+    "thresholds", "variants",
     "peak_factor", "peak_prompt_tokens", "peak_output", "fair_batch", "prefix_tokens", "kv_capacity_tokens", "seed",
     "ingest_pages", "ingest_pairs",
 )  # fmt: skip
@@ -197,6 +203,7 @@ def run(command, **options) -> dict:
     if options["repeats"] < 1:
         raise CommandError("--repeats must be at least 1")
     thresholds = _thresholds(options["thresholds"])
+    variants(options["variants"])  # refused before anything starts
     started_services = [s for s in (ensure_embedded_database(progress), ensure_embedded_broker(progress)) if s]
     bench = None
     try:
@@ -277,6 +284,34 @@ def steady_sizes(*, capacity_per_s: float | None, documents_per_s: float | None,
     if documents == "auto":
         documents = max(at_least, math.ceil(round(1.25 * min_drafts / rate * float(documents_per_s or 0.0), 6)))
     return {"steady_rate": rate, "steady_documents": int(documents)}
+
+
+def variants(value: str) -> dict[str, dict[str, Any]]:
+    """``--variants``: mode name (``appliance:key=value+...``) -> the settings it changes. Each
+    key must be a setting of the appliance's scheduler (``PolicyConfig``), and a value what that
+    setting takes (checked here, so that a typo fails before an hour's run, not in it)."""
+    from inference.engine.step_policy import PolicyConfig
+
+    out: dict[str, dict[str, Any]] = {}
+    for variant in (v.strip() for v in value.split(",")):
+        if not variant:
+            continue
+        settings_: dict[str, Any] = {}
+        for pair in variant.split("+"):
+            key, sep, raw = pair.partition("=")
+            key = key.strip()
+            if not sep or key in {"mode", "long_prefill_token_threshold"}:
+                raise CommandError(f"--variants: {pair!r} is not key=value of an appliance scheduler setting")
+            try:
+                settings_[key] = json.loads(raw)
+            except ValueError:
+                settings_[key] = raw.strip()
+        try:
+            PolicyConfig().updated(settings_)
+        except (TypeError, ValueError) as exc:
+            raise CommandError(f"--variants: {variant}: {exc}") from None
+        out[f"appliance:{variant}"] = settings_
+    return out
 
 
 def _thresholds(value: str) -> list[int]:
@@ -488,6 +523,8 @@ class _Bench:
         self.broker_refusals = 0
         self._documents = 0
         self.best_engine: dict[str, str] = {}  # workload -> the tuned engine mode its first repeat found
+        self.variants = variants(options.get("variants") or "")  # mode -> the scheduler settings it changes
+        self._variant_defaults: dict[str, Any] | None = None
         self.ingest_worker: Any = None  # measure.ingest_throughput.Worker, started by the ingest phase
         self.calibration: dict = {}  # what ``calibrate`` measured and chose
 
@@ -706,11 +743,19 @@ class _Bench:
     # --- engine policy ----------------------------------------------------------------------
 
     def _set_mode(self, mode: str, *, forget_output_lengths: bool = False, **settings_: object) -> None:
-        """``engine@512``: vLLM's priority scheduling with long_prefill_token_threshold 512."""
+        """``engine@512``: vLLM's priority scheduling with long_prefill_token_threshold 512;
+        ``appliance:key=value+...``: a ``--variants`` one. Every other mode has the settings the
+        variants change at the engine's own values."""
         name, _, threshold = mode.partition("@")
         client = self.client()
-        client.set_scheduling(name, forget_output_lengths=forget_output_lengths,
-                              long_prefill_token_threshold=int(threshold or 0), **settings_)  # fmt: skip
+        changed = self.variants.get(name, {})
+        if self.variants and self._variant_defaults is None:
+            current = client.set_scheduling(None)["settings"]  # the engine's own, before any variant
+            keys = {k for values in self.variants.values() for k in values}
+            self._variant_defaults = {k: current[k] for k in keys}
+        values = {**(self._variant_defaults or {}), **changed, **settings_}
+        client.set_scheduling(name.partition(":")[0], forget_output_lengths=forget_output_lengths,
+                              long_prefill_token_threshold=int(threshold or 0), **values)  # fmt: skip
         client.reset_prefix_cache()  # no run profits from another's cache
 
     @staticmethod
@@ -877,9 +922,10 @@ class _Bench:
                 saved()
 
     def _modes(self, workload: str, thresholds: list[int]) -> list[str]:
+        appliance = ["appliance", *(self.variants if workload in ("burst", "steady") else ())]
         if workload in self.best_engine:
-            return ["appliance", "fifo", self.best_engine[workload]]
-        return ["appliance", "fifo", *(f"engine@{t}" for t in thresholds)]  # the sweep, on the first repeat
+            return [*appliance, "fifo", self.best_engine[workload]]
+        return [*appliance, "fifo", *(f"engine@{t}" for t in thresholds)]  # the sweep, on the first repeat
 
     def drafting_beside_documents(self, workload: str, seed: int, thresholds: list[int]) -> dict:
         """Drafting alone, then beside a document backlog under each policy, with the same
@@ -903,7 +949,7 @@ class _Bench:
             }
             figures["ttft_p95_ratio"] = _ratio(figures["drafting"]["ttft_p95_ms"], result["alone"]["ttft_p95_ms"])
             figures["itl_p95_ratio"] = _ratio(figures["drafting"]["itl_p95_ms"], result["alone"]["itl_p95_ms"])
-            if mode == "appliance":
+            if mode.startswith("appliance"):
                 figures["scheduler"] = self.engine_stats().get("scheduler", {})
             result["modes"][mode] = figures
             self.progress(
@@ -1026,12 +1072,7 @@ class _Bench:
             else decode_step_s * float(config.get("itl_slowdown", 1.4))
         )
         position = self._tokens(self.options["document_tokens"]) // 2
-        # Saved up into larger chunks (``Planner.pooled_document_budget``, when the scheduler's
-        # chunk_fixed_cost_share is set), a chunk's fixed cost is paid once per chunk: the bound
-        # then leaves it out, as if each step spent its spare time.
-        pooled = bool(config.get("chunk_fixed_cost_share"))
-        per_step = model.prefill_budget(base, position=position, target_s=target, chunk_fixed_cost=not pooled) or 0
-        bound_tokens_per_s = per_step / target if target else None
+        bound_tokens_per_s, per_step = self._tokens_beside_drafting(model, config, scheduler, base, target, position)
         fifo_tokens_per_s = result["modes"]["fifo"]["documents"]["prompt_tokens_per_s"]
         while_drafting = _ratio(bound_tokens_per_s, fifo_tokens_per_s)
         # Bursts leave time with nobody drafting, where documents may go at FIFO's speed less
@@ -1049,13 +1090,47 @@ class _Bench:
             "drafters_in_engine": concurrency,
             "target_step_ms": round(target * 1000, 2),
             "decode_step_ms": round(decode_step_s * 1000, 2),
-            "document_tokens_per_step": per_step,
+            "document_tokens_per_step": round(per_step, 1),
             "document_tokens_per_s": _round(bound_tokens_per_s),
             "drafting_share": round(share, 3),
             "idle_vs_fifo": _round(idle_speed, 4),
             "vs_fifo_while_drafting": while_drafting,
             "vs_fifo": mixed,
         }
+
+    @staticmethod
+    def _tokens_beside_drafting(model, config: dict, scheduler: dict, base, target: float,
+                                position: int) -> tuple[float | None, float]:  # fmt: skip
+        """Documents' prompt tokens a second, and a step, beside the drafting work ``base`` by
+        the planner's rules (``Planner.pooled_document_budget``) on the measured step costs:
+        each step may cost drafters the target's spare time or, where that is less, what a chunk
+        of the 4 tokens documents always read costs (its fixed cost included); saved up where a
+        chunk's fixed cost is large beside that (the scheduler's ``chunk_fixed_cost_share``),
+        into chunks in steps no longer than a drafter's first step or 1.4x what drafters felt
+        alone at p95 (``drafting_step_p95_ms``), whichever is shorter, the fixed cost paid once
+        a chunk. Documents' floor is not in it (it gives them more where this is little)."""
+        from inference.engine.step_policy import StepShape
+
+        decode_s = model.predict(base) or 0.0
+        if target <= 0 or not model.prices_prefill:
+            return None, 0.0
+        min_chunk = 4
+        fixed = model.chunk_fixed_s(base)
+        spare = target - decode_s
+        spend = max(spare, fixed + min_chunk * model.per_prefill_token_s(position))
+        share = float(config.get("chunk_fixed_cost_share") or 0.0)
+        if not share or fixed <= share * spare:  # a chunk every step
+            tokens = max(min_chunk, model.prefill_budget(base, position=position, target_s=decode_s + spend) or 0)
+            return tokens / (decode_s + spend), float(tokens)
+        prompt = int(scheduler.get("draft_prompt_tokens") or 64)
+        longest = model.predict(StepShape(base.decode_requests, base.decode_context_tokens, prompt,
+                                          prompt * prompt / 2)) or target  # fmt: skip
+        if felt_ms := scheduler.get("drafting_step_p95_ms"):
+            longest = min(longest, float(config.get("itl_slowdown", 1.4)) * felt_ms / 1000)
+        cap = max(spare, max(target, longest) - decode_s, spend)
+        steps = cap / spend  # a chunk every this many steps
+        tokens = max(min_chunk * steps, model.prefill_budget(base, position=position, target_s=decode_s + cap) or 0)
+        return tokens / (steps * (decode_s + spend)), tokens / steps
 
     def _gap_tokens_per_s(self, model, config: dict, scheduler: dict, position: int) -> float | None:
         """Documents' prompt tokens a second in steps of the gap step between drafters
@@ -1591,21 +1666,23 @@ def table(results: dict) -> list[str]:
         entry = summary.get(workload)
         if not entry:
             continue
+        width = max(14, *(len(mode) for mode in entry["modes"]))  # a --variants mode's name is long
         lines += [
             "",
             title,
-            f"{'policy':<14} {'TTFT p95 / alone':>24} {'ITL p95 / alone':>24} {'documents / FIFO':>24} {'drafts':>10}",
+            f"{'policy':<{width}} {'TTFT p95 / alone':>24} {'ITL p95 / alone':>24} {'documents / FIFO':>24} "
+            f"{'drafts':>10}",
         ]
         for mode, f in entry["modes"].items():
             lines.append(
-                f"{mode:<14} {_fmt(f['ttft_p95_ratio']):>24} {_fmt(f['itl_p95_ratio']):>24} "
+                f"{mode:<{width}} {_fmt(f['ttft_p95_ratio']):>24} {_fmt(f['itl_p95_ratio']):>24} "
                 f"{_fmt(f['documents_vs_fifo']):>24} {min(f['drafts_measured']):>10}"
             )
         lines.append("pooled over the repeats' requests (bootstrap 95 % interval):")
         for mode, f in entry["modes"].items():
             if f.get("ttft_p95_ratio_pooled"):
                 lines.append(
-                    f"  {mode:<12} {_fmt(f['ttft_p95_ratio_pooled']):>24} {_fmt(f['itl_p95_ratio_pooled']):>24}"
+                    f"  {mode:<{width - 2}} {_fmt(f['ttft_p95_ratio_pooled']):>24} {_fmt(f['itl_p95_ratio_pooled']):>24}"
                 )
         lines += _tail_lines(results["repeats"], workload)
         if entry.get("bound_vs_fifo"):

@@ -260,3 +260,73 @@ def test_the_steady_options_take_auto_or_a_positive_number():
     for bad in (["--steady-rate", "fast"], ["--steady-rate", "0"], ["--steady-documents", "1.5"]):
         with pytest.raises((SystemExit, CommandError)):
             parser.parse_args(["scheduling", *bad])
+
+
+class FakeEngineClient:
+    """A fake of the engine host's client for policy switches: it keeps the policy as the host
+    does (a setting not sent stays as it was) and records what each switch sent."""
+
+    def __init__(self) -> None:
+        self.policy = {"mode": "appliance", "chunk_fixed_cost_share": 0.5, "itl_slowdown": 1.4,
+                       "long_prefill_token_threshold": 0}  # fmt: skip
+        self.sent: list[tuple[str | None, dict]] = []
+
+    def set_scheduling(self, scheduling=None, *, forget_output_lengths=False, **settings):
+        self.sent.append((scheduling, settings))
+        self.policy.update(settings, **({"mode": scheduling} if scheduling else {}))
+        return {"scheduling": self.policy["mode"], "settings": dict(self.policy)}
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+
+def test_a_variant_changes_the_schedulers_settings_for_its_own_runs_only():
+    bench = object.__new__(bench_scheduling._Bench)  # no database, no engine: only the policy switches
+    variant = "appliance:chunk_fixed_cost_share=0+itl_slowdown=1.2"
+    bench.variants = bench_scheduling.variants("chunk_fixed_cost_share=0+itl_slowdown=1.2")
+    bench._variant_defaults = None
+    bench.best_engine = {}
+    fake = FakeEngineClient()
+    bench.client = lambda: fake
+    assert bench._modes("steady", [0, 512]) == ["appliance", variant, "fifo", "engine@0", "engine@512"]
+    assert bench._modes("eos", [0]) == ["appliance", "fifo", "engine@0"]  # beside the defaults in burst and steady
+    bench._set_mode("appliance")
+    defaults = dict(fake.policy)
+    bench._set_mode(variant)
+    assert fake.policy == {**defaults, "chunk_fixed_cost_share": 0, "itl_slowdown": 1.2}
+    bench._set_mode("engine@512")
+    assert fake.policy == {**defaults, "mode": "engine", "long_prefill_token_threshold": 512}
+    bench._set_mode("appliance")  # the next repeat's drafting alone: the engine's own settings
+    assert fake.policy == defaults
+
+
+@pytest.mark.parametrize(
+    "bad", ["nonsense=1", "mode=fifo", "long_prefill_token_threshold=512", "itl_slowdown", "itl_slowdown=0.5"]
+)
+def test_a_variant_must_be_a_setting_of_the_appliances_scheduler(bad):
+    with pytest.raises(CommandError, match="--variants"):
+        bench_scheduling.variants(bad)
+    assert bench_scheduling.variants("") == {}
+
+
+def test_the_bound_beside_drafting_follows_the_planners_rules_for_chunks():
+    # The float32 AMD machine's fitted costs: a 67 ms step of three drafters, 37 ms more for
+    # holding any prefill, 2.9 ms a prompt token; its 1.4x target leaves less than that fixed cost.
+    from inference.engine.step_policy import StepCostModel, StepShape
+
+    model = StepCostModel.from_coefficients((0.0495, 0.00536, 0.00668, 0.00288, 1.96, 0.0374))
+    base = StepShape.of([600] * 3, [])
+    target = 1.4 * model.predict(base)
+    scheduler = {"draft_prompt_tokens": 64, "drafting_step_p95_ms": 280.0}
+
+    def bound(share: float, **more) -> tuple[float, float]:
+        config = {"chunk_fixed_cost_share": share, "itl_slowdown": 1.4}
+        return bench_scheduling._Bench._tokens_beside_drafting(model, config, {**scheduler, **more}, base, target, 1250)
+
+    every_step, tokens = bound(0.0)
+    assert tokens == 4  # nothing fits in the target: the 4 tokens documents always read, at their cost
+    assert every_step == pytest.approx(4 / model.predict(StepShape.of([600] * 3, [(1250, 4)])), rel=1e-3)
+    saved_up, _ = bound(0.5)
+    assert saved_up > 2 * every_step  # the fixed cost paid once a chunk
+    # Drafters who felt only decode steps alone: chunks no longer than 1.4x those, so little is saved.
+    assert bound(0.5, drafting_step_p95_ms=70.0)[0] < saved_up
