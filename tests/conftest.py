@@ -59,7 +59,19 @@ def pytest_sessionstart(session):
             _started_services.append(service)
 
 
+def pytest_collection_finish(session):
+    from tests import test_types
+
+    if any(item.nodeid == test_types.WHOLE_TREE_TEST for item in session.items):
+        test_types.start_early()  # mypy at the lowest CPU priority, beside the tests before it
+
+
 def pytest_sessionfinish(session, exitstatus):
+    from tests import test_types
+
+    if isinstance(early := test_types._EARLY.get("process"), subprocess.Popen):  # its test never ran
+        early.kill()
+        early.communicate()
     (_sessions_dir() / str(os.getpid())).unlink(missing_ok=True)
     if _other_sessions_alive():
         return
