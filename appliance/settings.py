@@ -379,7 +379,7 @@ if 0.0 < APPLIANCE_IDLE_RAMP_FACTOR <= 1.0:
     raise EnvError(f"APPLIANCE_IDLE_RAMP_FACTOR={APPLIANCE_IDLE_RAMP_FACTOR} must be 0 (off) or above 1")
 # Beside drafting, documents save up each step's spare time and spend it in one chunk when what
 # holding any prefill costs a step is more than this share of that spare time (a CPU); 0: never.
-APPLIANCE_CHUNK_FIXED_COST_SHARE = env_float("APPLIANCE_CHUNK_FIXED_COST_SHARE", 0.0, minimum=0.0, maximum=0.99)
+APPLIANCE_CHUNK_FIXED_COST_SHARE = env_float("APPLIANCE_CHUNK_FIXED_COST_SHARE", 0.5, minimum=0.0, maximum=0.99)
 # While documents wait for prefill, their share of the engine's time is kept at least this when
 # drafting fills the engine (an overloaded office); 0: drafting may starve documents.
 APPLIANCE_DOCUMENT_MIN_SHARE = env_float("APPLIANCE_DOCUMENT_MIN_SHARE", 0.2, minimum=0.0, maximum=0.5)

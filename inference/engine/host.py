@@ -88,7 +88,7 @@ class EngineConfig:
     gap_step_ms: float = 0.0
     ttft_slowdown: float = 2.0
     idle_ramp_factor: float = 2.0
-    chunk_fixed_cost_share: float = 0.0
+    chunk_fixed_cost_share: float = 0.5
     document_min_share: float = 0.2
     enforce_eager: bool = False
     token: str = ""  # every request must carry it ("": none asked, for hosts made by unit tests)
