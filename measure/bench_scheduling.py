@@ -1122,15 +1122,16 @@ class _Bench:
         if not share or fixed <= share * spare:  # a chunk every step
             tokens = max(min_chunk, model.prefill_budget(base, position=position, target_s=decode_s + spend) or 0)
             return tokens / (decode_s + spend), float(tokens)
-        prompt = int(scheduler.get("draft_prompt_tokens") or 64)
-        longest = model.predict(StepShape(base.decode_requests, base.decode_context_tokens, prompt,
-                                          prompt * prompt / 2)) or target  # fmt: skip
+        longest = target  # nothing is saved up until drafters' p95 alone is known
         if felt_ms := scheduler.get("drafting_step_p95_ms"):
-            longest = min(longest, float(config.get("itl_slowdown", 1.4)) * felt_ms / 1000)
+            prompt = int(scheduler.get("draft_prompt_tokens") or 64)
+            first = model.predict(StepShape(base.decode_requests, base.decode_context_tokens, prompt,
+                                            prompt * prompt / 2)) or target  # fmt: skip
+            longest = min(first, float(config.get("itl_slowdown", 1.4)) * felt_ms / 1000)
         cap = max(spare, max(target, longest) - decode_s, spend)
-        steps = cap / spend  # a chunk every this many steps
+        steps = math.ceil(cap / spend - 1e-9)  # a chunk every this many steps, the others drafting alone
         tokens = max(min_chunk * steps, model.prefill_budget(base, position=position, target_s=decode_s + cap) or 0)
-        return tokens / (steps * (decode_s + spend)), tokens / steps
+        return tokens / (steps * decode_s + cap), tokens / steps
 
     def _gap_tokens_per_s(self, model, config: dict, scheduler: dict, position: int) -> float | None:
         """Documents' prompt tokens a second in steps of the gap step between drafters

@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -60,18 +62,20 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_finish(session):
-    from tests import test_types
-
+    test_types = sys.modules.get("tests.test_types")  # collected, and so imported, or not asked for
+    if test_types is None or session.config.option.collectonly:
+        return
     if any(item.nodeid == test_types.WHOLE_TREE_TEST for item in session.items):
         test_types.start_early()  # mypy at the lowest CPU priority, beside the tests before it
 
 
 def pytest_sessionfinish(session, exitstatus):
-    from tests import test_types
-
-    if isinstance(early := test_types._EARLY.get("process"), subprocess.Popen):  # its test never ran
-        early.kill()
-        early.communicate()
+    if test_types := sys.modules.get("tests.test_types"):
+        if isinstance(early := test_types._EARLY.get("process"), subprocess.Popen):  # its test never ran
+            early.kill()
+            early.communicate()
+        if early_cache := test_types._EARLY.get("cache"):
+            shutil.rmtree(str(early_cache), ignore_errors=True)
     (_sessions_dir() / str(os.getpid())).unlink(missing_ok=True)
     if _other_sessions_alive():
         return

@@ -50,7 +50,12 @@ def whole_tree(cache: str) -> subprocess.CompletedProcess:
     """mypy over the tree: the run started early when there is one, else one now."""
     early = _EARLY.pop("process", None)
     if isinstance(early, subprocess.Popen):
-        stdout, stderr = early.communicate(timeout=900)
+        try:
+            stdout, stderr = early.communicate(timeout=900)
+        except BaseException:
+            early.kill()
+            early.communicate()
+            raise
         return subprocess.CompletedProcess(early.args, early.returncode, stdout, stderr)
     return mypy("--cache-dir", cache)
 

@@ -146,7 +146,7 @@ def test_jobs_spread_over_two_nodes_follow_their_document_and_survive_a_node_los
     # Node B is lost while it runs a job: the job is handed on and finishes on node A. A summary
     # of a document each engine read goes back to that engine (its prompt is in its cache).
     read_by = [next(j.document for j in finished if j.engine == engine) for engine in (there, here)]
-    long = [services.job_create_summary(owner=alice, document=d, max_tokens=200, ignore_eos=True) for d in read_by]
+    long = [services.job_create_summary(owner=alice, document=d, max_tokens=256, ignore_eos=True) for d in read_by]
     victim = wait_until(
         lambda: Job.objects.filter(pk__in=[j.pk for j in long], state=Job.State.RUNNING, engine=there).first(),
         timeout_s=600, message="a job running on node B",

@@ -330,3 +330,5 @@ def test_the_bound_beside_drafting_follows_the_planners_rules_for_chunks():
     assert saved_up > 2 * every_step  # the fixed cost paid once a chunk
     # Drafters who felt only decode steps alone: chunks no longer than 1.4x those, so little is saved.
     assert bound(0.5, drafting_step_p95_ms=70.0)[0] < saved_up
+    # Until that p95 is known the planner saves nothing up: a chunk every step.
+    assert bound(0.5, drafting_step_p95_ms=None)[0] == pytest.approx(every_step)
