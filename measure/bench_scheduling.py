@@ -1099,39 +1099,40 @@ class _Bench:
         }
 
     @staticmethod
-    def _tokens_beside_drafting(model, config: dict, scheduler: dict, base, target: float,
-                                position: int) -> tuple[float | None, float]:  # fmt: skip
-        """Documents' prompt tokens a second, and a step, beside the drafting work ``base`` by
-        the planner's rules (``Planner.pooled_document_budget``) on the measured step costs:
-        each step may cost drafters the target's spare time or, where that is less, what a chunk
-        of the 4 tokens documents always read costs (its fixed cost included); saved up where a
-        chunk's fixed cost is large beside that (the scheduler's ``chunk_fixed_cost_share``),
-        into chunks in steps no longer than a drafter's first step or 1.4x what drafters felt
-        alone at p95 (``drafting_step_p95_ms``), whichever is shorter, the fixed cost paid once
-        a chunk. Documents' floor is not in it (it gives them more where this is little)."""
+    def _planner(model, config: dict, scheduler: dict, max_budget_tokens: int = 2048):
+        """A planner with the engine's scheduler settings and fitted step costs: what its rules
+        give on this machine, worked out here rather than copied."""
+        from inference.engine.step_policy import Planner, PolicyConfig
+
+        known = set(PolicyConfig().to_dict())
+        policy = PolicyConfig.from_dict({k: v for k, v in config.items() if k in known})
+        return Planner(config=policy, max_budget_tokens=max_budget_tokens, cost=model,
+                       default_draft_prompt_tokens=int(scheduler.get("draft_prompt_tokens") or 64))  # fmt: skip
+
+    @staticmethod
+    def _tokens_beside_drafting(model, config: dict, scheduler: dict, base, target: float, position: int,
+                                steps: int = 64) -> tuple[float | None, float]:  # fmt: skip
+        """Documents' prompt tokens a second, and a step, beside the drafting work ``base``:
+        ``steps`` steps of the planner's own rule for them (``Planner.pooled_document_budget``:
+        the 4 tokens documents always read at their cost, saved up into one chunk where a chunk's
+        fixed cost is large, bounded by what drafters felt alone at p95, ``drafting_step_p95_ms``),
+        timed by the measured step costs. Documents' floor is not in it (it gives them more
+        where this is little)."""
         from inference.engine.step_policy import StepShape
 
-        decode_s = model.predict(base) or 0.0
         if target <= 0 or not model.prices_prefill:
             return None, 0.0
-        min_chunk = 4
-        fixed = model.chunk_fixed_s(base)
-        spare = target - decode_s
-        spend = max(spare, fixed + min_chunk * model.per_prefill_token_s(position))
-        share = float(config.get("chunk_fixed_cost_share") or 0.0)
-        if not share or fixed <= share * spare:  # a chunk every step
-            tokens = max(min_chunk, model.prefill_budget(base, position=position, target_s=decode_s + spend) or 0)
-            return tokens / (decode_s + spend), float(tokens)
-        longest = target  # nothing is saved up until drafters' p95 alone is known
+        planner = _Bench._planner(model, config, scheduler)
         if felt_ms := scheduler.get("drafting_step_p95_ms"):
-            prompt = int(scheduler.get("draft_prompt_tokens") or 64)
-            first = model.predict(StepShape(base.decode_requests, base.decode_context_tokens, prompt,
-                                            prompt * prompt / 2)) or target  # fmt: skip
-            longest = min(first, float(config.get("itl_slowdown", 1.4)) * felt_ms / 1000)
-        cap = max(spare, max(target, longest) - decode_s, spend)
-        steps = math.ceil(cap / spend - 1e-9)  # a chunk every this many steps, the others drafting alone
-        tokens = max(min_chunk * steps, model.prefill_budget(base, position=position, target_s=decode_s + cap) or 0)
-        return tokens / (steps * decode_s + cap), tokens / steps
+            for _ in range(planner.min_drafting_steps):
+                planner.note_step(felt_ms / 1000, drafting_only=True)
+        tokens = seconds = 0.0
+        for _ in range(steps):
+            n = planner.pooled_document_budget(base, position, target_s=target)
+            step = StepShape(base.decode_requests, base.decode_context_tokens, base.prefill_tokens + n,
+                             base.prefill_attention + n * (position + n / 2))  # fmt: skip
+            tokens, seconds = tokens + n, seconds + (model.predict(step) or 0.0)
+        return tokens / seconds, tokens / steps
 
     def _gap_tokens_per_s(self, model, config: dict, scheduler: dict, position: int) -> float | None:
         """Documents' prompt tokens a second in steps of the gap step between drafters
@@ -1139,15 +1140,12 @@ class _Bench:
         (the cost model, fitted on the short steps the scheduler plans, is not read for FIFO's
         steps of the whole budget); None when there is no gap step (``drafting_recent_s`` 0) or
         the model cannot tell."""
-        from inference.engine.step_policy import Planner, PolicyConfig, StepShape
+        from inference.engine.step_policy import StepShape
 
-        known = set(PolicyConfig().to_dict())
-        policy = PolicyConfig.from_dict({k: v for k, v in config.items() if k in known})
-        if not policy.drafting_recent_s:
-            return None
         budget = int(self.engine_stats().get("max_num_batched_tokens") or 0)
-        planner = Planner(config=policy, max_budget_tokens=budget or 2048, cost=model,
-                          default_draft_prompt_tokens=int(scheduler.get("draft_prompt_tokens") or 64))  # fmt: skip
+        planner = self._planner(model, config, scheduler, budget or 2048)
+        if not planner.config.drafting_recent_s:
+            return None
         gap_s = planner.gap_step_s()
         tokens = model.prefill_budget(StepShape(), position=position, target_s=gap_s) if gap_s else None
         return tokens / gap_s if tokens and gap_s else None

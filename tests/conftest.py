@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -71,11 +70,7 @@ def pytest_collection_finish(session):
 
 def pytest_sessionfinish(session, exitstatus):
     if test_types := sys.modules.get("tests.test_types"):
-        if isinstance(early := test_types._EARLY.get("process"), subprocess.Popen):  # its test never ran
-            early.kill()
-            early.communicate()
-        if early_cache := test_types._EARLY.get("cache"):
-            shutil.rmtree(str(early_cache), ignore_errors=True)
+        test_types.stop_early()
     (_sessions_dir() / str(os.getpid())).unlink(missing_ok=True)
     if _other_sessions_alive():
         return

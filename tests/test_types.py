@@ -33,13 +33,19 @@ def start_early() -> None:
     )  # fmt: skip
 
 
+def stop_early() -> None:
+    """At the session's end: the early run killed if its test never read it, its cache removed."""
+    early = _EARLY.pop("process", None)
+    if isinstance(early, subprocess.Popen) and early.poll() is None:
+        early.kill()
+        early.communicate()
+    shutil.rmtree(str(_EARLY.pop("cache", "")), ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """One mypy cache for this file's runs: the second reads what the first already analysed."""
-    early = _EARLY.get("cache")
-    yield str(early) if early else str(tmp_path_factory.mktemp("mypy") / "cache")
-    if early:
-        shutil.rmtree(str(early), ignore_errors=True)
+    return str(_EARLY.get("cache") or tmp_path_factory.mktemp("mypy") / "cache")
 
 
 def mypy(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -48,14 +54,10 @@ def mypy(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def whole_tree(cache: str) -> subprocess.CompletedProcess:
     """mypy over the tree: the run started early when there is one, else one now."""
-    early = _EARLY.pop("process", None)
+    early = _EARLY.get("process")
     if isinstance(early, subprocess.Popen):
-        try:
-            stdout, stderr = early.communicate(timeout=900)
-        except BaseException:
-            early.kill()
-            early.communicate()
-            raise
+        stdout, stderr = early.communicate(timeout=900)  # interrupted, ``stop_early`` kills it
+        del _EARLY["process"]
         return subprocess.CompletedProcess(early.args, early.returncode, stdout, stderr)
     return mypy("--cache-dir", cache)
 

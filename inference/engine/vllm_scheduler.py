@@ -53,7 +53,6 @@ logger = logging.getLogger("vllm.appliance.scheduler")
 # The policy the engine host starts the engine core with (JSON of ``PolicyConfig``): the engine
 # core is a spawned process, so it comes through the environment.
 CONFIG_ENV = "APPLIANCE_SCHEDULER_CONFIG"
-_MODE_NAMES = frozenset(m.value for m in Mode)  # a step's reason outside the appliance's mode
 STEP_TIMES_KEPT = 2048  # steps of each plan's reason whose times the snapshot reads
 UTILITY_METHOD = "appliance_scheduler"
 
@@ -111,7 +110,9 @@ class ApplianceScheduling(_SchedulerBase):
         if output.total_num_scheduled_tokens:
             config = self.planner.config
             reason = self._last_plan.reason if config.mode is Mode.APPLIANCE else config.mode.value
-            drafting_only = all(
+            # Under vLLM's own modes every request may have drafting's priority: only the
+            # appliance's steps tell what drafters feel alone.
+            drafting_only = config.mode is Mode.APPLIANCE and all(
                 (request := self.requests.get(rid)) is not None and self._drafting(request)
                 for rid in output.num_scheduled_tokens
             )
@@ -131,8 +132,7 @@ class ApplianceScheduling(_SchedulerBase):
                 (seconds, seconds / predicted if predicted else None)
             )
             self.planner.cost.observe(shape, seconds, beside_drafting=reason in SIZED_BESIDE_DRAFTING)
-            if reason not in _MODE_NAMES:  # under vLLM's own modes every request may look like drafting
-                self.planner.note_step(seconds, drafting_only=drafting_only)
+            self.planner.note_step(seconds, drafting_only=drafting_only)
             self._last_update_at = now
         return super().update_from_output(scheduler_output, model_runner_output)
 

@@ -11,6 +11,7 @@ import pytest
 
 from inference.engine.client import EngineRequestError
 from inference.engine.protocol import EngineStats, GenerateRequest, Priority
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -309,10 +310,9 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
     assert drafter_started.wait(120)
     # Alone, the drafter's steps are what drafters feel without documents: measured, they bound
     # a saved-up document chunk's step.
-    deadline = time.monotonic() + 120
-    while _scheduler(engine_host).get("drafting_step_p95_ms") is None and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _scheduler(engine_host)["drafting_step_p95_ms"] > 0
+    felt = wait_until(lambda: _scheduler(engine_host).get("drafting_step_p95_ms"), timeout_s=120, interval_s=0.5,
+                      message="drafters' steps alone measured")  # fmt: skip
+    assert felt > 0
     document_events = list(engine_host.generate(_document_of_tokens(engine_host, 1500)))
     document_done_at.append(_done(document_events).received_at)
     thread.join(300)
