@@ -353,10 +353,18 @@ def reservation_shown(peak: dict) -> str:
 
 
 def _step_times_line(scheduler: dict) -> str:
-    """The scheduler's step times by plan (``step_times`` of its snapshot), those of 20 steps or more."""
+    """The scheduler's step times by plan (``step_times`` of its snapshot), those of 20 steps or
+    more, with the share of the documents' prompt tokens read in such steps (an engine that
+    counts them)."""
+    times = scheduler.get("step_times") or {}
+    documents = sum(t.get("document_tokens", 0) for t in times.values())
+
+    def share(t: dict) -> str:
+        return f", {t['document_tokens'] / documents:.0%} of documents" if documents and "document_tokens" in t else ""
+
     return ", ".join(
-        f"{reason} {t['steps']}: {t['p50_ms']} / {t['p95_ms']} (x{t['p95_over_model']})"
-        for reason, t in (scheduler.get("step_times") or {}).items()
+        f"{reason} {t['steps']}: {t['p50_ms']} / {t['p95_ms']} (x{t['p95_over_model']}{share(t)})"
+        for reason, t in times.items()
         if t["steps"] >= 20
     )
 

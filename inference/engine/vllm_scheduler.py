@@ -87,11 +87,14 @@ class ApplianceScheduling(_SchedulerBase):
         self.output_lengths = OutputLengths()
         self._reserve_tokens: dict[str, int] = {}  # running request -> its reservation (prompt + output)
         # step -> (when, shape, the plan's reason: a mode's name outside the appliance's mode,
-        # whether it held drafting requests alone)
-        self._pending: dict[int, tuple[float, StepShape, str, bool]] = {}
+        # whether it held drafting requests alone, documents' prompt tokens in it)
+        self._pending: dict[int, tuple[float, StepShape, str, bool, int]] = {}
         # The last steps' measured times and their ratio to the cost model's prediction, by the
         # plan's reason: which steps drafters wait for (``appliance_snapshot``, ``bench scheduling``).
         self._step_times: dict[str, deque[tuple[float, float | None]]] = {}
+        # And all of them since the policy was last configured, by the plan's reason: steps, their
+        # seconds, documents' prompt tokens read in them (where documents' progress comes from).
+        self._step_totals: dict[str, list[float]] = {}
         self._last_update_at = 0.0
         self._default_threshold = self.scheduler_config.long_prefill_token_threshold
         self._counters: Counter[str] = Counter()
@@ -110,20 +113,18 @@ class ApplianceScheduling(_SchedulerBase):
         if output.total_num_scheduled_tokens:
             config = self.planner.config
             reason = self._last_plan.reason if config.mode is Mode.APPLIANCE else config.mode.value
+            shape, drafting_only, documents = self._step_of(output)
             # Under vLLM's own modes every request may have drafting's priority: only the
             # appliance's steps tell what drafters feel alone.
-            drafting_only = config.mode is Mode.APPLIANCE and all(
-                (request := self.requests.get(rid)) is not None and self._drafting(request)
-                for rid in output.num_scheduled_tokens
-            )
-            self._pending[id(output)] = (time.monotonic(), self._shape_of(output), reason, drafting_only)
+            drafting_only = drafting_only and config.mode is Mode.APPLIANCE
+            self._pending[id(output)] = (time.monotonic(), shape, reason, drafting_only, documents)
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
         now = time.monotonic()
         pending = self._pending.pop(id(scheduler_output), None)
         if pending is not None:
-            scheduled_at, shape, reason, drafting_only = pending
+            scheduled_at, shape, reason, drafting_only, documents = pending
             # Steps may overlap (async scheduling): a step's own time starts when the one
             # before it ended, or when it was scheduled if the engine was idle.
             seconds = now - max(scheduled_at, self._last_update_at)
@@ -131,6 +132,10 @@ class ApplianceScheduling(_SchedulerBase):
             self._step_times.setdefault(reason, deque(maxlen=STEP_TIMES_KEPT)).append(
                 (seconds, seconds / predicted if predicted else None)
             )
+            totals = self._step_totals.setdefault(reason, [0, 0.0, 0])
+            totals[0] += 1
+            totals[1] += seconds
+            totals[2] += documents
             self.planner.cost.observe(shape, seconds, beside_drafting=reason in SIZED_BESIDE_DRAFTING)
             self.planner.note_step(seconds, drafting_only=drafting_only)
             self._last_update_at = now
@@ -263,19 +268,27 @@ class ApplianceScheduling(_SchedulerBase):
             views, kv, self.planner.config, reserve_blocks=lambda view: self._reserve_blocks(by_id[view.request_id])
         )
 
-    def _shape_of(self, output) -> StepShape:
+    def _step_of(self, output) -> tuple[StepShape, bool, int]:
+        """In one pass over a scheduled step: what it computes (its shape), whether it holds
+        drafting requests alone, and the documents' prompt tokens in it (a recomputed prompt,
+        after a preemption, counts again)."""
         decodes: list[int] = []
         chunks: list[tuple[int, int]] = []
+        drafting_only, documents = True, 0
         for request_id, tokens in output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None:
+                drafting_only = False
                 continue
             start = request.num_computed_tokens - tokens  # already advanced by this step
             if tokens > 1 or start < request.num_prompt_tokens:
                 chunks.append((start, tokens))
             else:
                 decodes.append(start)
-        return StepShape.of(decodes, chunks)
+            if not self._drafting(request):
+                drafting_only = False
+                documents += max(0, min(tokens, request.num_prompt_tokens - start))
+        return StepShape.of(decodes, chunks), drafting_only, documents
 
     # --- talking to the engine host -----------------------------------------------------------
 
@@ -285,21 +298,28 @@ class ApplianceScheduling(_SchedulerBase):
             self.planner.forget_drafting_steps()  # what drafters felt under another mode
         self.planner.config = config
         self._step_times.clear()  # they describe the policy in force
+        self._step_totals.clear()
         logger.info("appliance scheduler: %s", config.to_dict())
 
     def _step_times_snapshot(self) -> dict[str, dict[str, float | int | None]]:
         """By the plan's reason, over its last ``STEP_TIMES_KEPT`` steps since the policy was last
         configured: how many, their measured time (median, p95) and its ratio to the cost
-        model's prediction (p95)."""
+        model's prediction (p95); and over all of them since then, how many (``total_steps``),
+        their time (``total_s``) and the documents' prompt tokens they read
+        (``document_tokens``)."""
         out: dict[str, dict[str, float | int | None]] = {}
         for reason, times in sorted(self._step_times.items()):
             seconds = [t for t, _ in times]
             ratios = [r for _, r in times if r is not None]
+            steps, total_s, documents = self._step_totals.get(reason, (0, 0.0, 0))
             out[reason] = {
                 "steps": len(seconds),
                 "p50_ms": round(quantile(seconds, 0.5) * 1000, 2),
                 "p95_ms": round(quantile(seconds, 0.95) * 1000, 2),
                 "p95_over_model": round(quantile(ratios, 0.95), 3) if ratios else None,
+                "total_steps": int(steps),
+                "total_s": round(total_s, 3),
+                "document_tokens": int(documents),
             }
         return out
 

@@ -313,7 +313,10 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
     felt = wait_until(lambda: _scheduler(engine_host).get("drafting_step_p95_ms"), timeout_s=120, interval_s=0.5,
                       message="drafters' steps alone measured")  # fmt: skip
     assert felt > 0
-    document_events = list(engine_host.generate(_document_of_tokens(engine_host, 1500)))
+    read_before = sum(t["document_tokens"] for t in _scheduler(engine_host)["step_times"].values())
+    document = _document_of_tokens(engine_host, 1500)
+    prompt_tokens = engine_host.count_tokens([document.messages])[0]
+    document_events = list(engine_host.generate(document))
     document_done_at.append(_done(document_events).received_at)
     thread.join(300)
     document_done = _done(document_events)
@@ -331,6 +334,10 @@ def test_a_document_beside_a_streaming_drafter_progresses_in_the_steps_drafting_
     assert timed["steps"] > 0 and 0 < timed["p50_ms"] <= timed["p95_ms"]
     # Over the cost model's prediction where it had one (a fresh engine's first steps have none).
     assert timed["p95_over_model"] is None or timed["p95_over_model"] > 0
+    # The document's prompt tokens are counted in the steps that read them (the drafter's are
+    # not): all of them but a prefix the cache may hold, and no more.
+    read = sum(t["document_tokens"] for t in snapshot["step_times"].values()) - read_before
+    assert prompt_tokens // 2 < read <= prompt_tokens, (read, prompt_tokens)
 
 
 def test_a_drafter_that_arrives_while_a_document_prefills_starts_before_the_document(engine_host):

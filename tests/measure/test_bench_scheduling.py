@@ -231,6 +231,20 @@ def test_the_step_times_line_names_each_plan_with_enough_steps():
     assert bench_scheduling._step_times_line({}) == ""  # an engine that reports none (an older one)
 
 
+def test_the_step_times_line_shows_where_the_documents_tokens_were_read():
+    scheduler = {"step_times": {
+        "drafting_running": {"steps": 400, "p50_ms": 61.0, "p95_ms": 88.5, "p95_over_model": 1.31,
+                             "document_tokens": 300},
+        "drafting_gap": {"steps": 40, "p50_ms": 300.0, "p95_ms": 320.0, "p95_over_model": 1.1,
+                         "document_tokens": 900},
+        "document_floor": {"steps": 3, "p50_ms": 90.0, "p95_ms": 95.0, "p95_over_model": 1.4,
+                           "document_tokens": 0},
+    }}  # fmt: skip
+    assert bench_scheduling._step_times_line(scheduler) == (
+        "drafting_running 400: 61.0 / 88.5 (x1.31, 25% of documents), drafting_gap 40: 300.0 / 320.0 (x1.1, 75% of documents)"
+    )
+
+
 def test_the_steady_stream_is_sized_from_what_the_machine_was_measured_to_do():
     sizes = bench_scheduling.steady_sizes(capacity_per_s=0.9, documents_per_s=0.2, load=0.5, min_drafts=60)
     # Half the capacity; 60 drafts at 0.45/s take 133 s; x1.25 at 0.2 documents/s is 33.3.
