@@ -21,8 +21,8 @@ before each step, for a ``StepPlan`` and applies it to vLLM's own scheduling:
   ``itl_slowdown`` (or an absolute ``itl_target_ms``), divided by
   how far such steps have lately run over the model's prediction (``StepCostModel.overrun``: a
   least-squares fit is right on average, drafters feel the long steps). Where a chunk's own
-  fixed cost is more than ``chunk_fixed_cost_share`` (0.5) of a step's spare time (a CPU),
-  documents save the spare time up (at
+  fixed cost is more than ``chunk_fixed_cost_share`` (0.5) of a step's spare time, or where a
+  chunk of ``min_chunk_tokens`` does not fit in it (a CPU), documents save the spare time up (at
   least what a chunk of ``min_chunk_tokens`` would cost a step) and spend it in one chunk, in a
   step no longer than a drafter's first step nor ``itl_slowdown`` times what drafters felt at
   p95 in steps of drafting alone (``pooled_document_budget``, ``pooled_step_s``).
@@ -126,7 +126,8 @@ class PolicyConfig:
     # times the one before (0: no slow start).
     idle_ramp_factor: float = 2.0
     # Beside drafting, documents save up their spare step time and spend it in one chunk when
-    # a chunk's fixed cost is more than this share of what a step may spend (0: never save up).
+    # a chunk's fixed cost is more than this share of what a step may spend, or the smallest
+    # chunk does not fit in it (0: never save up).
     # On since 2026-12-07: in a steady run on a float32 CPU (0.5 against 0 in one run, 3 repeats)
     # documents went 0.33x FIFO against 0.30x, drafters' ITL p95 1.23x alone against 1.05x
     # (over the repeats' requests; one repeat 1.61x), TTFT p95 1.48x both, mean ITL no longer.
@@ -612,7 +613,8 @@ class Planner:
 
     def pooled_document_budget(self, base: StepShape, position: int, *, target_s: float | None = None) -> int:
         """``document_budget``, where a chunk's own fixed cost (``StepCostModel.prefill_step_s``,
-        and the attention it reads) is large beside what a step may spend: then documents save
+        and the attention it reads) is large beside what a step may spend, or a chunk of
+        ``min_chunk_tokens`` does not fit in it: then documents save
         up each step's spare time and spend it in one chunk, in a step no longer than
         ``pooled_step_s`` (what drafters feel alone at p95), and hold back in the others.
         Drafters' mean step stays at the target; the fixed cost is paid once per saved-up chunk
@@ -627,23 +629,36 @@ class Planner:
         target = self.sized_target_s(base) if target_s is None else target_s
         per_step = self._document_budget(base, position, target)
         alone = self.cost.predict(base)
-        fixed = self.cost.chunk_fixed_s(base)  # nothing where a drafter's prompt is read in the step
-        if alone is None or target is None or fixed <= 0:
+        if alone is None or target is None or base.prefill_tokens or not self.cost.prices_prefill:
+            # Nothing to size by, a drafter's prompt is read in the step (no fixed cost), or the
+            # model cannot price a prompt token yet.
             return per_step
+        fixed = self.cost.chunk_fixed_s(base)
         spare = target - alone
+        # What a chunk of ``min_chunk_tokens`` costs the step, its fixed cost included.
+        floor = fixed + self.min_chunk_tokens * self.cost.per_prefill_token_s(position)
         share = self.config.chunk_fixed_cost_share
-        if not share or fixed <= share * spare:  # cheap enough to pay every step (a GPU), or asked to
+        # Saved up where a chunk's fixed cost is large beside the step's spare time, or where the
+        # smallest chunk does not fit in it at all (every step would overrun the target by it):
+        # the fit cannot always tell a chunk's fixed cost from its tokens' (on one CPU it gave
+        # 0 ms at the end of one repeat of the steady benchmark and 4-25 ms elsewhere in the same
+        # run, and documents read a chunk every step, paying the fixed cost each time, in that
+        # repeat).
+        if not share or (fixed <= share * spare and floor <= spare):  # cheap enough every step (a GPU), or asked to
             self._credit_s, self._saved_steps = 0.0, 0
             return per_step
-        # Each step saves what a chunk of ``min_chunk_tokens`` would have cost it, its fixed cost
-        # included, or the spare time when that is more: drafters' mean step is no longer than
-        # with such a chunk every step, and documents read several times as many tokens in it
-        # (the fixed cost paid once per chunk, not every step).
-        floor = fixed + self.min_chunk_tokens * self.cost.per_prefill_token_s(position)
+        # Each step saves what a chunk of ``min_chunk_tokens`` would have cost it, or the spare
+        # time when that is more: drafters' mean step is no longer than with such a chunk every
+        # step, and documents read several times as many tokens in it (the fixed cost paid once
+        # per chunk, not every step).
         cap = max(spare, self.pooled_step_s(base, target) - alone, floor)
         self._credit_s = min(cap, self._credit_s + max(spare, floor))
         self._saved_steps += 1
-        if self._credit_s < cap:
+        # Spent once the credit reaches the cap, or once the tokens owed (``min_chunk_tokens`` a
+        # saving step) would no longer fit in a step of the cap a step later: the chunk's step
+        # stays within the cap by the model either way.
+        affordable = self.cost.prefill_budget(base, position=position, target_s=alone + cap) or 0
+        if self._credit_s < cap and (self._saved_steps + 1) * self.min_chunk_tokens <= affordable:
             return 0
         tokens = self.cost.prefill_budget(base, position=position, target_s=alone + self._credit_s) or 0
         tokens = max(tokens, self._saved_steps * self.min_chunk_tokens)  # the floor, whatever the model says
