@@ -51,7 +51,10 @@ def test_a_chat_job_runs_on_the_decode_queue_with_drafting_priority(alice, worke
 @pytest.fixture
 def victim_decode_worker(workers):
     """A decode worker of its own, the only one consuming the decode queue while it lives; the
-    session's decode worker consumes again afterwards."""
+    session's decode worker consumes again afterwards. Yielded once it has loaded its embedder:
+    the load (importing torch, then the model) holds the interpreter for seconds at a time, and
+    beside the suite's 8 s heartbeat timeout a job started meanwhile could be handed on before
+    any kill (a third attempt, seen once on a 2-core machine); the test is about the kill."""
     from appliance.celery import app
 
     session_decode = [
@@ -62,7 +65,7 @@ def victim_decode_worker(workers):
     app.control.cancel_consumer("decode", destination=session_decode, reply=True)
     process = start(
         [sys.executable, "-m", "celery", "-A", "appliance", "worker", "-Q", "decode", "-n", "decode@victim.%h",
-         "--pool", "threads", "-c", "2", "--without-gossip", "--without-mingle"],
+         "--pool", "threads", "-c", "2", "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
         cwd=BASE_DIR, env=_child_env(DATABASE_URL=_test_database_url()),
         log_path=settings.VAR_DIR / "logs" / "victim-worker.log", fresh_log=True,
     )  # fmt: skip
@@ -72,6 +75,9 @@ def victim_decode_worker(workers):
         return any(name.startswith("decode@victim") for name in replies)
 
     wait_until(victim_serves, timeout_s=60, message="the victim worker")
+    log = settings.VAR_DIR / "logs" / "victim-worker.log"
+    wait_until(lambda: EMBEDDER_WARM_LOG in log.read_text(errors="replace"), timeout_s=180, interval_s=1,
+               message="the victim worker to load its embedder")  # fmt: skip
     try:
         yield SimpleNamespace(process=process, session_decode=session_decode)
     finally:
