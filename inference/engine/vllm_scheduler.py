@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import time
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from typing import TYPE_CHECKING
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -94,7 +94,7 @@ class ApplianceScheduling(_SchedulerBase):
         self._step_times: dict[str, deque[tuple[float, float | None]]] = {}
         # And all of them since the policy was last configured, by the plan's reason: steps, their
         # seconds, documents' prompt tokens read in them (where documents' progress comes from).
-        self._step_totals: dict[str, list[float]] = {}
+        self._step_totals: defaultdict[tuple[str, str], float] = defaultdict(float)  # (reason, what) -> sum
         self._last_update_at = 0.0
         self._default_threshold = self.scheduler_config.long_prefill_token_threshold
         self._counters: Counter[str] = Counter()
@@ -132,10 +132,8 @@ class ApplianceScheduling(_SchedulerBase):
             self._step_times.setdefault(reason, deque(maxlen=STEP_TIMES_KEPT)).append(
                 (seconds, seconds / predicted if predicted else None)
             )
-            totals = self._step_totals.setdefault(reason, [0, 0.0, 0])
-            totals[0] += 1
-            totals[1] += seconds
-            totals[2] += documents
+            for what, value in (("total_steps", 1), ("total_s", seconds), ("document_tokens", documents)):
+                self._step_totals[reason, what] += value
             self.planner.cost.observe(shape, seconds, beside_drafting=reason in SIZED_BESIDE_DRAFTING)
             self.planner.note_step(seconds, drafting_only=drafting_only)
             self._last_update_at = now
@@ -311,15 +309,14 @@ class ApplianceScheduling(_SchedulerBase):
         for reason, times in sorted(self._step_times.items()):
             seconds = [t for t, _ in times]
             ratios = [r for _, r in times if r is not None]
-            steps, total_s, documents = self._step_totals.get(reason, (0, 0.0, 0))
             out[reason] = {
                 "steps": len(seconds),
                 "p50_ms": round(quantile(seconds, 0.5) * 1000, 2),
                 "p95_ms": round(quantile(seconds, 0.95) * 1000, 2),
                 "p95_over_model": round(quantile(ratios, 0.95), 3) if ratios else None,
-                "total_steps": int(steps),
-                "total_s": round(total_s, 3),
-                "document_tokens": int(documents),
+                "total_steps": int(self._step_totals[reason, "total_steps"]),
+                "total_s": round(self._step_totals[reason, "total_s"], 3),
+                "document_tokens": int(self._step_totals[reason, "document_tokens"]),
             }
         return out
 

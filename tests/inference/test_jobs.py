@@ -63,11 +63,12 @@ def victim_decode_worker(workers):
         if name.startswith("decode@")
     ]
     app.control.cancel_consumer("decode", destination=session_decode, reply=True)
+    log = settings.VAR_DIR / "logs" / "victim-worker.log"
     process = start(
         [sys.executable, "-m", "celery", "-A", "appliance", "worker", "-Q", "decode", "-n", "decode@victim.%h",
          "--pool", "threads", "-c", "2", "--without-gossip", "--without-mingle", "--loglevel", "INFO"],
         cwd=BASE_DIR, env=_child_env(DATABASE_URL=_test_database_url()),
-        log_path=settings.VAR_DIR / "logs" / "victim-worker.log", fresh_log=True,
+        log_path=log, fresh_log=True,
     )  # fmt: skip
 
     def victim_serves():
@@ -75,7 +76,6 @@ def victim_decode_worker(workers):
         return any(name.startswith("decode@victim") for name in replies)
 
     wait_until(victim_serves, timeout_s=60, message="the victim worker")
-    log = settings.VAR_DIR / "logs" / "victim-worker.log"
     wait_until(lambda: EMBEDDER_WARM_LOG in log.read_text(errors="replace"), timeout_s=180, interval_s=1,
                message="the victim worker to load its embedder")  # fmt: skip
     try:
