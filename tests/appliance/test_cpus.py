@@ -3,6 +3,7 @@ pure logic, then real processes and their real affinity."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -104,3 +105,50 @@ def test_the_engine_host_keeps_itself_and_its_engine_core_off_the_models_cores(e
             assert all(each == service for each in _affinities(pid))
     model = subprocess.run(["pgrep", "-P", ",".join(map(str, engine_core))], capture_output=True, text=True).stdout
     assert any(os.sched_getaffinity(int(pid)) == set(stats["model_cpus"]) for pid in model.split())
+
+
+# A stand-in engine host (named as such): a child process that starts an "engine core" (a
+# sleeping grandchild left on every core, as vLLM leaves its engine core) which starts a "model
+# worker" bound to the first core, as vLLM binds its model. The real engine host is checked above,
+# where the test session runs vLLM's own binding (`VLLM_CPU_OMP_THREADS_BIND=auto make test`);
+# the suite's default binds the model to every core and leaves nothing to keep.
+STAND_IN_HOST = """
+import json, os, subprocess, sys, time
+from appliance import cpus
+service, model = frozenset({int(sys.argv[1])}), frozenset({int(sys.argv[2])})
+host = cpus.EngineHostCores(service)
+worker = "import os, sys, time; os.sched_setaffinity(0, {%s}); print('bound', flush=True); time.sleep(60)" % sys.argv[2]
+core = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(60)"])
+def tree():
+    found, pending = [], [core.pid]
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        pending += cpus._children(pid)
+    return found
+while len(tree()) < 2 or any(os.sched_getaffinity(p) != model for p in tree()[1:]):
+    time.sleep(0.05)
+described = host.engine_ready()
+after = {"host": sorted(os.sched_getaffinity(0)), "core": sorted(os.sched_getaffinity(core.pid)),
+         "worker": sorted(os.sched_getaffinity(tree()[1])), "described": described}
+host.for_starting()  # about to start an engine again: on every core, for the new engine core to inherit
+after["host_restarting"] = sorted(os.sched_getaffinity(0))
+for pid in reversed(tree()):
+    os.kill(pid, 9)
+print(json.dumps(after))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a model core and a service core need two cores")
+def test_the_engine_host_keeps_itself_and_its_engine_core_on_the_service_cores_and_the_model_on_its_own():
+    allowed = sorted(os.sched_getaffinity(0))
+    model, service = allowed[0], allowed[-1]
+    out = subprocess.run(
+        [sys.executable, "-c", STAND_IN_HOST, str(service), str(model)],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    after = json.loads(out.stdout.splitlines()[-1])
+    assert after["host"] == [service] and after["core"] == [service]  # kept off the model's core
+    assert after["worker"] == [model]  # what vLLM bound keeps its core
+    assert after["described"] == {"service_cpus": [service], "model_cpus": [model]}
+    assert after["host_restarting"] == allowed  # a new engine core is started from every core
