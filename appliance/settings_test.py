@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("APPLIANCE_ENFORCE_EAGER", "1")
 # The model's threads on every core, not vLLM's default of all but the last (kept for its engine
 # core and, in `make run`, the serving processes): the suite waits on the model, not on those
-# processes, and a model on both cores of a 2-core CPU reads prompts 1.85x and decodes 1.25x as
+# processes, and a model on both cores of a 2-core CPU reads prompts ~1.9x and decodes ~1.3x as
 # fast (`docs/probes/cpu_binding.py`). `VLLM_CPU_OMP_THREADS_BIND=auto make test` runs the suite
 # with vLLM's binding and the appliance's service cores, which `test_cpus.py` then checks live.
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
