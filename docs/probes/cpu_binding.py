@@ -7,7 +7,7 @@ suite runs it: 8,192 tokens of context, 2,048 tokens a step, no prefix cache), w
 2,000- and a 6,000-token prompt (Debian's GPL-3 text) and decodes 200 tokens for one request and
 for four at once. ``auto`` is vLLM's default: the model on every core but the last, which it
 keeps for its engine core. The figures behind the test settings binding the model to every core
-(README, *Tests*); one binding per process, since vLLM keeps one engine per process.
+(README, *The model's cores on a CPU*); one binding per process, since vLLM keeps one engine per process.
 """
 
 import json

@@ -117,7 +117,7 @@ import json, os, subprocess, sys, time
 from appliance import cpus
 service, model = frozenset({int(sys.argv[1])}), frozenset({int(sys.argv[2])})
 host = cpus.EngineHostCores(service)
-worker = "import os, sys, time; os.sched_setaffinity(0, {%s}); print('bound', flush=True); time.sleep(60)" % sys.argv[2]
+worker = "import os, time; os.sched_setaffinity(0, {%s}); time.sleep(60)" % sys.argv[2]
 core = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(60)"])
 def tree():
     found, pending = [], [core.pid]
