@@ -135,6 +135,18 @@ def _children(pid: int) -> list[int]:
     return children
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process it started, theirs and so on, each once, ``pid`` first."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        each = pending.pop()
+        if each not in found:
+            found.append(each)
+            pending += _children(each)
+    return found
+
+
 class EngineHostCores:
     """The engine host's part: it starts its engine anywhere (vLLM takes the model's binding from
     the cores the engine core may use), and once the engine is ready keeps itself and what it
@@ -157,13 +169,7 @@ class EngineHostCores:
         if not self.service:
             return {}
         model: set[int] = set()
-        pending, seen = [os.getpid()], set()
-        while pending:
-            pid = pending.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
-            pending += _children(pid)
+        for pid in descendants(os.getpid()):
             try:
                 own = os.sched_getaffinity(pid)
             except ProcessLookupError:

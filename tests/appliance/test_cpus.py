@@ -119,21 +119,14 @@ service, model = frozenset({int(sys.argv[1])}), frozenset({int(sys.argv[2])})
 host = cpus.EngineHostCores(service)
 worker = "import os, time; os.sched_setaffinity(0, {%s}); time.sleep(60)" % sys.argv[2]
 core = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(60)"])
-def tree():
-    found, pending = [], [core.pid]
-    while pending:
-        pid = pending.pop()
-        found.append(pid)
-        pending += cpus._children(pid)
-    return found
-while len(tree()) < 2 or any(os.sched_getaffinity(p) != model for p in tree()[1:]):
+while len(cpus.descendants(core.pid)) < 2 or os.sched_getaffinity(cpus.descendants(core.pid)[1]) != model:
     time.sleep(0.05)
 described = host.engine_ready()
 after = {"host": sorted(os.sched_getaffinity(0)), "core": sorted(os.sched_getaffinity(core.pid)),
-         "worker": sorted(os.sched_getaffinity(tree()[1])), "described": described}
+         "worker": sorted(os.sched_getaffinity(cpus.descendants(core.pid)[1])), "described": described}
 host.for_starting()  # about to start an engine again: on every core, for the new engine core to inherit
 after["host_restarting"] = sorted(os.sched_getaffinity(0))
-for pid in reversed(tree()):
+for pid in reversed(cpus.descendants(core.pid)):
     os.kill(pid, 9)
 print(json.dumps(after))
 """
